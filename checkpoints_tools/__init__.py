@@ -1,0 +1,1 @@
+"""ptm checkpoints_tools (built by later issues)."""

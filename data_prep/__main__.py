@@ -1,0 +1,3 @@
+from data_prep.cli import main
+
+main()

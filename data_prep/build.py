@@ -1,0 +1,592 @@
+"""The build pipeline: read -> normalise -> filter -> de-duplicate -> tokenize -> Arrow shards -> manifest.
+
+Order and determinism: input files are split into contiguous partitions by size; inside a partition,
+records are processed in file order (worker processes return results in order), so the same inputs
+and options give the same documents in the same order whatever `--workers` and `--num-partitions` are.
+
+Crash safety: shards are written to a temporary name and renamed; after each shard the partition's
+journal (`.partial/partNNNNN.json`) records the shard's sha256 and how many input records it covers.
+A re-run checks the journalled shards by hash, keeps the good prefix and continues from there.
+`manifest.json` is written last (atomically) by `finalize`; without it `verify` rejects the directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from itertools import islice
+
+import numpy as np
+import pyarrow as pa
+
+from data_prep import PrepError
+from data_prep import text as T
+from data_prep.encode import DocEncoder, doc_hash
+from data_prep.shards import SHARD_SUFFIX, ShardWriter, sha256_file, write_table_atomic
+from data_prep.sources import detect_format, expand_inputs, read_records
+from data_prep.tokenizer import Tokenizer, _write_json, load_tokenizer, train_sentencepiece
+
+FORMAT_VERSION = 1
+PARTIAL = ".partial"
+MANIFEST = "manifest.json"
+UNK_CHECK_DOCS = 1000
+MAX_REJECTS_PER_SHARD = 10_000
+
+
+@dataclass
+class BuildOptions:
+    inputs: list[str]
+    out: str
+    format: str | None = None
+    text_field: str = "text"
+    doc_boundary: str = "blank-line"  # text files: file | blank-line | line
+    text: T.TextOptions = field(default_factory=T.TextOptions)
+    dedup: bool = True
+    on_error: str = "fail"  # fail | skip
+    tokenizer: str | None = None
+    vocab_size: int = 32000
+    model_type: str = "unigram"
+    num_unused: int = 100
+    tokenizer_sample: int = 1_000_000
+    entities: str | None = None
+    shard_size: int = 256 << 20
+    workers: int = 1
+    num_partitions: int = 1
+    partition: int | None = None
+    max_unk_rate: float = 0.05
+    seed: int = 1234
+    overwrite: bool = False
+    progress: bool = True
+
+    def content_options(self) -> dict:
+        """The options that decide the dataset's content (not how fast or where it is built)."""
+        d = dataclasses.asdict(self)
+        for k in ("out", "workers", "partition", "overwrite", "progress", "num_partitions"):
+            d.pop(k)
+        return d
+
+
+def _log(msg: str) -> None:
+    print(f"data_prep: {msg}", file=sys.stderr, flush=True)
+
+
+def _fingerprint(opts: BuildOptions, files: list[str], tokenizer_sha: str) -> str:
+    h = hashlib.sha256(json.dumps(opts.content_options(), sort_keys=True, default=str).encode())
+    for f in files:
+        h.update(f"{os.path.abspath(f)}\0{os.path.getsize(f)}\0".encode())
+    h.update(tokenizer_sha.encode())
+    return h.hexdigest()
+
+
+def partition_files(files: list[str], k: int) -> list[tuple[int, list[str]]]:
+    """Contiguous runs of files of about equal bytes: [(index of first file, files)] per partition."""
+    sizes = np.array([max(os.path.getsize(f), 1) for f in files], dtype=np.float64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) / max(sizes.sum(), 1)
+    owner = np.minimum((starts * k).astype(int), k - 1)
+    return [(int(np.argmax(owner == p)) if (owner == p).any() else len(files), [f for f, o in zip(files, owner) if o == p])
+            for p in range(k)]
+
+
+def _entities(path: str | None, opts: T.TextOptions) -> list[str]:
+    if not path:
+        return []
+    if not os.path.isfile(path):
+        raise PrepError(f"entity dictionary not found: {path}; pass a UTF-8 file with one entity per line")
+    with open(path, encoding="utf-8") as f:
+        return [e for line in f if (e := T.normalize(line, opts))]
+
+
+# ---- records -> outcomes, in worker processes -------------------------------------------------------
+
+_ENCODER: DocEncoder | None = None
+
+
+def _init_worker(tok_dir: str, threads: int, text_opts: T.TextOptions, entities: list[str]) -> None:
+    global _ENCODER
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _ENCODER = DocEncoder(load_tokenizer(tok_dir, threads), text_opts, entities)
+
+
+def _process(item):
+    """(records, meta) -> (outcomes, meta); an outcome is ("error", msg), ("short"|"long", None) or
+    ("doc", EncodedDoc). `meta` rides along so results come back with their file and line."""
+    chunk, meta = item
+    opts = _ENCODER.opts
+    out, keep, texts = [], [], []
+    for text, error in chunk:
+        if error:
+            out.append(("error", error))
+            continue
+        norm = T.normalize(text, opts)
+        if len(norm) < max(opts.min_chars, 1):
+            out.append(("short", None))
+        elif opts.max_chars and len(norm) > opts.max_chars:
+            out.append(("long", None))
+        else:
+            out.append(None)
+            keep.append(len(out) - 1)
+            texts.append(norm)
+    for i, doc in zip(keep, _ENCODER.encode(texts)):
+        out[i] = ("doc", doc)
+    return out, meta
+
+
+def _chunks(records, size_chars: int = 1 << 20, max_records: int = 256):
+    chunk, meta, n = [], [], 0
+    for r in records:
+        chunk.append((r.text, r.error))
+        meta.append((r.file_index, r.line, len(r.text or "")))
+        n += len(r.text or "")
+        if n >= size_chars or len(chunk) >= max_records:
+            yield chunk, meta
+            chunk, meta, n = [], [], 0
+    if chunk:
+        yield chunk, meta
+
+
+# ---- tokenizer ----------------------------------------------------------------------------------------
+
+def sample_sentences(files: list[str], opts: BuildOptions) -> list[str]:
+    """A uniform, seeded reservoir sample of at most `tokenizer_sample` sentences from all inputs."""
+    rng = random.Random(opts.seed)
+    sample: list[str] = []
+    seen = 0
+    for r in read_records(files, 0, fmt=opts.format, text_field=opts.text_field, doc_boundary=opts.doc_boundary):
+        if r.error:
+            continue
+        for s in T.split_sentences(T.normalize(r.text, opts.text)):
+            s = s.strip()
+            if not s:
+                continue
+            seen += 1
+            if len(sample) < opts.tokenizer_sample:
+                sample.append(s)
+            elif (j := rng.randrange(seen)) < opts.tokenizer_sample:
+                sample[j] = s
+    return sample
+
+
+def train_tokenizer(files: list[str], opts: BuildOptions, directory: str) -> Tokenizer:
+    t0 = time.time()
+    sentences = sample_sentences(files, opts)
+    _log(f"training a {opts.vocab_size}-piece {opts.model_type} sentencepiece model on {len(sentences):,} sentences")
+    tok = train_sentencepiece(sentences, directory, vocab_size=opts.vocab_size, model_type=opts.model_type,
+                              num_unused=opts.num_unused, threads=os.cpu_count() or 1)
+    _log(f"tokenizer trained in {time.time() - t0:.1f}s -> {directory}")
+    return tok
+
+
+def _tokenizer_recipe(opts: BuildOptions) -> str:
+    if opts.tokenizer:
+        return "given:" + load_tokenizer(opts.tokenizer).sha256()
+    keys = ("vocab_size", "model_type", "num_unused", "tokenizer_sample", "seed", "text", "format",
+            "text_field", "doc_boundary", "inputs")
+    return "trained:" + json.dumps({k: getattr(opts, k) for k in keys}, sort_keys=True, default=str)
+
+
+def _install_tokenizer(src: Tokenizer, directory: str) -> Tokenizer:
+    """Copy `src` to `directory` atomically; partitions started at once (Slurm array tasks) may race here."""
+    if os.path.isdir(directory):
+        try:
+            if load_tokenizer(directory).sha256() == src.sha256():
+                return load_tokenizer(directory)
+        except (PrepError, OSError, RuntimeError):
+            pass
+        shutil.rmtree(directory, ignore_errors=True)
+    tmp = f"{directory}.tmp{os.getpid()}"
+    src.save(tmp)
+    try:
+        os.rename(tmp, directory)
+    except OSError:  # another partition installed it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return load_tokenizer(directory)
+
+
+def prepare_tokenizer(files: list[str], opts: BuildOptions) -> Tokenizer:
+    """The dataset's tokenizer in OUT/tokenizer: copied from --tokenizer, reused from an interrupted
+    build with the same recipe, or trained on the corpus."""
+    directory = os.path.join(opts.out, "tokenizer")
+    marker = os.path.join(opts.out, PARTIAL, "tokenizer.json")
+    recipe = _tokenizer_recipe(opts)
+    if os.path.isfile(marker):
+        with open(marker) as f:
+            if json.load(f).get("recipe") == recipe:
+                return load_tokenizer(directory)
+    if opts.tokenizer:
+        tok = _install_tokenizer(load_tokenizer(opts.tokenizer), directory)
+    else:
+        if opts.num_partitions > 1:
+            raise PrepError("a partitioned build needs one shared tokenizer: run `python -m data_prep "
+                            "train-tokenizer INPUT... --out TOKDIR` first and pass --tokenizer TOKDIR")
+        tok = train_tokenizer(files, opts, directory)
+    _write_json(marker, {"recipe": recipe, "sha256": tok.sha256()})
+    return tok
+
+
+# ---- one partition ------------------------------------------------------------------------------------
+
+def _journal_path(out: str, p: int) -> str:
+    return os.path.join(out, PARTIAL, f"part{p:05d}.json")
+
+
+def _resume(out: str, p: int, fingerprint: str) -> dict:
+    """The journal of partition p with its longest prefix of intact shards; other files of p removed."""
+    journal = {"fingerprint": fingerprint, "shards": [], "done": False}
+    path = _journal_path(out, p)
+    if os.path.isfile(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old.get("fingerprint") == fingerprint:
+            for entry in old["shards"]:
+                shard = os.path.join(out, entry["file"] or "")
+                if entry["file"] and (not os.path.isfile(shard) or sha256_file(shard) != entry["sha256"]):
+                    _log(f"shard {entry['file']} is missing or damaged; rebuilding partition {p} from there")
+                    break
+                journal["shards"].append(entry)
+            journal["done"] = old["done"] and len(journal["shards"]) == len(old["shards"])
+    keep = {e["file"] for e in journal["shards"]}
+    for name in os.listdir(out):
+        if name.startswith(f"part{p:05d}-") and name not in keep:
+            os.remove(os.path.join(out, name))
+    return journal
+
+
+def _new_stats() -> dict:
+    return {"records": 0, "documents": 0, "tokens": 0, "chars": 0, "skipped": {}, "filtered_short": 0,
+            "filtered_long": 0, "duplicates": 0}
+
+
+def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, fingerprint: str,
+                    opts: BuildOptions) -> dict:
+    out = opts.out
+    journal = _resume(out, p, fingerprint)
+    if journal["done"]:
+        _log(f"partition {p}: already complete ({len(journal['shards'])} shards)")
+        return journal
+    done = journal["shards"]
+    cursor = done[-1]["cursor"] if done else 0
+    stats = dict(done[-1]["stats"]) if done else _new_stats()
+    seen: set[int] = set()
+    if opts.dedup:
+        for e in done:
+            if not e["file"]:
+                continue
+            with pa.memory_map(os.path.join(out, e["file"])) as src:
+                seen.update(pa.ipc.open_file(src).get_batch(0).column("doc_hash").to_numpy().tolist())
+    if done:
+        _log(f"partition {p}: resuming after {len(done)} intact shards ({cursor:,} records)")
+
+    writer = ShardWriter(out, f"part{p:05d}", tok.vocab_size, opts.shard_size, first_index=sum(1 for e in done if e["file"]))
+    entities = _entities(opts.entities, opts.text)
+    threads = max(1, (os.cpu_count() or 1) // max(opts.workers, 1))
+    records = islice(read_records(files, first_index, fmt=opts.format, text_field=opts.text_field,
+                                  doc_boundary=opts.doc_boundary), cursor, None)
+    chunks = _chunks(records)
+    init = (os.path.join(out, "tokenizer"), threads, opts.text, entities)
+    pool = None
+    if opts.workers > 1:
+        ctx = mp.get_context("spawn" if "mpi4py" in sys.modules else "fork")
+        pool = ctx.Pool(opts.workers, initializer=_init_worker, initargs=init)
+        results = pool.imap(_process, chunks, chunksize=1)
+    else:
+        _init_worker(*init)
+        results = map(_process, chunks)
+
+    bar = _Progress(files, first_index, p) if opts.progress and files else None
+    rejects: list[str] = []
+    unk = [0, 0]  # unk tokens, tokens over the first UNK_CHECK_DOCS documents
+    try:
+        for outcomes, meta in results:
+            for (kind, payload), (file_index, line, nchars) in zip(outcomes, meta):
+                cursor += 1
+                stats["records"] += 1
+                if kind == "error":
+                    if opts.on_error == "fail":
+                        raise PrepError(f"{payload}; fix the input or pass --on-error skip to skip such records")
+                    reason = payload.split(": ", 1)[1].split(" (")[0]
+                    stats["skipped"][reason] = stats["skipped"].get(reason, 0) + 1
+                    if len(rejects) < MAX_REJECTS_PER_SHARD:
+                        rejects.append(payload)
+                elif kind in ("short", "long"):
+                    stats[f"filtered_{kind}"] += 1
+                else:
+                    if opts.dedup:
+                        if payload.doc_hash in seen:
+                            stats["duplicates"] += 1
+                            continue
+                        seen.add(payload.doc_hash)
+                    stats["documents"] += 1
+                    stats["tokens"] += len(payload.input_ids)
+                    stats["chars"] += payload.chars
+                    if stats["documents"] <= UNK_CHECK_DOCS:
+                        unk[0] += payload.unk
+                        unk[1] += len(payload.input_ids)
+                        if stats["documents"] == UNK_CHECK_DOCS:
+                            _check_unk(tok, opts, *unk)
+                    if writer.add(payload, file_index, line):
+                        _journal_shard(out, p, journal, writer.flush(), cursor, stats, rejects)
+                        rejects = []
+                if bar is not None:
+                    bar.advance(file_index, nchars, stats)
+        if stats["documents"] < UNK_CHECK_DOCS:
+            _check_unk(tok, opts, *unk)
+        journal["done"] = True
+        _journal_shard(out, p, journal, writer.flush(), cursor, stats, rejects)
+    finally:
+        if pool is not None:
+            pool.terminate()
+        if bar is not None:
+            bar.close()
+    return journal
+
+
+def _check_unk(tok: Tokenizer, opts: BuildOptions, unk: int, total: int) -> None:
+    if total and unk / total > opts.max_unk_rate:
+        raise PrepError(
+            f"tokenizer {opts.tokenizer or 'trained'} ({tok.kind}) maps {100 * unk / total:.1f}% of tokens to [UNK] "
+            f"in the first documents (limit {100 * opts.max_unk_rate:.1f}%): it does not fit this text; use a "
+            "tokenizer for this language, train one (omit --tokenizer), or raise --max-unk-rate")
+
+
+def _journal_shard(out, p, journal, entry, cursor, stats, rejects) -> None:
+    """Record a finished shard (or, with entry None, records that produced no documents)."""
+    entry = dict(entry or {"file": None})
+    entry.update(cursor=cursor, stats=json.loads(json.dumps(stats)), rejects=rejects)
+    journal["shards"].append(entry)
+    _write_json(_journal_path(out, p), journal)
+
+
+class _Progress:
+    """tqdm bar over input bytes, with documents/s and tokens/s."""
+
+    def __init__(self, files: list[str], first_index: int, p: int):
+        from tqdm import tqdm
+
+        self.sizes = [os.path.getsize(f) for f in files]
+        self.first = first_index
+        self.bar = tqdm(total=sum(self.sizes), unit="B", unit_scale=True, desc=f"part {p}", mininterval=0.5,
+                        file=sys.stderr, dynamic_ncols=True)
+        self.t0 = time.time()
+        self.file, self.in_file, self.done_bytes = 0, 0, 0
+
+    def advance(self, file_index: int, nchars: int, stats: dict) -> None:
+        local = file_index - self.first
+        while self.file < local:
+            self.done_bytes += self.sizes[self.file]
+            self.file, self.in_file = self.file + 1, 0
+        self.in_file += nchars
+        pos = self.done_bytes + min(self.in_file, self.sizes[local])
+        if pos > self.bar.n:
+            self.bar.update(pos - self.bar.n)
+            dt = max(time.time() - self.t0, 1e-9)
+            self.bar.set_postfix_str(f"{stats['documents'] / dt:,.0f} docs/s {stats['tokens'] / dt:,.0f} tok/s",
+                                     refresh=False)
+
+    def close(self) -> None:
+        self.bar.update(self.bar.total - self.bar.n)
+        self.bar.close()
+
+
+# ---- whole builds ----------------------------------------------------------------------------------
+
+def _check_output(opts: BuildOptions) -> None:
+    try:
+        os.makedirs(os.path.join(opts.out, PARTIAL), exist_ok=True)
+        probe = os.path.join(opts.out, PARTIAL, f".probe{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise PrepError(f"cannot write to output directory {opts.out}: {e.strerror}; choose another --out") from None
+
+
+def _mpi_comm():
+    """The MPI world communicator when started by mpirun/srun with several ranks, else None."""
+    if not any(int(os.environ.get(v, "1")) > 1 for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")):
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise PrepError("started under MPI but mpi4py is missing; pip install 'ptm[mpi]'") from None
+    return MPI.COMM_WORLD
+
+
+def build(opts: BuildOptions) -> dict | None:
+    """Build OUT from INPUTS. Returns the manifest, or None when only one partition of several was built."""
+    comm = _mpi_comm()
+    if comm is not None:
+        opts = dataclasses.replace(opts, num_partitions=comm.size, partition=comm.rank,
+                                   progress=opts.progress and comm.rank == 0)
+    if opts.partition is not None and not 0 <= opts.partition < opts.num_partitions:
+        raise PrepError(f"--partition {opts.partition} is outside 0..{opts.num_partitions - 1}")
+    if not 1 << 12 <= opts.shard_size <= 1 << 30:
+        raise PrepError(f"--shard-size {opts.shard_size} must be between 4 KiB and 1 GiB")
+    files = expand_inputs(opts.inputs, opts.format)
+    manifest_path = os.path.join(opts.out, MANIFEST)
+    if os.path.isfile(manifest_path) and (comm is None or comm.rank == 0):
+        if opts.overwrite:
+            _clear(opts.out)
+        else:
+            with open(manifest_path) as f:
+                old = json.load(f)
+            if old.get("options") == json.loads(json.dumps(opts.content_options(), default=str)):
+                _log(f"{opts.out} is already built with these options; nothing to do")
+                return old
+            raise PrepError(f"{opts.out} already holds a finished dataset built with other options; "
+                            "pass --overwrite or choose another --out")
+    if comm is not None:
+        comm.barrier()
+    _check_output(opts)
+
+    if comm is None or comm.rank == 0:
+        record_build(opts, files)
+        tok = prepare_tokenizer(files, dataclasses.replace(opts, num_partitions=1) if comm else opts)
+    if comm is not None:
+        comm.barrier()
+        tok = load_tokenizer(os.path.join(opts.out, "tokenizer"))
+    fingerprint = _fingerprint(opts, files, tok.sha256())
+    parts = partition_files(files, opts.num_partitions)
+    todo = range(opts.num_partitions) if opts.partition is None else [opts.partition]
+    for p in todo:
+        first, part_files = parts[p]
+        build_partition(part_files, first, p, tok, fingerprint, opts)
+    if comm is not None:
+        comm.barrier()
+        if comm.rank != 0:
+            return None
+    elif opts.partition is not None and opts.num_partitions > 1:
+        _log(f"partition {opts.partition} of {opts.num_partitions} done; run `python -m data_prep finalize "
+             f"{opts.out}` after all partitions finish")
+        return None
+    return finalize(opts.out, opts=opts, files=files)
+
+
+def _clear(out: str) -> None:
+    for name in os.listdir(out):
+        path = os.path.join(out, name)
+        if name in (MANIFEST, "rejects.txt") or name.endswith(SHARD_SUFFIX):
+            os.remove(path)
+        elif name in (PARTIAL, "tokenizer"):
+            shutil.rmtree(path)
+
+
+def _read_build_record(out: str) -> dict:
+    path = os.path.join(out, PARTIAL, "build.json")
+    if not os.path.isfile(path):
+        raise PrepError(f"{out} has no unfinished build to finalize (missing {PARTIAL}/build.json); run "
+                        "`python -m data_prep build ... --out` first")
+    with open(path) as f:
+        return json.load(f)
+
+
+def record_build(opts: BuildOptions, files: list[str]) -> None:
+    """Remember the options in OUT so that `finalize` (maybe on another node) can write the manifest."""
+    _write_json(os.path.join(opts.out, PARTIAL, "build.json"),
+                {"options": json.loads(json.dumps(opts.content_options(), default=str)), "num_partitions": opts.num_partitions, "files": files})
+
+
+def _dedup_across_partitions(out: str, journals: list[dict]) -> int:
+    """Drop documents already seen in an earlier partition (partitions de-duplicate only themselves);
+    shards that lose rows are rewritten atomically. Returns the number of documents dropped."""
+    seen: set[int] = set()
+    dropped = 0
+    for journal in journals:
+        for entry in journal["shards"]:
+            if not entry["file"]:
+                continue
+            path = os.path.join(out, entry["file"])
+            with pa.memory_map(path) as src:
+                batch = pa.ipc.open_file(src).get_batch(0)
+                hashes = batch.column("doc_hash").to_numpy()
+                keep = np.ones(len(hashes), dtype=bool)
+                for i, h in enumerate(hashes.tolist()):
+                    keep[i] = h not in seen
+                    seen.add(h)
+                if keep.all():
+                    continue
+                kept = batch.filter(pa.array(keep))
+            dropped += int((~keep).sum())
+            entry.update(write_table_atomic(path, kept, kept.schema))
+    return dropped
+
+
+def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None = None) -> dict:
+    """Check every partition finished, de-duplicate across partitions, write manifest.json last."""
+    if opts is None:
+        rec = _read_build_record(out)
+        num_partitions, files, content = rec["num_partitions"], rec["files"], rec["options"]
+    else:
+        num_partitions, content = opts.num_partitions, json.loads(json.dumps(opts.content_options(), default=str))
+    journals = []
+    for p in range(num_partitions):
+        path = _journal_path(out, p)
+        if not os.path.isfile(path):
+            raise PrepError(f"partition {p} of {out} has not been built ({path} missing); run build --partition {p}")
+        with open(path) as f:
+            journal = json.load(f)
+        if not journal["done"]:
+            raise PrepError(f"partition {p} of {out} did not finish; run build --partition {p} again to resume it")
+        journals.append(journal)
+    tok = load_tokenizer(os.path.join(out, "tokenizer"))
+    if content.get("dedup") and num_partitions > 1:
+        extra = _dedup_across_partitions(out, journals)
+    else:
+        extra = 0
+    shards = [{k: e[k] for k in ("file", "num_documents", "num_tokens", "num_sentences", "bytes", "sha256")}
+              for j in journals for e in j["shards"] if e["file"]]
+    stats = _new_stats()
+    for j in journals:
+        last = j["shards"][-1]["stats"] if j["shards"] else _new_stats()
+        for k, v in last.items():
+            if k == "skipped":
+                for reason, n in v.items():
+                    stats["skipped"][reason] = stats["skipped"].get(reason, 0) + n
+            else:
+                stats[k] += v
+    stats["duplicates"] += extra
+    stats["documents"] = sum(s["num_documents"] for s in shards)
+    stats["tokens"] = sum(s["num_tokens"] for s in shards)
+    if stats["documents"] == 0:
+        raise PrepError(f"no documents left in {', '.join(content['inputs'])} after reading {stats['records']:,} "
+                        f"records ({stats['filtered_short']:,} too short, {stats['filtered_long']:,} too long, "
+                        f"{sum(stats['skipped'].values()):,} unreadable, {stats['duplicates']:,} duplicates); "
+                        "check the inputs, --format, --text-field and length filters")
+    rejects = [r for j in journals for e in j["shards"] for r in e["rejects"]]
+    if rejects:
+        tmp = os.path.join(out, f"rejects.txt.tmp{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("\n".join(rejects) + "\n")
+        os.replace(tmp, os.path.join(out, "rejects.txt"))
+    from data_prep.shards import COLUMNS, token_type
+    from ptm import __version__
+
+    manifest = {
+        "format": "ptm-arrow",
+        "format_version": FORMAT_VERSION,
+        "ptm_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "tokenizer": {**tok.meta(), "path": "tokenizer"},
+        "vocab_size": tok.vocab_size,
+        "special_ids": tok.special,
+        "token_dtype": str(token_type(tok.vocab_size)),
+        "num_documents": stats["documents"],
+        "num_tokens": stats["tokens"],
+        "num_sentences": sum(s["num_sentences"] for s in shards),
+        "num_partitions": num_partitions,
+        "columns": COLUMNS,
+        "shards": shards,
+        "sources": [{"path": os.path.abspath(f), "format": detect_format(f, content.get("format")),
+                     "bytes": os.path.getsize(f)} for f in files],
+        "stats": stats,
+        "options": content,
+    }
+    _write_json(os.path.join(out, MANIFEST), manifest)
+    shutil.rmtree(os.path.join(out, PARTIAL), ignore_errors=True)
+    return manifest

@@ -1,0 +1,180 @@
+"""`python -m data_prep` (also `ptm prep`): build, train-tokenizer, finalize, verify, inspect, corpus."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+
+from data_prep import PrepError
+from data_prep.text import TextOptions
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def size_arg(value: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size such as 256MB, 64KiB or 1048576")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _input_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("input")
+    g.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="files, directories (searched recursively) or globs; .txt, .jsonl[.gz|.zst], .parquet, .arrow")
+    g.add_argument("--format", choices=["text", "jsonl", "parquet", "arrow"],
+                   help="input format for every file (default: from each file's extension)")
+    g.add_argument("--text-field", default="text",
+                   help="JSONL field (dotted path for nested objects) or Parquet/Arrow column with the text (default: text)")
+    g.add_argument("--doc-boundary", choices=["file", "blank-line", "line"], default="blank-line",
+                   help="text files: one document per file, per blank-line separated block, or per line "
+                        "(default: blank-line)")
+    g = p.add_argument_group("cleaning")
+    g.add_argument("--no-nfkc", dest="nfkc", action="store_false", help="skip Unicode NFKC normalisation")
+    g.add_argument("--whitespace", choices=["collapse", "keep"], default="collapse",
+                   help="collapse runs of spaces and blank lines (default) or keep the text's whitespace as is")
+    g.add_argument("--min-chars", type=int, default=1, help="drop documents shorter than this after cleaning")
+    g.add_argument("--max-chars", type=int, default=0, help="drop documents longer than this (0: no limit)")
+    g.add_argument("--seed", type=int, default=1234, help="seed for the tokenizer's sentence sample")
+
+
+def _tokenizer_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tokenizer training (when no --tokenizer is given)")
+    g.add_argument("--vocab-size", type=int, default=32000, help="pieces in the trained sentencepiece model")
+    g.add_argument("--model-type", choices=["unigram", "bpe"], default="unigram", help="sentencepiece algorithm")
+    g.add_argument("--num-unused", type=int, default=100, help="reserved [unusedN] tokens after the specials")
+    g.add_argument("--tokenizer-sample", type=int, default=1_000_000,
+                   help="sentences sampled (uniformly, seeded) from the corpus to train on; bounds time and memory")
+
+
+def _text_options(a) -> TextOptions:
+    return TextOptions(nfkc=a.nfkc, whitespace=a.whitespace, min_chars=a.min_chars, max_chars=a.max_chars)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m data_prep",
+                                 description="Turn raw text into sharded, memory-mappable Arrow datasets.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("build", help="raw text -> dataset directory (shards, tokenizer, manifest.json)",
+                       description="Read, clean, de-duplicate, split into sentences, tokenize and write Arrow "
+                                   "IPC shards plus manifest.json. Re-running after a crash resumes.")
+    _input_options(b)
+    b.add_argument("--out", required=True, help="dataset directory to create")
+    g = b.add_argument_group("documents")
+    g.add_argument("--no-dedup", dest="dedup", action="store_false", help="keep exact duplicate documents")
+    g.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+                   help="unreadable records (invalid UTF-8, malformed JSON, missing field): stop with the file "
+                        "and line (default), or skip them, counting each in the summary and rejects.txt")
+    g.add_argument("--entities", metavar="FILE", help="entity dictionary, one entity per line (ERNIE entity spans)")
+    g = b.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="reuse a tokenizer: sentencepiece .model, WordPiece vocab.txt, GPT-2 vocab.json (+merges.txt), "
+                        "or another dataset's directory. Default: train a sentencepiece model on this corpus")
+    g.add_argument("--max-unk-rate", type=float, default=0.05,
+                   help="fail when more than this fraction of tokens is [UNK] in the first 1000 documents")
+    _tokenizer_options(b)
+    g = b.add_argument_group("output and parallelism")
+    g.add_argument("--shard-size", type=size_arg, default=256 << 20, help="maximum shard size (default 256MB)")
+    g.add_argument("--workers", type=int, default=1, help="tokenizer processes on this node")
+    g.add_argument("--num-partitions", type=int, default=1,
+                   help="split the inputs into this many partitions (one per Slurm array task or node)")
+    g.add_argument("--partition", type=int,
+                   help="build only this partition (0-based); then run `finalize`. Under mpirun each rank "
+                        "builds its own partition and rank 0 finalizes")
+    g.add_argument("--overwrite", action="store_true", help="replace a finished dataset in --out")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+    t = sub.add_parser("train-tokenizer", help="train a sentencepiece model (for partitioned builds)",
+                       description="Train the sentencepiece model a partitioned build shares; pass its "
+                                   "directory to build --tokenizer.")
+    _input_options(t)
+    t.add_argument("--out", required=True, help="directory for spm.model and ptm_tokenizer.json")
+    _tokenizer_options(t)
+
+    f = sub.add_parser("finalize", help="check all partitions and write manifest.json",
+                       description="After every `build --partition I` finished: de-duplicate across "
+                                   "partitions and write manifest.json.")
+    f.add_argument("dir", help="dataset directory")
+
+    v = sub.add_parser("verify", help="check schema, hashes and counts; exit 0 only when valid")
+    v.add_argument("dir", help="dataset directory")
+
+    i = sub.add_parser("inspect", help="counts, length histogram, decoded samples, top tokens")
+    i.add_argument("dir", help="dataset directory")
+    i.add_argument("--samples", type=int, default=1, help="decoded documents to show")
+    i.add_argument("--seed", type=int, default=0, help="which documents to sample")
+    i.add_argument("--top", type=int, default=20, help="most frequent tokens to list")
+
+    c = sub.add_parser("corpus", help="write the embedded default corpus (real English and Chinese text)",
+                       description="English: docstrings of Python's standard library. Chinese: Debian's "
+                                   "fortunes-zh (installed by scripts/setup.sh).")
+    c.add_argument("--out", required=True, help="directory for en.jsonl and zh.jsonl")
+    return ap
+
+
+def run(argv=None) -> int:
+    a = parser().parse_args(argv)
+    if a.command == "build":
+        from data_prep.build import BuildOptions, build
+
+        opts = BuildOptions(
+            inputs=a.inputs, out=a.out, format=a.format, text_field=a.text_field, doc_boundary=a.doc_boundary,
+            text=_text_options(a), dedup=a.dedup, on_error=a.on_error, tokenizer=a.tokenizer,
+            vocab_size=a.vocab_size, model_type=a.model_type, num_unused=a.num_unused,
+            tokenizer_sample=a.tokenizer_sample, entities=a.entities, shard_size=a.shard_size, workers=a.workers,
+            num_partitions=a.num_partitions, partition=a.partition, max_unk_rate=a.max_unk_rate, seed=a.seed,
+            overwrite=a.overwrite, progress=a.progress)
+        t0 = time.time()
+        manifest = build(opts)
+        if manifest is not None:
+            from data_prep.inspect import summary
+
+            print(summary(manifest, time.time() - t0))
+    elif a.command == "train-tokenizer":
+        from data_prep.build import BuildOptions, train_tokenizer
+        from data_prep.sources import expand_inputs
+
+        opts = BuildOptions(inputs=a.inputs, out=a.out, format=a.format, text_field=a.text_field,
+                            doc_boundary=a.doc_boundary, text=_text_options(a), vocab_size=a.vocab_size,
+                            model_type=a.model_type, num_unused=a.num_unused, tokenizer_sample=a.tokenizer_sample,
+                            seed=a.seed)
+        tok = train_tokenizer(expand_inputs(a.inputs, a.format), opts, a.out)
+        print(f"wrote {tok.kind} tokenizer ({tok.vocab_size} pieces) to {a.out}")
+    elif a.command == "finalize":
+        from data_prep.build import finalize
+        from data_prep.inspect import summary
+
+        print(summary(finalize(a.dir), None))
+    elif a.command == "verify":
+        from data_prep.verify import verify
+
+        problems = verify(a.dir)
+        for p in problems:
+            print(f"INVALID: {p}")
+        if problems:
+            return 1
+        print(f"{a.dir}: valid")
+    elif a.command == "inspect":
+        from data_prep.inspect import inspect
+
+        print(inspect(a.dir, samples=a.samples, seed=a.seed, top=a.top))
+    elif a.command == "corpus":
+        from data_prep.corpus import write_default_corpus
+
+        for path, n in write_default_corpus(a.out).items():
+            print(f"{path}: {n} documents")
+    return 0
+
+
+def main(argv=None) -> None:
+    try:
+        sys.exit(run(argv))
+    except PrepError as e:
+        print(f"data_prep: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("data_prep: interrupted; re-run the same command to resume", file=sys.stderr)
+        sys.exit(130)

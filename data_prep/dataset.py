@@ -1,0 +1,92 @@
+"""Read a finished dataset: every shard memory-mapped, every document a zero-copy numpy view.
+
+    corpus = Corpus("data/wiki")
+    ids = corpus.tokens(123)                 # numpy view into the mapped shard
+    lengths = corpus.doc_lengths()           # all document lengths, from the list offsets alone
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+
+from data_prep import PrepError
+
+_LIST_COLUMNS = ("input_ids", "sentence_starts", "word_start", "phrase_spans", "entity_spans")
+
+
+class _Shard:
+    def __init__(self, path: str):
+        self.batch = pa.ipc.open_file(pa.memory_map(path)).get_batch(0)
+        self.offsets, self.values = {}, {}
+        for name in _LIST_COLUMNS:
+            col = self.batch.column(name)
+            self.offsets[name] = col.offsets.to_numpy(zero_copy_only=True)
+            self.values[name] = col.values.to_numpy(zero_copy_only=True)
+
+    def row(self, name: str, i: int) -> np.ndarray:
+        off = self.offsets[name]
+        return self.values[name][off[i] : off[i + 1]]
+
+
+class Corpus:
+    """A ptm dataset directory: `manifest.json`, Arrow shards and the tokenizer."""
+
+    def __init__(self, path: str):
+        manifest = os.path.join(path, "manifest.json")
+        if not os.path.isfile(manifest):
+            raise PrepError(f"{path} is not a finished ptm dataset (no manifest.json); build it with "
+                            "`python -m data_prep build`, or re-run an interrupted build to complete it")
+        with open(manifest) as f:
+            self.manifest = json.load(f)
+        self.path = path
+        self.shards = [_Shard(os.path.join(path, s["file"])) for s in self.manifest["shards"]]
+        counts = [s.batch.num_rows for s in self.shards]
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self._first[-1])
+
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest["vocab_size"]
+
+    @property
+    def special_ids(self) -> dict:
+        return self.manifest["special_ids"]
+
+    def _locate(self, i: int) -> tuple[_Shard, int]:
+        if not 0 <= i < len(self):
+            raise IndexError(f"document {i} out of range 0..{len(self) - 1}")
+        s = int(np.searchsorted(self._first, i, side="right")) - 1
+        return self.shards[s], i - int(self._first[s])
+
+    def _column(self, name: str, i: int) -> np.ndarray:
+        shard, row = self._locate(i)
+        return shard.row(name, row)
+
+    def tokens(self, i: int) -> np.ndarray:
+        return self._column("input_ids", i)
+
+    def sentence_starts(self, i: int) -> np.ndarray:
+        return self._column("sentence_starts", i)
+
+    def word_start(self, i: int) -> np.ndarray:
+        return self._column("word_start", i)
+
+    def phrase_spans(self, i: int) -> np.ndarray:
+        return self._column("phrase_spans", i).reshape(-1, 2)
+
+    def entity_spans(self, i: int) -> np.ndarray:
+        return self._column("entity_spans", i).reshape(-1, 2)
+
+    def doc_lengths(self) -> np.ndarray:
+        """Token count of every document (int64), computed from the shards' list offsets."""
+        return np.concatenate([np.diff(s.offsets["input_ids"]) for s in self.shards]).astype(np.int64)
+
+    def tokenizer(self):
+        from data_prep.tokenizer import load_tokenizer
+
+        return load_tokenizer(os.path.join(self.path, "tokenizer"))

@@ -1,0 +1,176 @@
+"""One tokenizer interface over sentencepiece models, BERT WordPiece `vocab.txt` and GPT-2 byte-level BPE.
+
+A dataset keeps its tokenizer in `DIR/tokenizer/`: the original files plus `ptm_tokenizer.json`
+(kind, files, lower-casing, special token ids), so training and the Hugging Face export use exactly
+the vocabulary the data was encoded with.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+
+import numpy as np
+
+from data_prep import PrepError
+
+META = "ptm_tokenizer.json"
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# Names that public vocabularies use for the same roles, tried in order.
+_ROLE_PIECES = {
+    "pad": ("[PAD]", "<pad>"),
+    "unk": ("[UNK]", "<unk>"),
+    "cls": ("[CLS]", "<s>"),
+    "sep": ("[SEP]", "</s>"),
+    "mask": ("[MASK]", "<mask>"),
+    "eod": ("<|endoftext|>", "[EOD]", "</s>", "[SEP]"),
+}
+
+
+class Tokenizer:
+    """Encodes text to ids with character offsets; `kind` is sentencepiece, wordpiece or bpe."""
+
+    def __init__(self, kind: str, directory: str, files: list[str], lowercase: bool = False, threads: int = 1):
+        self.kind, self.directory, self.files, self.lowercase = kind, directory, files, lowercase
+        self.threads = threads
+        paths = [os.path.join(directory, f) for f in files]
+        if kind == "sentencepiece":
+            import sentencepiece as spm
+
+            self._sp = spm.SentencePieceProcessor(model_file=paths[0])
+            self.vocab_size = self._sp.get_piece_size()
+            self._piece = self._sp.id_to_piece
+        else:
+            from tokenizers import implementations as impl
+
+            if kind == "wordpiece":
+                self._hf = impl.BertWordPieceTokenizer(paths[0], lowercase=lowercase)
+            elif kind == "bpe":
+                self._hf = impl.ByteLevelBPETokenizer(paths[0], paths[1])
+            else:
+                raise PrepError(f"unknown tokenizer kind {kind!r} in {directory}/{META}")
+            self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
+            self._piece = self._hf.id_to_token
+        self.special = {role: i for role, names in _ROLE_PIECES.items() if (i := self._find(names)) is not None}
+        self.special.setdefault("eod", self.special.get("sep"))
+
+    def _find(self, pieces) -> int | None:
+        for p in pieces:
+            i = self._sp.piece_to_id(p) if self.kind == "sentencepiece" else self._hf.token_to_id(p)
+            if i is not None and self.piece(i) == p:
+                return i
+        return None
+
+    def piece(self, i: int) -> str:
+        return self._piece(int(i))
+
+    def encode(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per text: token ids (int64) and an (n, 2) array of character [start, end) offsets."""
+        if not texts:
+            return []
+        if self.kind == "sentencepiece":
+            out = self._sp.encode(texts, out_type="offset_mapping", num_threads=self.threads)
+            return [(np.asarray(r["ids"], dtype=np.int64), np.asarray(r["offsets"], dtype=np.int64).reshape(-1, 2))
+                    for r in out]
+        out = self._hf.encode_batch(texts, add_special_tokens=False)
+        return [(np.asarray(e.ids, dtype=np.int64), np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2))
+                for e in out]
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        return self._sp.decode(ids) if self.kind == "sentencepiece" else self._hf.decode(ids, skip_special_tokens=False)
+
+    def sha256(self) -> str:
+        h = hashlib.sha256()
+        for f in sorted(self.files):
+            h.update(f.encode())
+            with open(os.path.join(self.directory, f), "rb") as fh:
+                h.update(fh.read())
+        return h.hexdigest()
+
+    def meta(self) -> dict:
+        return {"kind": self.kind, "files": self.files, "lowercase": self.lowercase,
+                "vocab_size": self.vocab_size, "special_ids": self.special, "sha256": self.sha256()}
+
+    def save(self, directory: str) -> "Tokenizer":
+        """Copy the tokenizer files and metadata into `directory`; returns the tokenizer loaded from there."""
+        os.makedirs(directory, exist_ok=True)
+        for f in self.files:
+            src, dst = os.path.join(self.directory, f), os.path.join(directory, f)
+            if os.path.abspath(src) != os.path.abspath(dst):
+                shutil.copyfile(src, dst)
+        _write_json(os.path.join(directory, META), self.meta())
+        return Tokenizer(self.kind, directory, self.files, self.lowercase, self.threads)
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _vocab_is_uncased(vocab_txt: str) -> bool:
+    with open(vocab_txt, encoding="utf-8") as f:
+        return not any(t.strip() != t.strip().lower() and not t.startswith("[") for t in f)
+
+
+def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
+    """A sentencepiece `.model`, a WordPiece `vocab.txt`, a GPT-2 `vocab.json` (+ `merges.txt` beside it),
+    a directory holding one of those, a ptm tokenizer directory, or a ptm dataset directory."""
+    if not os.path.exists(path):
+        raise PrepError(f"tokenizer not found: {path}; pass a .model, vocab.txt, vocab.json or a dataset directory")
+    if os.path.isdir(path):
+        for sub in (path, os.path.join(path, "tokenizer")):
+            if os.path.isfile(os.path.join(sub, META)):
+                with open(os.path.join(sub, META)) as f:
+                    m = json.load(f)
+                return Tokenizer(m["kind"], sub, m["files"], m["lowercase"], threads)
+        names = sorted(os.listdir(path))
+        models = [n for n in names if n.endswith(".model")]
+        for candidate in (*models, "vocab.txt", "vocab.json"):
+            if candidate in names:
+                return load_tokenizer(os.path.join(path, candidate), threads)
+        raise PrepError(f"no tokenizer in {path}: expected a .model, vocab.txt or vocab.json + merges.txt")
+    directory, name = os.path.split(os.path.abspath(path))
+    if name.endswith(".model"):
+        return Tokenizer("sentencepiece", directory, [name], threads=threads)
+    if name.endswith(".txt"):
+        return Tokenizer("wordpiece", directory, [name], lowercase=_vocab_is_uncased(path), threads=threads)
+    if name.endswith(".json"):
+        if not os.path.isfile(os.path.join(directory, "merges.txt")):
+            raise PrepError(f"GPT-2 BPE vocabulary {path} needs merges.txt beside it")
+        return Tokenizer("bpe", directory, [name, "merges.txt"], threads=threads)
+    raise PrepError(f"cannot tell what tokenizer {path} is; pass a .model, vocab.txt or vocab.json")
+
+
+def train_sentencepiece(sentences: list[str], directory: str, *, vocab_size: int, model_type: str,
+                        num_unused: int, threads: int) -> Tokenizer:
+    """Train a sentencepiece model with BERT's special tokens at ids 0-4 and `[unusedN]` after them."""
+    import sentencepiece as spm
+
+    if not sentences:
+        raise PrepError("no text to train a tokenizer on; check the inputs and filters")
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size, model_type=model_type,
+            pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
+            user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"] + [f"[unused{i}]" for i in range(num_unused)],
+            byte_fallback=True, character_coverage=0.9995, normalization_rule_name="identity",
+            split_digits=True, max_sentence_length=1 << 16, input_sentence_size=0,
+            num_threads=threads, minloglevel=2,
+        )
+    except RuntimeError as e:
+        raise PrepError(f"cannot train a {vocab_size}-piece {model_type} tokenizer on this corpus "
+                        f"({str(e).strip().splitlines()[-1]}); change --vocab-size") from None
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f"spm.model.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(model.getvalue())
+    os.replace(tmp, os.path.join(directory, "spm.model"))
+    return Tokenizer("sentencepiece", directory, ["spm.model"], threads=threads).save(directory)

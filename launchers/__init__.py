@@ -1,0 +1,1 @@
+"""ptm launchers (built by later issues)."""

@@ -1,0 +1,1 @@
+"""ptm pretrain (built by later issues)."""

@@ -1,0 +1,33 @@
+"""The `ptm` command: `ptm prep|train|convert|launch ...` runs `python -m data_prep|pretrain|...`."""
+import runpy
+import sys
+
+COMMANDS = {
+    "prep": ("data_prep", "raw text to sharded Arrow datasets, tokenizers"),
+    "train": ("pretrain", "pretrain BERT, GPT-2 and ERNIE models"),
+    "convert": ("checkpoints_tools", "consolidate, reshard, Hugging Face export/import"),
+    "launch": ("launchers", "one rendezvous contract for every launcher"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: ptm COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}  (python -m {module})" for name, (module, help_) in COMMANDS.items()]
+    lines += ["", "`ptm COMMAND --help` explains each command's options."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        sys.exit(0)
+    if argv[0] == "--version":
+        from ptm import __version__
+        print(f"ptm {__version__}")
+        sys.exit(0)
+    if argv[0] not in COMMANDS:
+        sys.exit(f"ptm: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}")
+    module = COMMANDS[argv[0]][0]
+    sys.argv = [f"ptm {argv[0]}", *argv[1:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
