@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 CJK_RE = re.compile(f"[{_CJK}]")
-# A sentence ends at CJK final punctuation, or at Latin . ! ? followed by whitespace; closing quotes and
-# brackets stay with the sentence they close.
-_END_CJK = re.compile(r"[。！？!?…]+[”’」』）)》\"']*")
+# A sentence ends at CJK final punctuation (or ! ? before CJK text, as NFKC makes ！？ ASCII), or at Latin
+# . ! ? followed by whitespace; closing quotes and brackets stay with the sentence they close.
+_END_CJK = re.compile(rf"(?:[。！？…]+|[!?]+(?=[”’」』）)》\"']*[{_CJK}]))[”’」』）)》\"']*")
 _END_LATIN = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s)")
 _PARA = re.compile(r"\n[^\S\n]*\n\s*")
 _ABBREV = frozenset(

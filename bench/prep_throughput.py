@@ -1,0 +1,147 @@
+"""Throughput and peak memory of `python -m data_prep build` next to a Hugging Face `datasets` reference.
+
+Run: `make bench`, or `.venv/bin/python bench/prep_throughput.py [--mb 16 --mb2 48 --lang both]`
+(needs the `bench` extra: datasets, psutil). Each corpus size is built by repeating the embedded corpus
+(`python -m data_prep corpus`), every copy made distinct so de-duplication keeps it. One sentencepiece
+model is trained up front (untimed) and used by every timed run. Every pipeline runs as a subprocess;
+its peak memory is the largest sum of RSS over the process and its children, polled every 0.05 s
+(shared copy-on-write pages of forked workers count once per process, so this over-estimates).
+"""
+import argparse
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+MB = 1e6
+HEADER = """\
+ptm: `python -m data_prep build`: read JSONL, NFKC + whitespace cleaning, exact de-duplication (hashing),
+     sentence splitting, word boundaries, phrase spans, sentencepiece tokenization, Arrow shards + manifest.
+ref: Hugging Face datasets: load_dataset("json") (JSON -> Arrow cache), .map(batched=True) with
+     SentencePieceProcessor.encode on "text" (tokenization only), save_to_disk (Arrow).
+Same corpus and sentencepiece model for both. MB = 10^6 bytes; corpus MB and MB/s count the UTF-8 text
+fields. tokens: each pipeline's own count (ptm's cleaning gives fewer). RSS: peak of the summed RSS of
+the process tree. x ref: ptm / ref at equal workers (MB/s: higher is faster; RSS: lower is leaner)."""
+
+
+def make_corpus(src: Path, lang: str, mb: float, path: Path) -> int:
+    """Write repetitions of the embedded corpus to `path` until its text reaches `mb`; return text bytes."""
+    files = {"en": ["en.jsonl"], "zh": ["zh.jsonl"], "both": ["en.jsonl", "zh.jsonl"]}[lang]
+    docs = [json.loads(line) for f in files for line in (src / f).read_text(encoding="utf-8").splitlines()]
+    total = 0
+    with path.open("w", encoding="utf-8") as out:
+        for i in itertools.count():
+            d = docs[i % len(docs)]
+            copy = i // len(docs)
+            text = d["text"] + (f" (copy {copy})" if copy else "")
+            out.write(json.dumps({"text": text, "source": d["source"]}, ensure_ascii=False) + "\n")
+            total += len(text.encode("utf-8"))
+            if total >= mb * MB:
+                return total
+
+
+def measure(cmd: list[str], log: Path, env: dict) -> tuple[float, float]:
+    """Run `cmd`, output to `log`; return (wall seconds, peak summed RSS of its process tree in bytes)."""
+    peak = 0
+    with log.open("w") as out:
+        t0 = time.perf_counter()
+        proc = psutil.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        while proc.poll() is None:
+            rss = 0
+            try:
+                for p in [proc, *proc.children(recursive=True)]:
+                    rss += p.memory_info().rss
+            except psutil.Error:  # a process ended between listing and reading
+                pass
+            peak = max(peak, rss)
+            time.sleep(0.05)
+        wall = time.perf_counter() - t0
+    if proc.returncode:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{log.read_text()}")
+    return wall, peak
+
+
+def reference(corpus: str, model: str, num_proc: int, out: str) -> None:
+    """The reference pipeline (runs in a child process); writes its token count to out/num_tokens."""
+    import datasets
+    import pyarrow.compute as pc
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=model)
+    ds = datasets.load_dataset("json", data_files=corpus, split="train")
+    ds = ds.map(lambda batch: {"input_ids": sp.encode(batch["text"])}, batched=True,
+                num_proc=num_proc, remove_columns=ds.column_names)
+    ds.save_to_disk(out)
+    tokens = pc.sum(pc.list_value_length(ds.data.column("input_ids"))).as_py()
+    Path(out, "num_tokens").write_text(str(tokens))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=float, default=16, help="first corpus size, MB of text (default 16)")
+    ap.add_argument("--mb2", type=float, default=48,
+                    help="second, larger corpus size, MB of text, to show memory staying flat (default 48; 0: skip)")
+    ap.add_argument("--lang", choices=["en", "zh", "both"], default="both",
+                    help="repeat the English, the Chinese or both parts of the embedded corpus (default both)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2],
+                    help="worker counts: ptm --workers and the reference's num_proc (default 1 2)")
+    ap.add_argument("--vocab-size", type=int, default=8000, help="pieces in the shared sentencepiece model (default 8000)")
+    ap.add_argument("--reference", nargs=4, metavar=("CORPUS", "MODEL", "NUM_PROC", "OUT"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.reference:
+        return reference(a.reference[0], a.reference[1], int(a.reference[2]), a.reference[3])
+
+    with tempfile.TemporaryDirectory(prefix="ptm-bench-") as tmp:
+        tmp = Path(tmp)
+        env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp / "hf"),
+                   HF_DATASETS_CACHE=str(tmp / "hf" / "datasets"))
+        py = [sys.executable]
+        subprocess.run(py + ["-m", "data_prep", "corpus", "--out", str(tmp / "src")], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+        print(f"training the shared {a.vocab_size}-piece sentencepiece model (untimed)", file=sys.stderr)
+        measure(py + ["-m", "data_prep", "build", str(tmp / "src"), "--out", str(tmp / "tok"), "--vocab-size",
+                      str(a.vocab_size), "--no-progress", "--overwrite"], tmp / "tok.log", env)
+        model = str(tmp / "tok" / "tokenizer" / "spm.model")
+
+        rows = []
+        for mb in [m for m in (a.mb, a.mb2) if m > 0]:
+            corpus = tmp / f"corpus{mb:g}.jsonl"
+            text_mb = make_corpus(tmp / "src", a.lang, mb, corpus) / MB
+            for w in a.workers:
+                for name in ("ref", "ptm"):
+                    out = tmp / f"{name}-{mb:g}-{w}"
+                    print(f"{name} workers={w} corpus={text_mb:.1f} MB ...", file=sys.stderr)
+                    if name == "ptm":
+                        cmd = py + ["-m", "data_prep", "build", str(corpus), "--out", str(out), "--tokenizer", model,
+                                    "--workers", str(w), "--shard-size", "64MB", "--no-progress", "--overwrite"]
+                    else:
+                        cmd = py + [__file__, "--reference", str(corpus), model, str(w), str(out)]
+                    secs, rss = measure(cmd, tmp / f"{out.name}.log", env)
+                    tokens = (json.loads((out / "manifest.json").read_text())["num_tokens"] if name == "ptm"
+                              else int((out / "num_tokens").read_text()))
+                    rows.append(dict(name=name, w=w, mb=text_mb, secs=secs, mbs=text_mb / secs,
+                                     tps=tokens / secs, rss=rss / MB))
+                    for d in (out, tmp / "hf" / "datasets"):  # no cache reuse between runs
+                        shutil.rmtree(d, ignore_errors=True)
+            corpus.unlink()
+
+    print(HEADER + "\n")
+    cols = f"{'pipeline':<9}{'workers':>8}{'corpus MB':>11}{'s':>9}{'MB/s':>8}{'tokens/s':>11}{'peak RSS MB':>13}"
+    print(cols + f"{'x ref MB/s':>12}{'x ref RSS':>11}")
+    for r in rows:
+        ref = next(x for x in rows if x["name"] == "ref" and x["w"] == r["w"] and x["mb"] == r["mb"])
+        ratio = f"{r['mbs'] / ref['mbs']:>12.2f}{r['rss'] / ref['rss']:>11.2f}" if r["name"] == "ptm" else ""
+        print(f"{r['name']:<9}{r['w']:>8}{r['mb']:>11.1f}{r['secs']:>9.1f}{r['mbs']:>8.2f}{r['tps']:>11,.0f}"
+              f"{r['rss']:>13.0f}{ratio}")
+
+
+if __name__ == "__main__":
+    main()

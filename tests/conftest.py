@@ -1,0 +1,85 @@
+"""Shared fixtures: the real embedded corpus (small slices of it) and tokenizers trained on it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args, check=True, env=None, timeout=600):
+    """Run `python -m MODULE ...` the way a user does; returns the CompletedProcess."""
+    proc = subprocess.run([sys.executable, "-m", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def read_jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """The embedded default corpus: {'en': [...], 'zh': [...]} documents and the directory holding it."""
+    from data_prep.corpus import write_default_corpus
+
+    d = tmp_path_factory.mktemp("corpus")
+    write_default_corpus(str(d))
+    return {"dir": str(d), "en": [r["text"] for r in read_jsonl(d / "en.jsonl")],
+            "zh": [r["text"] for r in read_jsonl(d / "zh.jsonl")]}
+
+
+@pytest.fixture(scope="session")
+def small(corpus, tmp_path_factory):
+    """A small mixed slice (300 English + 400 Chinese documents) as one JSONL file."""
+    d = tmp_path_factory.mktemp("small")
+    docs = corpus["en"][:300] + corpus["zh"][:400]
+    return {"docs": docs, "path": write_jsonl(d / "small.jsonl", [{"text": t} for t in docs])}
+
+
+@pytest.fixture(scope="session")
+def sp_model(small, tmp_path_factory):
+    """A sentencepiece tokenizer directory trained by data_prep on the small slice."""
+    from data_prep.build import BuildOptions, train_tokenizer
+
+    d = str(tmp_path_factory.mktemp("spm"))
+    train_tokenizer([small["path"]], BuildOptions(inputs=[small["path"]], out=d, vocab_size=3000, num_unused=10), d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def wordpiece_vocab(corpus, tmp_path_factory):
+    """A BERT-style vocab.txt, made by HF tokenizers' WordPiece trainer (the public format)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    d = str(tmp_path_factory.mktemp("wordpiece"))
+    tok = BertWordPieceTokenizer(lowercase=True)
+    tok.train_from_iterator(corpus["en"], vocab_size=3000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.save_model(d)
+    return os.path.join(d, "vocab.txt")
+
+
+@pytest.fixture(scope="session")
+def gpt2_vocab(corpus, tmp_path_factory):
+    """GPT-2-style byte-level BPE files vocab.json + merges.txt."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    d = str(tmp_path_factory.mktemp("gpt2"))
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(corpus["en"], vocab_size=1500, special_tokens=["<|endoftext|>"])
+    tok.save_model(d)
+    return os.path.join(d, "vocab.json")

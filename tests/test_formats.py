@@ -1,0 +1,99 @@
+"""Every input format gives the same documents; shards are plain Arrow IPC files read zero-copy."""
+import gzip
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from helpers import contents, quick_build
+from conftest import write_jsonl
+
+
+@pytest.fixture(scope="module")
+def docs(corpus):
+    # one paragraph per document, so blank-line and line-per-document text files can hold them too
+    return [" ".join(d.split()) for d in corpus["en"][:40] + corpus["zh"][:60]]
+
+
+@pytest.fixture(scope="module")
+def reference(docs, sp_model, tmp_path_factory):
+    d = tmp_path_factory.mktemp("ref")
+    src = write_jsonl(d / "docs.jsonl", [{"meta": {"text": t}} for t in docs])
+    quick_build([src], d / "ds", tokenizer=sp_model, text_field="meta.text")
+    return contents(d / "ds")
+
+
+def _write(kind, docs, d):
+    if kind == "jsonl.gz":
+        with gzip.open(d / "docs.jsonl.gz", "wt", encoding="utf-8") as f:
+            f.write(open(write_jsonl(d / "tmp.jsonl", [{"text": t} for t in docs]), encoding="utf-8").read())
+        os.remove(d / "tmp.jsonl")
+        return [d / "docs.jsonl.gz"], {}
+    if kind == "jsonl.zst":
+        raw = open(write_jsonl(d / "tmp.jsonl", [{"text": t} for t in docs]), "rb").read()
+        (d / "docs.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+        os.remove(d / "tmp.jsonl")
+        return [d / "docs.jsonl.zst"], {}
+    table = pa.table({"id": list(range(len(docs))), "content": docs})
+    if kind == "parquet":
+        pq.write_table(table, d / "docs.parquet", row_group_size=17)
+        return [d / "docs.parquet"], {"text_field": "content"}
+    if kind == "arrow-file":
+        with pa.ipc.new_file(str(d / "docs.arrow"), table.schema) as w:
+            for b in table.to_batches(max_chunksize=13):
+                w.write_batch(b)
+        return [d / "docs.arrow"], {"text_field": "content"}
+    if kind == "arrow-stream":  # what Hugging Face `datasets` save_to_disk writes
+        with pa.ipc.new_stream(str(d / "data-00000-of-00001.arrow"), table.schema) as w:
+            w.write_table(table)
+        return [d], {"text_field": "content"}
+    if kind == "text-files":
+        for i, t in enumerate(docs):
+            (d / "sub").mkdir(exist_ok=True)
+            (d / "sub" / f"doc{i:04d}.txt").write_text(t + "\n", encoding="utf-8")
+        return [d], {"doc_boundary": "file"}
+    if kind == "text-blank-line":
+        (d / "a.txt").write_text("\n\n".join(docs[:50]) + "\n", encoding="utf-8")
+        (d / "b.txt").write_text("\n\n\n".join(docs[50:]), encoding="utf-8")
+        return [str(d / "*.txt")], {}
+    if kind == "text-line":
+        (d / "docs.txt").write_text("\n".join(docs) + "\n", encoding="utf-8")
+        return [d / "docs.txt"], {"doc_boundary": "line"}
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["jsonl.gz", "jsonl.zst", "parquet", "arrow-file", "arrow-stream", "text-files",
+                                  "text-blank-line", "text-line"])
+def test_every_format_gives_the_same_documents(kind, docs, reference, sp_model, tmp_path):
+    (tmp_path / "in").mkdir()
+    inputs, kw = _write(kind, docs, tmp_path / "in")
+    manifest = quick_build(inputs, tmp_path / "ds", tokenizer=sp_model, **kw)
+    assert contents(tmp_path / "ds") == reference
+    assert manifest["num_documents"] == len(docs)
+
+
+def test_shards_read_zero_copy_by_plain_pyarrow(small, sp_model, tmp_path):
+    m = quick_build([small["path"]], tmp_path / "ds", tokenizer=sp_model, shard_size=64 << 10)
+    assert len(m["shards"]) > 3
+    total = 0
+    allocated = pa.total_allocated_bytes()
+    for s in m["shards"]:
+        path = str(tmp_path / "ds" / s["file"])
+        assert os.path.getsize(path) <= (64 << 10) * 1.2
+        reader = pa.ipc.open_file(pa.memory_map(path))
+        batch = reader.get_batch(0)
+        ids = batch.column("input_ids")
+        values = ids.values.to_numpy(zero_copy_only=True)  # raises if a copy were needed
+        assert values.dtype == np.uint16 and not values.flags.owndata
+        assert batch.num_rows == s["num_documents"] and len(values) == s["num_tokens"]
+        total += len(values)
+    assert total == m["num_tokens"]
+    assert pa.total_allocated_bytes() == allocated  # nothing was copied into Arrow's memory pool
+    # the same file through pyarrow's dataset API, as other tools read it
+    import pyarrow.dataset as pads
+    files = [str(tmp_path / "ds" / s["file"]) for s in m["shards"]]
+    table = pads.dataset(files, format="arrow").to_table(columns=["input_ids"])
+    assert table.num_rows == m["num_documents"]

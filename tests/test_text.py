@@ -1,0 +1,35 @@
+"""Normalisation, sentence splitting and the character spans stored per document."""
+from data_prep import text as T
+
+
+def test_sentences_cover_the_text_and_respect_abbreviations():
+    t = T.normalize("Dr. Smith met Mr. J. Doe at 3.5 p.m. in the U.S. office.  It rained!\n\n\nNew paragraph here", T.TextOptions())
+    segs = T.split_sentences(t)
+    assert "".join(segs) == t
+    assert [s.strip() for s in segs] == [
+        "Dr. Smith met Mr. J. Doe at 3.5 p.m. in the U.S. office.", "It rained!", "New paragraph here"]
+
+
+def test_chinese_sentences_keep_closing_quotes():
+    t = "他说：“今天下雨了。”我们回家吧！好的"
+    assert T.split_sentences(t) == ["他说：“今天下雨了。”", "我们回家吧！", "好的"]
+
+
+def test_normalize_nfkc_and_whitespace():
+    opts = T.TextOptions()
+    assert T.normalize("ｆｕｌｌ\u3000width\tand   spaces\nwrapped\n\n\n\nnext", opts) == "full width and spaces wrapped\n\nnext"
+    raw = "keep\t this\n"
+    assert T.normalize(raw, T.TextOptions(nfkc=False, whitespace="keep")) == raw.strip()
+
+
+def test_phrases_are_runs_of_content_words():
+    t = "Natural language processing is fun, and the quick brown fox sleeps."
+    got = [t[a:b] for a, b in T.phrases(t, T.words(t), max_words=4)]
+    assert got == ["Natural language processing", "quick brown fox sleeps"]
+
+
+def test_entities_longest_match_on_word_boundaries():
+    t = "She moved to New York City, not to York."
+    m = T.EntityMatcher(["New York", "New York City", "York"])
+    assert [t[a:b] for a, b in m(t, T.words(t))] == ["New York City", "York"]
+    assert T.EntityMatcher([])(t, T.words(t)) == []

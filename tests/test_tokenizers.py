@@ -1,0 +1,90 @@
+"""Trained and reused tokenizers: ids match the reference implementations, files travel with the data."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import run_cli, write_jsonl
+from data_prep import PrepError
+from data_prep.dataset import Corpus
+from data_prep.text import TextOptions, normalize
+from data_prep.tokenizer import load_tokenizer
+from helpers import quick_build
+
+transformers = pytest.importorskip("transformers") if os.environ.get("CI") != "true" else __import__("transformers")
+
+
+def test_trained_sentencepiece_has_bert_specials(sp_model, small, tmp_path):
+    tok = load_tokenizer(sp_model)
+    assert [tok.piece(i) for i in range(6)] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]"]
+    assert tok.special == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4, "eod": 3}
+    m = quick_build([small["path"]], tmp_path / "ds", tokenizer=sp_model)
+    assert m["special_ids"] == tok.special and m["vocab_size"] == 3000
+    assert m["tokenizer"]["sha256"] == tok.sha256() == load_tokenizer(str(tmp_path / "ds")).sha256()
+    # user-defined specials are single tokens in text, as fill-mask needs
+    ids, _ = tok.encode(["The [MASK] sat."])[0]
+    assert 4 in ids.tolist()
+
+
+def test_wordpiece_vocab_matches_transformers(wordpiece_vocab, corpus, tmp_path):
+    docs = corpus["en"][:60]
+    src = write_jsonl(tmp_path / "en.jsonl", [{"text": t} for t in docs])
+    m = quick_build([src], tmp_path / "ds", tokenizer=wordpiece_vocab, dedup=False)
+    assert m["tokenizer"]["kind"] == "wordpiece" and m["tokenizer"]["lowercase"] is True
+    ref = transformers.BertTokenizer.from_pretrained(os.path.dirname(wordpiece_vocab), do_lower_case=True)
+    c = Corpus(str(tmp_path / "ds"))
+    assert len(c) == len(docs)
+    for i, t in enumerate(docs):
+        expected = ref(normalize(t, TextOptions()), add_special_tokens=False)["input_ids"]
+        assert c.tokens(i).tolist() == expected
+    assert os.path.isfile(tmp_path / "ds" / "tokenizer" / "vocab.txt")
+    assert m["special_ids"]["mask"] == ref.mask_token_id
+
+
+def test_gpt2_bpe_matches_transformers_and_round_trips(gpt2_vocab, corpus, tmp_path):
+    docs = corpus["en"][:60]
+    src = write_jsonl(tmp_path / "en.jsonl", [{"text": t} for t in docs])
+    m = quick_build([src], tmp_path / "ds", tokenizer=gpt2_vocab, dedup=False,
+                    text=TextOptions(nfkc=False, whitespace="keep"))
+    assert m["tokenizer"]["kind"] == "bpe" and m["special_ids"]["eod"] == load_tokenizer(gpt2_vocab).special["eod"]
+    ref = transformers.GPT2Tokenizer.from_pretrained(os.path.dirname(gpt2_vocab))
+    c = Corpus(str(tmp_path / "ds"))
+    for i, t in enumerate(docs):
+        ids = c.tokens(i).tolist()
+        assert ids == ref(t.strip())["input_ids"]
+        assert ref.decode(ids) == t.strip()  # byte-level: nothing lost, whitespace included
+
+
+def test_word_starts_and_spans_decode_to_words_and_entities(sp_model, tmp_path):
+    docs = ["The quick brown fox visited New York City and Paris yesterday.",
+            "李白和杜甫都是唐代诗人。他们在长安相识。"]
+    src = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in docs])
+    (tmp_path / "entities.txt").write_text("New York City\nParis\n李白\n杜甫\n长安\n", encoding="utf-8")
+    quick_build([src], tmp_path / "ds", tokenizer=sp_model, entities=str(tmp_path / "entities.txt"))
+    c, tok = Corpus(str(tmp_path / "ds")), load_tokenizer(str(tmp_path / "ds"))
+    ids = c.tokens(0)
+    starts = np.flatnonzero(c.word_start(0)).tolist() + [len(ids)]
+    words = [tok.decode(ids[a:b]).strip() for a, b in zip(starts[:-1], starts[1:])]
+    assert words == "The quick brown fox visited New York City and Paris yesterday .".split()
+    assert [tok.decode(ids[a:b]).strip() for a, b in c.entity_spans(0)] == ["New York City", "Paris"]
+    # runs of content words, cut into pieces of at most 4 words
+    assert [tok.decode(ids[a:b]).strip() for a, b in c.phrase_spans(0)] == [
+        "quick brown fox visited", "New York City", "Paris yesterday"]
+    zh = c.tokens(1)
+    assert [tok.decode(zh[a:b]) for a, b in c.entity_spans(1)] == ["李白", "杜甫", "长安"]
+    assert c.sentence_starts(1).tolist()[0] == 0 and len(c.sentence_starts(1)) == 2
+
+
+def test_tokenizer_that_does_not_fit_the_text_is_refused(wordpiece_vocab, corpus, tmp_path):
+    src = write_jsonl(tmp_path / "zh.jsonl", [{"text": t} for t in corpus["zh"][:50]])
+    proc = run_cli("data_prep", "build", src, "--out", tmp_path / "ds", "--tokenizer", wordpiece_vocab, check=False)
+    assert proc.returncode == 2
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "[UNK]" in line and "does not fit" in line and "wordpiece" in line
+
+
+def test_too_large_vocab_is_a_clear_error(tmp_path):
+    src = write_jsonl(tmp_path / "d.jsonl", [{"text": "tiny corpus with few words."}])
+    with pytest.raises(PrepError, match="--vocab-size"):
+        quick_build([src], tmp_path / "ds", vocab_size=50000)
