@@ -28,7 +28,9 @@ ref: Hugging Face datasets: load_dataset("json") (JSON -> Arrow cache), .map(bat
      SentencePieceProcessor.encode on "text" (tokenization only), save_to_disk (Arrow).
 Same corpus and sentencepiece model for both. MB = 10^6 bytes; corpus MB and MB/s count the UTF-8 text
 fields. tokens: each pipeline's own count (ptm's cleaning gives fewer). RSS: peak of the summed RSS of
-the process tree. x ref: ptm / ref at equal workers (MB/s: higher is faster; RSS: lower is leaner)."""
+the process tree. x ref: ptm / ref at equal workers (MB/s: higher is faster; RSS: lower is leaner).
+sentencepiece threads: ref's encode uses every core in each process (its default); ptm divides the cores
+among its workers."""
 
 
 def make_corpus(src: Path, lang: str, mb: float, path: Path) -> int:

@@ -372,7 +372,7 @@ class _Progress:
         self.sizes = [os.path.getsize(f) for f in files]
         self.first = first_index
         self.bar = tqdm(total=sum(self.sizes), unit="B", unit_scale=True, desc=f"part {p}", mininterval=0.5,
-                        file=sys.stderr, dynamic_ncols=True)
+                        file=sys.stderr, dynamic_ncols=True, disable=None)  # None: only on a terminal
         self.t0 = time.time()
         self.file, self.in_file, self.done_bytes = 0, 0, 0
 

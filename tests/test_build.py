@@ -1,0 +1,198 @@
+"""Determinism across workers and partitions, crash safety and resume, verify, and input errors."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, run_cli, write_jsonl
+from helpers import contents, quick_build
+
+
+@pytest.fixture(scope="module")
+def three_files(corpus, tmp_path_factory):
+    """Three inputs with exact duplicates inside and across files."""
+    d = tmp_path_factory.mktemp("three")
+    en, zh = corpus["en"], corpus["zh"]
+    write_jsonl(d / "a.jsonl", [{"text": t} for t in en[:150] + zh[:150] + en[:5]])
+    write_jsonl(d / "b.jsonl", [{"text": t} for t in zh[150:350] + en[10:20] + en[150:250]])
+    write_jsonl(d / "c.jsonl", [{"text": t} for t in zh[300:320] + zh[350:500]])
+    return [str(d / f) for f in ("a.jsonl", "b.jsonl", "c.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def reference(three_files, sp_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "ds"
+    m = quick_build(three_files, out, tokenizer=sp_model, shard_size=32 << 10)
+    return {"manifest": m, "contents": contents(out)}
+
+
+def test_reference_dedups_within_and_across_files(reference, three_files):
+    from conftest import read_jsonl
+    from data_prep.text import TextOptions, normalize
+
+    texts = [normalize(r["text"], TextOptions()) for f in three_files for r in read_jsonl(f)]
+    s = reference["manifest"]["stats"]
+    assert s["records"] == 305 + 310 + 170 == len(texts)
+    assert s["duplicates"] == len(texts) - len(set(texts)) >= 5 + 10 + 20
+    assert reference["manifest"]["num_documents"] == len(set(texts))
+
+
+@pytest.mark.parametrize("workers,partitions", [(2, 1), (1, 3), (2, 2)])
+def test_same_documents_whatever_workers_and_partitions(workers, partitions, three_files, sp_model, reference, tmp_path):
+    m = quick_build(three_files, tmp_path / "ds", tokenizer=sp_model, workers=workers, num_partitions=partitions,
+                    shard_size=20 << 10)
+    assert contents(tmp_path / "ds") == reference["contents"]
+    assert m["stats"]["duplicates"] == reference["manifest"]["stats"]["duplicates"]
+    assert m["num_partitions"] == partitions
+
+
+@pytest.mark.distributed
+def test_partitions_as_separate_jobs_then_finalize(three_files, sp_model, reference, tmp_path):
+    out = tmp_path / "ds"
+    common = ["data_prep", "build", *three_files, "--out", out, "--tokenizer", sp_model, "--num-partitions", 3,
+              "--no-progress"]
+    procs = [subprocess.Popen([sys.executable, "-m", *map(str, common), "--partition", str(p)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in (2, 0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert run_cli("data_prep", "verify", out, check=False).returncode == 1  # no manifest until finalize
+    run_cli("data_prep", "finalize", out)
+    assert run_cli("data_prep", "verify", out).returncode == 0
+    assert contents(out) == reference["contents"]
+
+
+@pytest.mark.distributed
+def test_mpirun_builds_partitions_per_rank(three_files, sp_model, reference, tmp_path):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None and os.environ.get("CI") != "true":
+        pytest.skip("Open MPI not installed (scripts/setup.sh installs it)")
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m", "data_prep", "build",
+           *three_files, "--out", str(tmp_path / "ds"), "--tokenizer", sp_model, "--no-progress"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    m = json.load(open(tmp_path / "ds" / "manifest.json"))
+    assert m["num_partitions"] == 2
+    assert contents(tmp_path / "ds") == reference["contents"]
+
+
+def _shards(out):
+    return sorted(f for f in os.listdir(out) if f.endswith(".arrow")) if os.path.isdir(out) else []
+
+
+@pytest.mark.slow
+def test_killed_build_is_invalid_then_resumes_to_the_same_dataset(corpus, sp_model, tmp_path):
+    inputs = [os.path.join(corpus["dir"], f) for f in ("en.jsonl", "zh.jsonl")]
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "data_prep", "build", *inputs, "--out", str(out), "--tokenizer", sp_model,
+           "--shard-size", "48KB", "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while len(_shards(out)) < 4 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "build finished before it could be killed; use a larger input"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = _shards(out)
+    check = run_cli("data_prep", "verify", out, check=False)
+    assert check.returncode == 1 and "unfinished build" in check.stdout
+
+    # damage the last finished shard: resume must notice by hash and rebuild from there
+    journal = json.load(open(out / ".partial" / "part00000.json"))
+    finished = [e["file"] for e in journal["shards"] if e["file"]]
+    assert len(finished) >= 3 and set(finished) <= set(done)
+    with open(out / finished[-1], "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff\xff\xff\xff")
+    resumed = run_cli("data_prep", *cmd[3:])
+    assert f"resuming after {len(finished) - 1} intact shards" in resumed.stderr
+    assert "damaged" in resumed.stderr
+    assert run_cli("data_prep", "verify", out).returncode == 0
+
+    clean = tmp_path / "clean"
+    quick_build(inputs, clean, tokenizer=sp_model, shard_size=48 << 10)
+    assert contents(out) == contents(clean)
+    assert [s["sha256"] for s in json.load(open(out / "manifest.json"))["shards"]] == \
+           [s["sha256"] for s in json.load(open(clean / "manifest.json"))["shards"]]
+
+
+def test_verify_catches_damage(small, sp_model, tmp_path):
+    out = tmp_path / "ds"
+    m = quick_build([small["path"]], out, tokenizer=sp_model, shard_size=64 << 10)
+    assert run_cli("data_prep", "verify", out).stdout.strip().endswith("valid")
+    first = out / m["shards"][0]["file"]
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    first.write_bytes(bytes(data))
+    shutil.copy(out / m["shards"][1]["file"], out / "part00000-09999.arrow")
+    os.remove(out / m["shards"][2]["file"])
+    proc = run_cli("data_prep", "verify", out, check=False)
+    assert proc.returncode == 1
+    assert f"INVALID: {m['shards'][0]['file']}: sha256 differs" in proc.stdout
+    assert "INVALID: part00000-09999.arrow: shard not listed in the manifest" in proc.stdout
+    assert f"INVALID: {m['shards'][2]['file']}: missing" in proc.stdout
+
+
+def test_rebuild_is_a_no_op_and_other_options_need_overwrite(small, sp_model, tmp_path):
+    out = tmp_path / "ds"
+    args = ["data_prep", "build", small["path"], "--out", out, "--tokenizer", sp_model, "--no-progress"]
+    run_cli(*args)
+    again = run_cli(*args)
+    assert "already built" in again.stderr
+    other = run_cli(*args, "--min-chars", "400", check=False)
+    assert other.returncode == 2 and "--overwrite" in other.stderr
+    run_cli(*args, "--min-chars", "400", "--overwrite")
+    assert json.load(open(out / "manifest.json"))["stats"]["filtered_short"] > 0
+
+
+def _error(*args):
+    proc = run_cli("data_prep", *map(str, args), check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("data_prep: error: "), proc.stderr
+    return lines[0]
+
+
+def test_input_errors_are_one_clear_line(sp_model, tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", [{"text": "A sentence of text."}])
+    out = tmp_path / "out"
+    assert "input not found: nope/missing.jsonl" in _error("build", "nope/missing.jsonl", "--out", out)
+    assert "matches no files" in _error("build", str(tmp_path / "*.parquet"), "--out", out)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    assert "no documents left" in _error("build", tmp_path / "empty.jsonl", "--out", out, "--tokenizer", sp_model)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine line."}\n{"text": "broken\n{"body": "no text field"}\n')
+    msg = _error("build", bad, "--out", out, "--tokenizer", sp_model)
+    assert f"{bad}:2: malformed JSON" in msg and "--on-error skip" in msg
+    msg = _error("build", bad, "--out", out, "--tokenizer", sp_model, "--text-field", "body")
+    assert f"{bad}:1: no field 'body'" in msg
+    (tmp_path / "file").write_text("x")
+    assert "cannot write to output directory" in _error("build", good, "--out", tmp_path / "file" / "sub",
+                                                        "--tokenizer", sp_model)
+    (tmp_path / "weird.xyz").write_text("x")
+    assert "--format" in _error("build", tmp_path / "weird.xyz", "--out", out)
+    assert "train-tokenizer" in _error("build", good, "--out", tmp_path / "p", "--num-partitions", 2)
+    assert "tokenizer not found" in _error("build", good, "--out", out, "--tokenizer", tmp_path / "none.model")
+
+
+def test_bad_records_skipped_are_counted_and_listed(sp_model, tmp_path):
+    src = tmp_path / "mixed.jsonl"
+    with open(src, "wb") as f:
+        f.write(b'{"text": "First good document."}\n')
+        f.write(b'{"text": "bad \xff\xfe bytes"}\n')
+        f.write(b'not json at all\n')
+        f.write(b'{"text": "Second good document."}\n')
+        f.write(b'{"text": 42}\n')
+    txt = tmp_path / "latin1.txt"
+    txt.write_bytes("ok paragraph\n\ncaf\xe9 in latin-1\n\nanother ok paragraph\n".encode("latin-1"))
+    assert f"{txt}:3: invalid UTF-8" in _error("build", txt, "--out", tmp_path / "o", "--tokenizer", sp_model)
+    m = quick_build([src, txt], tmp_path / "ds", tokenizer=sp_model, on_error="skip")
+    assert m["num_documents"] == 4
+    assert m["stats"]["skipped"] == {"invalid UTF-8": 2, "malformed JSON": 1, "non-string field": 1}
+    rejects = (tmp_path / "ds" / "rejects.txt").read_text().splitlines()
+    assert [r.split(": ")[0] for r in rejects] == [f"{src}:2", f"{src}:3", f"{src}:5", f"{txt}:3"]
