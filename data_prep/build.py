@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from itertools import islice
@@ -294,7 +295,10 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
     if opts.workers > 1:
         ctx = mp.get_context("spawn" if "mpi4py" in sys.modules else "fork")
         pool = ctx.Pool(opts.workers, initializer=_init_worker, initargs=init)
-        results = pool.imap(_process, chunks, chunksize=1)
+        # Pool.imap reads its input as fast as it can; the semaphore keeps at most 4 chunks per worker in
+        # flight, so memory stays bounded when reading outpaces tokenizing.
+        in_flight, stop = threading.Semaphore(4 * opts.workers), threading.Event()
+        results = _released(pool.imap(_process, _acquired(chunks, in_flight, stop), chunksize=1), in_flight)
     else:
         _init_worker(*init)
         results = map(_process, chunks)
@@ -341,10 +345,25 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
         _journal_shard(out, p, journal, writer.flush(), cursor, stats, rejects)
     finally:
         if pool is not None:
+            stop.set()
             pool.terminate()
         if bar is not None:
             bar.close()
     return journal
+
+
+def _acquired(items, sem, stop):
+    for item in items:
+        while not sem.acquire(timeout=0.1):
+            if stop.is_set():  # the main loop failed: let Pool.terminate() join this feeder thread
+                return
+        yield item
+
+
+def _released(results, sem):
+    for r in results:
+        sem.release()
+        yield r
 
 
 def _check_unk(tok: Tokenizer, opts: BuildOptions, unk: int, total: int) -> None:

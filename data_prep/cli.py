@@ -54,7 +54,8 @@ def _text_options(a) -> TextOptions:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m data_prep",
+    prog = sys.argv[0] if sys.argv[0].startswith("ptm ") else "python -m data_prep"
+    ap = argparse.ArgumentParser(prog=prog,
                                  description="Turn raw text into sharded, memory-mappable Arrow datasets.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

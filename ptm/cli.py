@@ -1,4 +1,5 @@
 """The `ptm` command: `ptm prep|train|convert|launch ...` runs `python -m data_prep|pretrain|...`."""
+import importlib.util
 import runpy
 import sys
 
@@ -29,5 +30,7 @@ def main(argv=None) -> None:
     if argv[0] not in COMMANDS:
         sys.exit(f"ptm: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}")
     module = COMMANDS[argv[0]][0]
+    if importlib.util.find_spec(f"{module}.__main__") is None:
+        sys.exit(f"ptm: `ptm {argv[0]}` ({module}) is not part of this version of ptm yet")
     sys.argv = [f"ptm {argv[0]}", *argv[1:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
