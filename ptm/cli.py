@@ -33,4 +33,4 @@ def main(argv=None) -> None:
     if importlib.util.find_spec(f"{module}.__main__") is None:
         sys.exit(f"ptm: `ptm {argv[0]}` ({module}) is not part of this version of ptm yet")
     sys.argv = [f"ptm {argv[0]}", *argv[1:]]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    runpy.run_module(f"{module}.__main__", run_name="__main__")
