@@ -7,7 +7,7 @@ extras=${1:-dev,hf,mpi}
 stamp=.venv/.ptm-setup-$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)-${extras//,/_}
 [ -f "$stamp" ] && exit 0
 
-apt_pkgs="fortunes-zh libopenmpi-dev openmpi-bin"
+apt_pkgs="fortunes-zh libopenmpi-dev openmpi-bin slurmctld slurmd slurm-client munge"
 missing=$(for p in $apt_pkgs; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   echo "ptm setup: installing apt packages: $missing"

@@ -83,3 +83,17 @@ def gpt2_vocab(corpus, tmp_path_factory):
     tok.train_from_iterator(corpus["en"], vocab_size=1500, special_tokens=["<|endoftext|>"])
     tok.save_model(d)
     return os.path.join(d, "vocab.json")
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A real single-node Slurm cluster on loopback (needs root and Debian's slurmctld/slurmd)."""
+    from slurm_cluster import SlurmCluster
+
+    if not SlurmCluster.available():
+        if os.environ.get("CI") == "true":
+            pytest.fail("Slurm (slurmctld, slurmd, sbatch) is required in CI; scripts/setup.sh installs it")
+        pytest.skip("Slurm not installed (scripts/setup.sh installs it)")
+    cluster = SlurmCluster(str(tmp_path_factory.mktemp("slurm"))).start()
+    yield cluster
+    cluster.stop()

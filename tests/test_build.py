@@ -196,3 +196,18 @@ def test_bad_records_skipped_are_counted_and_listed(sp_model, tmp_path):
     assert m["stats"]["skipped"] == {"invalid UTF-8": 2, "malformed JSON": 1, "non-string field": 1}
     rejects = (tmp_path / "ds" / "rejects.txt").read_text().splitlines()
     assert [r.split(": ")[0] for r in rejects] == [f"{src}:2", f"{src}:3", f"{src}:5", f"{txt}:3"]
+
+
+@pytest.mark.distributed
+def test_slurm_array_partitions_then_finalize(slurm, three_files, sp_model, reference, tmp_path):
+    out = tmp_path / "ds"
+    env = {**slurm.env, "PTM_PYTHON": sys.executable}
+    proc = subprocess.run([os.path.join(ROOT, "slurm", "prep.sh"), "--wait", "3", str(out), *three_files,
+                           "--tokenizer", sp_model], capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                          timeout=300)
+    logs = "".join(p.read_text() for p in out.glob("slurm-*.out"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr + logs
+    assert len(list(out.glob("slurm-prep-*_*.out"))) == 3  # one Slurm array task per partition
+    assert run_cli("data_prep", "verify", out).returncode == 0
+    assert json.load(open(out / "manifest.json"))["num_partitions"] == 3
+    assert contents(out) == reference["contents"]
