@@ -116,8 +116,8 @@ def _init_worker(tok_dir: str, threads: int, text_opts: T.TextOptions, entities:
 
 
 def _process(item):
-    """(records, meta) -> (outcomes, meta); an outcome is ("error", msg), ("short"|"long", None) or
-    ("doc", EncodedDoc). `meta` rides along so results come back with their file and line."""
+    """(records, meta) -> (outcomes, meta, EncodedChunk); an outcome is ("error", msg), ("short"|"long",
+    None) or ("doc", index in the chunk). `meta` rides along so results come back with their file and line."""
     chunk, meta = item
     opts = _ENCODER.opts
     out, keep, texts = [], [], []
@@ -134,9 +134,10 @@ def _process(item):
             out.append(None)
             keep.append(len(out) - 1)
             texts.append(norm)
-    for i, doc in zip(keep, _ENCODER.encode(texts)):
-        out[i] = ("doc", doc)
-    return out, meta
+    encoded = _ENCODER.encode(texts) if texts else None
+    for k, i in enumerate(keep):
+        out[i] = ("doc", k) if encoded.tok_off[k + 1] > encoded.tok_off[k] else ("short", None)
+    return out, meta, encoded
 
 
 def _chunks(records, size_chars: int = 1 << 20, max_records: int = 256):
@@ -307,34 +308,34 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
     rejects: list[str] = []
     unk = [0, 0]  # unk tokens, tokens over the first UNK_CHECK_DOCS documents
     try:
-        for outcomes, meta in results:
+        for outcomes, meta, encoded in results:
             for (kind, payload), (file_index, line, nchars) in zip(outcomes, meta):
                 cursor += 1
                 stats["records"] += 1
                 if kind == "error":
                     if opts.on_error == "fail":
                         raise PrepError(f"{payload}; fix the input or pass --on-error skip to skip such records")
-                    reason = payload.split(": ", 1)[1].split(" (")[0]
+                    reason = payload.split(": ", 1)[1].split(" (")[0].split(";")[0]
                     stats["skipped"][reason] = stats["skipped"].get(reason, 0) + 1
                     if len(rejects) < MAX_REJECTS_PER_SHARD:
                         rejects.append(payload)
                 elif kind in ("short", "long"):
                     stats[f"filtered_{kind}"] += 1
+                elif opts.dedup and int(encoded.hashes[payload]) in seen:
+                    stats["duplicates"] += 1
                 else:
+                    doc = encoded.doc(payload)
                     if opts.dedup:
-                        if payload.doc_hash in seen:
-                            stats["duplicates"] += 1
-                            continue
-                        seen.add(payload.doc_hash)
+                        seen.add(doc.doc_hash)
                     stats["documents"] += 1
-                    stats["tokens"] += len(payload.input_ids)
-                    stats["chars"] += payload.chars
+                    stats["tokens"] += len(doc.input_ids)
+                    stats["chars"] += doc.chars
                     if stats["documents"] <= UNK_CHECK_DOCS:
-                        unk[0] += payload.unk
-                        unk[1] += len(payload.input_ids)
+                        unk[0] += doc.unk
+                        unk[1] += len(doc.input_ids)
                         if stats["documents"] == UNK_CHECK_DOCS:
                             _check_unk(tok, opts, *unk)
-                    if writer.add(payload, file_index, line):
+                    if writer.add(doc, file_index, line):
                         _journal_shard(out, p, journal, writer.flush(), cursor, stats, rejects)
                         rejects = []
                 if bar is not None:

@@ -26,6 +26,9 @@ COLUMNS = {
 }
 
 
+_NUMPY = {pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.int32(): np.int32}
+
+
 def token_type(vocab_size: int) -> pa.DataType:
     return pa.uint16() if vocab_size <= 1 << 16 else pa.int32()
 
@@ -57,7 +60,7 @@ def _list_array(parts: list[np.ndarray], dtype: pa.DataType) -> pa.Array:
     offsets = np.zeros(len(parts) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     values = np.concatenate(parts) if parts else np.zeros(0)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(dtype.to_pandas_dtype(), copy=False)))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(_NUMPY[dtype], copy=False)))
 
 
 def write_table_atomic(path: str, table_or_batch, schema_: pa.Schema) -> dict:

@@ -11,19 +11,20 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+import numpy as np
+
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 CJK_RE = re.compile(f"[{_CJK}]")
 # A sentence ends at CJK final punctuation (or ! ? before CJK text, as NFKC makes ！？ ASCII), or at Latin
 # . ! ? followed by whitespace; closing quotes and brackets stay with the sentence they close.
 _END_CJK = re.compile(rf"(?:[。！？…]+|[!?]+(?=[”’」』）)》\"']*[{_CJK}]))[”’」』）)》\"']*")
-_END_LATIN = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s)")
+_END_LATIN = re.compile(r"([.!?]+)[\"'”’)\]]*(?=\s+(\S))")  # groups: the marks, the next character
 _PARA = re.compile(r"\n[^\S\n]*\n\s*")
 _ABBREV = frozenset(
     "mr mrs ms dr prof sr jr st vs etc e.g i.e cf al fig figs no nos vol vols p pp ed eds approx dept "
     "est inc ltd co corp jan feb mar apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m".split()
 )
-# Words (Latin runs, apostrophes and hyphens inside), single CJK characters, single other symbols.
-_WORD = re.compile(rf"[^\W_{_CJK}]+(?:['’\-][^\W_{_CJK}]+)*|[{_CJK}]|[^\w\s]+|_+")
+_JOINERS = np.array([ord(c) for c in "'’-"], dtype=np.uint32)
 _STOP = frozenset(
     """a an the and or but if then else of at by for with about against between into through during before
     after above below to from up down in out on off over under again further once here there when where why
@@ -62,73 +63,164 @@ def has_cjk(text: str) -> bool:
     return CJK_RE.search(text) is not None
 
 
-def _latin_end_ok(text: str, start: int, end: int) -> bool:
-    """A period ends a sentence unless it closes an abbreviation, an initial or a number."""
-    if text[start] != ".":
-        return True
-    word = text[:start].rsplit(None, 1)[-1] if text[:start].strip() else ""
-    word = word.lstrip("(\"'“‘").lower()
-    if not word or word in _ABBREV or (len(word) == 1 and word.isalpha()):
-        return False
-    nxt = text[end:].lstrip()[:1]
-    return bool(nxt) and (nxt.isupper() or nxt.isdigit() or nxt in "\"'“‘([" or bool(CJK_RE.match(nxt)))
+_LAST_WORD = re.compile(r"[^\s.!?]*$")
 
 
-def split_sentences(text: str) -> list[str]:
-    """Split normalised text into segments (leading whitespace kept) whose concatenation is `text`."""
-    cuts = {m.end() for m in _PARA.finditer(text)}
-    for m in _PARA.finditer(text):
-        cuts.add(m.start())
-    cuts.update(m.end() for m in _END_CJK.finditer(text))
-    cuts.update(m.end() for m in _END_LATIN.finditer(text) if _latin_end_ok(text, m.start(), m.end()))
-    segments, prev = [], 0
-    for cut in sorted(cuts):
-        if cut <= prev or not text[prev:cut].strip():
+def _latin_ends(text: str):
+    """End positions of Latin sentences. A period ends one unless it closes an abbreviation, an initial or
+    a number, or the next word starts in lower case."""
+    for m in _END_LATIN.finditer(text):
+        if m.group(1) != ".":
+            yield m.end()
             continue
-        segments.append(text[prev:cut])
+        start = m.start()
+        word = _LAST_WORD.search(text, max(0, start - 24), start).group().lstrip("(\"'“‘").lower()
+        nxt = m.group(2)
+        if (word and word not in _ABBREV and not (len(word) == 1 and word.isalpha())
+                and (nxt.isupper() or nxt.isdigit() or nxt in "\"'“‘([" or CJK_RE.match(nxt))):
+            yield m.end()
+
+
+def sentence_spans(text: str, doc_starts=()) -> list[tuple[int, int]]:
+    """[start, end) of each sentence; whitespace before a sentence belongs to it, so the spans cover the
+    text. `doc_starts`: positions where a new document begins in a joined text; the whitespace just before
+    one separates documents and is left out."""
+    cuts = set(doc_starts)
+    cuts.update(m.start() for m in _PARA.finditer(text))
+    cuts.update(m.end() for m in _END_CJK.finditer(text))
+    cuts.update(_latin_ends(text))
+    cuts.add(len(text))
+    spans, prev = [], 0
+    for cut in sorted(cuts):
+        if cut <= prev:
+            continue
+        if text[prev:cut].isspace():
+            if cut in doc_starts:
+                prev = cut  # the separator between two documents
+            continue  # other whitespace joins the next sentence
+        spans.append((prev, cut))
         prev = cut
-    tail = text[prev:]
-    if tail.strip():
-        segments.append(tail)
-    elif segments:
-        segments[-1] += tail
-    return segments
-
-
-def words(text: str, cjk_words=None) -> list[tuple[int, int]]:
-    """Character spans of words. CJK runs are segmented by `cjk_words` (jieba) when given."""
-    spans = []
-    pos = 0
-    for m in _WORD.finditer(text):
-        s, e = m.span()
-        if cjk_words is not None and CJK_RE.match(text, s):
-            continue  # handled below, run by run
-        spans.append((s, e))
-    if cjk_words is not None:
-        for run in re.finditer(f"[{_CJK}]+", text):
-            pos = run.start()
-            for w in cjk_words(run.group()):
-                spans.append((pos, pos + len(w)))
-                pos += len(w)
-        spans.sort()
+    if prev < len(text) and spans:  # trailing whitespace stays with the last sentence
+        spans[-1] = (spans[-1][0], len(text))
     return spans
 
 
-def phrases(text: str, word_spans: list[tuple[int, int]], max_words: int) -> list[tuple[int, int]]:
-    """Multi-word chunks: maximal runs of 2..max_words adjacent content words (letters, not stopwords).
-    Punctuation is a word of its own, so it ends a run, as does a paragraph break."""
-    out, run = [], []
-    for s, e in word_spans + [(len(text), len(text))]:
-        w = text[s:e]
-        if w.isalpha() and w.lower() not in _STOP and not (run and "\n" in text[run[-1][1] : s]):
-            run.append((s, e))
-            continue
-        for i in range(0, len(run) - 1, max_words):
-            piece = run[i : i + max_words]
-            if len(piece) >= 2:
-                out.append((piece[0][0], piece[-1][1]))
-        run = [(s, e)] if w.isalpha() and w.lower() not in _STOP else []
+def split_sentences(text: str) -> list[str]:
+    """Split normalised text into sentences (leading whitespace kept) whose concatenation is `text`."""
+    return [text[a:b] for a, b in sentence_spans(text)]
+
+
+SPACE, WORD, CJK, PUNCT = 0, 1, 2, 3
+_TABLES: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def _tables() -> tuple[np.ndarray, np.ndarray]:
+    """Per code point of the BMP: its class (SPACE, WORD = letters/digits/marks, CJK, PUNCT) and isalpha."""
+    global _TABLES
+    if _TABLES is None:
+        chars = [chr(c) for c in range(0x10000)]
+        cls = np.full(0x10000, PUNCT, dtype=np.uint8)
+        cls[[unicodedata.category(ch)[0] in "LNM" for ch in chars]] = WORD
+        cls[np.fromiter(map(str.isspace, chars), dtype=bool, count=0x10000)] = SPACE
+        cls[[bool(CJK_RE.match(ch)) for ch in chars]] = CJK
+        _TABLES = cls, np.fromiter(map(str.isalpha, chars), dtype=bool, count=0x10000)
+    return _TABLES
+
+
+def _classes(codes: np.ndarray) -> np.ndarray:
+    cls = _tables()[0][np.minimum(codes, 0xFFFF)]
+    cls[codes > 0xFFFF] = np.where((codes[codes > 0xFFFF] >> 16) == 2, CJK, PUNCT)  # plane 2: CJK extensions
+    return cls
+
+
+_B = 0x100000001B3  # odd, so invertible modulo 2**64
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    """base**0 .. base**(n-1) modulo 2**64."""
+    out = np.ones(max(n, 1), dtype=np.uint64)
+    out[1:] = np.cumprod(np.full(len(out) - 1, base, dtype=np.uint64))
     return out
+
+
+def _span_hashes(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """A polynomial hash (mod 2**64) of each span's characters, ASCII lower-cased: equal words, equal hashes."""
+    c = codes.astype(np.uint64)
+    c[(c >= 65) & (c <= 90)] += np.uint64(32)
+    powers, inverse = _powers(_B, len(c)), _powers(pow(_B, -1, 1 << 64), len(c))
+    prefix = np.concatenate([np.zeros(1, np.uint64), np.cumsum(c * powers, dtype=np.uint64)])
+    return (prefix[ends] - prefix[starts]) * inverse[starts]
+
+
+def word_spans(text: str, cjk_words=None) -> tuple[np.ndarray, np.ndarray]:
+    """Word [start, end) character offsets: runs of letters/digits (apostrophes and hyphens inside a word
+    join it), runs of punctuation, and CJK words from `cjk_words` (each CJK character without it)."""
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    cls = _classes(codes)
+    if len(cls) > 2:  # don't, o'clock, state-of-the-art
+        joiner = np.isin(codes[1:-1], _JOINERS) & (cls[:-2] == WORD) & (cls[2:] == WORD)
+        cls[1:-1][joiner] = WORD
+    prev = np.concatenate([[SPACE], cls[:-1]])
+    start = (cls != SPACE) & ((cls != prev) | (cls == CJK))
+    in_cjk = cls == CJK
+    if cjk_words is not None and in_cjk.any():
+        # one segmenter call for the whole text (it splits off non-CJK parts itself); a CJK word
+        # starts at each boundary inside a CJK run and at the start of every run
+        lengths = np.fromiter(map(len, cjk_words(text)), dtype=np.int64)
+        cuts = np.cumsum(lengths) - lengths
+        start[in_cjk] = False
+        start[cuts[in_cjk[cuts]]] = True
+        start[in_cjk & (prev != CJK)] = True
+    starts = np.flatnonzero(start)
+    # a word ends where the next one starts or at the first space after it
+    space_after = np.flatnonzero(cls == SPACE)
+    next_space = space_after[np.minimum(np.searchsorted(space_after, starts), max(len(space_after) - 1, 0))] \
+        if len(space_after) else np.full(len(starts), len(text))
+    next_space = np.where(next_space > starts, next_space, len(text))
+    next_start = np.append(starts[1:], len(text))
+    return starts, np.minimum(next_space, next_start)
+
+
+def words(text: str, cjk_words=None) -> list[str]:
+    starts, ends = word_spans(text, cjk_words)
+    return [text[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+
+
+_STOP_HASHES: np.ndarray | None = None
+
+
+def _stop_hashes() -> np.ndarray:
+    global _STOP_HASHES
+    if _STOP_HASHES is None:
+        joined = " ".join(_STOP)
+        starts, ends = word_spans(joined)
+        _STOP_HASHES = _span_hashes(np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32), starts, ends)
+    return _STOP_HASHES
+
+
+def phrase_spans(text: str, starts: np.ndarray, ends: np.ndarray, max_words: int) -> np.ndarray:
+    """(n, 2) character spans of multi-word phrases: maximal runs of adjacent content words (all letters,
+    not a stopword), cut into pieces of at most `max_words`; punctuation and paragraph breaks end runs."""
+    if len(starts) < 2:
+        return np.zeros((0, 2), np.int64)
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    not_alpha = np.concatenate([[0], np.cumsum(~_tables()[1][np.minimum(codes, 0xFFFF)])])
+    content = (not_alpha[ends] == not_alpha[starts]) & ~np.isin(_span_hashes(codes, starts, ends), _stop_hashes())
+    newlines = np.concatenate([[0], np.cumsum(codes == 10)])
+    gap_break = np.ones(len(starts), dtype=bool)
+    gap_break[1:] = newlines[starts[1:]] > newlines[ends[:-1]]
+    prev_content = np.concatenate([[False], content[:-1]])
+    run = np.cumsum(content & (gap_break | ~prev_content))  # run number of each content word
+    idx = np.flatnonzero(content)
+    if not len(idx):
+        return np.zeros((0, 2), np.int64)
+    rid = run[idx]
+    position = np.arange(len(idx)) - np.searchsorted(rid, rid, side="left")
+    group = rid * (len(starts) + 1) + position // max_words
+    bounds = np.flatnonzero(np.diff(group)) + 1
+    first, last = np.concatenate([[0], bounds]), np.concatenate([bounds, [len(idx)]]) - 1
+    keep = last > first
+    return np.stack([starts[idx[first[keep]]], ends[idx[last[keep]]]], axis=1)
 
 
 class EntityMatcher:
@@ -138,20 +230,21 @@ class EntityMatcher:
         self.table: set[tuple[str, ...]] = set()
         self.longest = 0
         for ent in entities:
-            key = tuple(ent[s:e] for s, e in words(ent, cjk_words))
+            key = tuple(words(ent, cjk_words))
             if key:
                 self.table.add(key)
                 self.longest = max(self.longest, len(key))
 
-    def __call__(self, text: str, word_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    def __call__(self, text: str, starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
+        """Character spans of the entities found in the words [starts, ends) of `text`."""
         if not self.table:
             return []
-        toks = [text[s:e] for s, e in word_spans]
+        toks = [text[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
         out, i = [], 0
         while i < len(toks):
             for n in range(min(self.longest, len(toks) - i), 0, -1):
                 if tuple(toks[i : i + n]) in self.table:
-                    out.append((word_spans[i][0], word_spans[i + n - 1][1]))
+                    out.append((int(starts[i]), int(ends[i + n - 1])))
                     i += n
                     break
             else:

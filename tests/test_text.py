@@ -22,14 +22,24 @@ def test_normalize_nfkc_and_whitespace():
     assert T.normalize(raw, T.TextOptions(nfkc=False, whitespace="keep")) == raw.strip()
 
 
+def test_words():
+    t = "Don't split state-of-the-art -- or U.S. 3.5% naïve_x 北京大学好"
+    assert T.words(t) == ["Don't", "split", "state-of-the-art", "--", "or", "U", ".", "S", ".", "3", ".", "5", "%",
+                          "naïve", "_", "x", "北", "京", "大", "学", "好"]
+    assert T.words("北京大学好", lambda s: ["北京大学", "好"]) == ["北京大学", "好"]
+    assert T.words("") == [] and T.words("  a  ") == ["a"]
+
+
 def test_phrases_are_runs_of_content_words():
-    t = "Natural language processing is fun, and the quick brown fox sleeps."
-    got = [t[a:b] for a, b in T.phrases(t, T.words(t), max_words=4)]
-    assert got == ["Natural language processing", "quick brown fox sleeps"]
+    t = "Natural language processing is fun, and the quick brown fox jumps over lazy dogs.\n\nNew York City"
+    got = [t[a:b] for a, b in T.phrase_spans(t, *T.word_spans(t), max_words=4)]
+    assert got == ["Natural language processing", "quick brown fox jumps", "lazy dogs", "New York City"]
+    got = [t[a:b] for a, b in T.phrase_spans(t, *T.word_spans(t), max_words=2)]
+    assert got == ["Natural language", "quick brown", "fox jumps", "lazy dogs", "New York"]
 
 
 def test_entities_longest_match_on_word_boundaries():
-    t = "She moved to New York City, not to York."
+    t = "She moved to New York City, not to York or Yorkshire."
     m = T.EntityMatcher(["New York", "New York City", "York"])
-    assert [t[a:b] for a, b in m(t, T.words(t))] == ["New York City", "York"]
-    assert T.EntityMatcher([])(t, T.words(t)) == []
+    assert [t[a:b] for a, b in m(t, *T.word_spans(t))] == ["New York City", "York"]
+    assert T.EntityMatcher([])(t, *T.word_spans(t)) == []

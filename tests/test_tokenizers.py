@@ -23,8 +23,22 @@ def test_trained_sentencepiece_has_bert_specials(sp_model, small, tmp_path):
     assert m["special_ids"] == tok.special and m["vocab_size"] == 3000
     assert m["tokenizer"]["sha256"] == tok.sha256() == load_tokenizer(str(tmp_path / "ds")).sha256()
     # user-defined specials are single tokens in text, as fill-mask needs
-    ids, _ = tok.encode(["The [MASK] sat."])[0]
-    assert 4 in ids.tolist()
+    ids, counts, _, _ = tok.encode(["The [MASK] sat."])
+    assert 4 in ids.tolist() and counts.tolist() == [len(ids)]
+
+
+def test_fast_sentencepiece_offsets_equal_sentencepiece_offset_mapping(sp_model, corpus):
+    """The offsets derived from piece lengths must be exactly sentencepiece's own, bytes-fallback included."""
+    tok = load_tokenizer(sp_model)
+    texts = [s for d in corpus["en"][:200] + corpus["zh"][:300] for s in d.split("\n") if s.strip()]
+    texts += ["emoji 🙂 and rare 龘 chars", "tabs\tand  double  spaces", "[MASK] at start"]
+    ids, counts, starts, ends = tok.encode(texts)
+    at = 0
+    for text, n in zip(texts, counts.tolist()):
+        ref = tok._sp.encode(text, out_type="offset_mapping")
+        assert ids[at:at + n].tolist() == ref["ids"]
+        assert list(zip(starts[at:at + n].tolist(), ends[at:at + n].tolist())) == [tuple(o) for o in ref["offsets"]]
+        at += n
 
 
 def test_wordpiece_vocab_matches_transformers(wordpiece_vocab, corpus, tmp_path):
