@@ -310,8 +310,6 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
     try:
         for outcomes, meta, encoded in results:
             for (kind, payload), (file_index, line, nchars) in zip(outcomes, meta):
-                cursor += 1
-                stats["records"] += 1
                 if kind == "error":
                     if opts.on_error == "fail":
                         raise PrepError(f"{payload}; fix the input or pass --on-error skip to skip such records")
@@ -325,6 +323,10 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
                     stats["duplicates"] += 1
                 else:
                     doc = encoded.doc(payload)
+                    if writer.full_for(doc):  # the journal entry covers the records before this one
+                        _journal_shard(out, p, journal, writer.flush(), cursor, stats, rejects)
+                        rejects = []
+                    writer.add(doc, file_index, line)
                     if opts.dedup:
                         seen.add(doc.doc_hash)
                     stats["documents"] += 1
@@ -335,9 +337,8 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
                         unk[1] += len(doc.input_ids)
                         if stats["documents"] == UNK_CHECK_DOCS:
                             _check_unk(tok, opts, *unk)
-                    if writer.add(doc, file_index, line):
-                        _journal_shard(out, p, journal, writer.flush(), cursor, stats, rejects)
-                        rejects = []
+                cursor += 1
+                stats["records"] += 1
                 if bar is not None:
                     bar.advance(file_index, nchars, stats)
         if stats["documents"] < UNK_CHECK_DOCS:

@@ -14,6 +14,7 @@ import pyarrow as pa
 from data_prep.encode import EncodedDoc
 
 SHARD_SUFFIX = ".arrow"
+_FILE_OVERHEAD = 4096  # IPC magic, schema, footer and 64-byte buffer padding
 COLUMNS = {
     "input_ids": "token ids of the whole document (uint16 when the vocabulary fits, else int32)",
     "sentence_starts": "token index where each sentence starts (first is 0)",
@@ -86,7 +87,7 @@ def write_table_atomic(path: str, table_or_batch, schema_: pa.Schema) -> dict:
 
 
 class ShardWriter:
-    """Collects documents and writes a shard each time the buffered rows reach `max_bytes`."""
+    """Collects documents into shards of at most `max_bytes`; the caller flushes when `full_for(doc)`."""
 
     def __init__(self, directory: str, prefix: str, vocab_size: int, max_bytes: int, first_index: int = 0):
         self.directory, self.prefix, self.max_bytes = directory, prefix, max_bytes
@@ -99,16 +100,21 @@ class ShardWriter:
     def _reset(self):
         self.docs: list[EncodedDoc] = []
         self.sources: list[tuple[int, int]] = []
-        self.bytes = 0
+        self.bytes = _FILE_OVERHEAD
 
-    def add(self, doc: EncodedDoc, source_file: int, source_line: int) -> bool:
-        """Buffer a document; True when the buffer is full and `flush` should be called."""
+    def _size(self, doc: EncodedDoc) -> int:
+        """Bytes a document adds to the shard file: its values plus five list offsets and three scalars."""
+        return (len(doc.input_ids) * (self._id_bytes + 1) + 40
+                + 4 * (len(doc.sentence_starts) + len(doc.phrase_spans) + len(doc.entity_spans)))
+
+    def full_for(self, doc: EncodedDoc) -> bool:
+        """True when `doc` does not fit: flush first. A document larger than a shard gets its own."""
+        return bool(self.docs) and self.bytes + self._size(doc) > self.max_bytes
+
+    def add(self, doc: EncodedDoc, source_file: int, source_line: int) -> None:
         self.docs.append(doc)
         self.sources.append((source_file, source_line))
-        n = len(doc.input_ids)
-        self.bytes += n * (self._id_bytes + 1) + 4 * (len(doc.sentence_starts) + len(doc.phrase_spans)
-                                                       + len(doc.entity_spans)) + 36
-        return self.bytes >= self.max_bytes
+        self.bytes += self._size(doc)
 
     def flush(self) -> dict | None:
         if not self.docs:

@@ -82,7 +82,7 @@ def test_shards_read_zero_copy_by_plain_pyarrow(small, sp_model, tmp_path):
     allocated = pa.total_allocated_bytes()
     for s in m["shards"]:
         path = str(tmp_path / "ds" / s["file"])
-        assert os.path.getsize(path) <= (64 << 10) * 1.2
+        assert os.path.getsize(path) <= 64 << 10  # --shard-size is a maximum
         reader = pa.ipc.open_file(pa.memory_map(path))
         batch = reader.get_batch(0)
         ids = batch.column("input_ids")
