@@ -140,7 +140,8 @@ class DocEncoder:
         sent_doc = seg_doc[counts > 0]
         tok_doc = np.repeat(np.arange(len(texts)), doc_counts)
         return EncodedChunk(
-            ids=ids, word_start=word_start, tok_off=np.append(doc_first, len(ids)),
+            ids=ids.astype(np.uint16 if self.tok.vocab_size <= 1 << 16 else np.int32), word_start=word_start,
+            tok_off=np.append(doc_first, len(ids)),
             sentences=(seg_first[counts > 0] - doc_first[sent_doc]).astype(np.int32),
             sent_off=np.searchsorted(sent_doc, np.arange(len(texts) + 1)),
             **_per_doc("phrases", phrases, doc_first, len(texts)),
