@@ -95,7 +95,11 @@ def main() -> None:
                     help="repeat the English, the Chinese or both parts of the embedded corpus (default both)")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2],
                     help="worker counts: ptm --workers and the reference's num_proc (default 1 2)")
-    ap.add_argument("--vocab-size", type=int, default=8000, help="pieces in the shared sentencepiece model (default 8000)")
+    ap.add_argument("--vocab-size", type=int, default=8000,
+                    help="pieces in the shared sentencepiece model (default 8000)")
+    ap.add_argument("--shard-size", default="8MB",
+                    help="ptm --shard-size (default 8MB): ptm buffers one shard, so with shards smaller than "
+                         "the corpus its peak memory should not grow with the corpus")
     ap.add_argument("--reference", nargs=4, metavar=("CORPUS", "MODEL", "NUM_PROC", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.reference:
@@ -123,7 +127,7 @@ def main() -> None:
                     print(f"{name} workers={w} corpus={text_mb:.1f} MB ...", file=sys.stderr)
                     if name == "ptm":
                         cmd = py + ["-m", "data_prep", "build", str(corpus), "--out", str(out), "--tokenizer", model,
-                                    "--workers", str(w), "--shard-size", "64MB", "--no-progress", "--overwrite"]
+                                    "--workers", str(w), "--shard-size", a.shard_size, "--no-progress", "--overwrite"]
                     else:
                         cmd = py + [__file__, "--reference", str(corpus), model, str(w), str(out)]
                     secs, rss = measure(cmd, tmp / f"{out.name}.log", env)

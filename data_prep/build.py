@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from data_prep import PrepError
 from data_prep import text as T
-from data_prep.encode import DocEncoder, doc_hash
+from data_prep.encode import DocEncoder
 from data_prep.shards import SHARD_SUFFIX, ShardWriter, sha256_file, write_table_atomic
 from data_prep.sources import detect_format, expand_inputs, read_records
 from data_prep.tokenizer import Tokenizer, _write_json, load_tokenizer, train_sentencepiece
@@ -82,7 +82,7 @@ def _fingerprint(opts: BuildOptions, files: list[str], tokenizer_sha: str) -> st
     h = hashlib.sha256(json.dumps(opts.content_options(), sort_keys=True, default=str).encode())
     for f in files:
         h.update(f"{os.path.abspath(f)}\0{os.path.getsize(f)}\0".encode())
-    h.update(tokenizer_sha.encode())
+    h.update(f"{tokenizer_sha}\0{opts.num_partitions}".encode())  # journals are per partition layout
     return h.hexdigest()
 
 

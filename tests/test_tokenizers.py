@@ -1,5 +1,4 @@
 """Trained and reused tokenizers: ids match the reference implementations, files travel with the data."""
-import json
 import os
 
 import numpy as np
