@@ -18,6 +18,11 @@ FORTUNES_ZH = "/usr/share/games/fortunes"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def _is_prose(text: str) -> bool:
+    """Mostly letters and spaces: leaves out docstrings that are tables, diagrams or code listings."""
+    return sum(c.isalpha() or c.isspace() for c in text) >= 0.75 * len(text)
+
+
 def stdlib_docstrings(min_chars: int = 200):
     """(qualified name, docstring) for modules, classes and functions of the standard library."""
     root = sysconfig.get_paths()["stdlib"]
@@ -37,7 +42,7 @@ def stdlib_docstrings(min_chars: int = 200):
             for node in ast.walk(tree):
                 if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                     doc = ast.get_docstring(node)
-                    if doc and len(doc) >= min_chars:
+                    if doc and len(doc) >= min_chars and _is_prose(doc):
                         yield f"{module}.{getattr(node, 'name', '')}".rstrip("."), doc
 
 
@@ -51,7 +56,7 @@ def fortunes_zh():
         with open(os.path.join(FORTUNES_ZH, f), encoding="utf-8") as fh:
             for i, block in enumerate(fh.read().split("\n%\n")):
                 text = _ANSI.sub("", block).strip()
-                if text:
+                if text and _is_prose(text):
                     yield f"fortunes-zh/{f}#{i}", text
 
 
