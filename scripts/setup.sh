@@ -17,7 +17,7 @@ if [ -n "$missing" ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-pip=(.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt)
+pip=(.venv/bin/python -m pip install -qq --disable-pip-version-check -c constraints.txt)
 # torch first, so deepspeed's sdist build sees it. On a GPU cluster set PTM_TORCH_INDEX to a CUDA wheel index.
 if [ -n "${PTM_TORCH_INDEX:-}" ]; then "${pip[@]}" --index-url "$PTM_TORCH_INDEX" torch
 else "${pip[@]}" torch; fi
