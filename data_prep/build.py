@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import multiprocessing as mp
 import os
@@ -385,16 +386,20 @@ def _journal_shard(out, p, journal, entry, cursor, stats, rejects) -> None:
 
 
 class _Progress:
-    """tqdm bar over input bytes, with documents/s and tokens/s."""
+    """tqdm bar over input bytes, with documents/s and tokens/s. Without a terminal (a Slurm log, say)
+    the same line is logged every LOG_EVERY seconds instead."""
+
+    LOG_EVERY = 30.0
 
     def __init__(self, files: list[str], first_index: int, p: int):
         from tqdm import tqdm
 
         self.sizes = [os.path.getsize(f) for f in files]
         self.first = first_index
-        self.bar = tqdm(total=sum(self.sizes), unit="B", unit_scale=True, desc=f"part {p}", mininterval=0.5,
-                        file=sys.stderr, dynamic_ncols=True, disable=None)  # None: only on a terminal
-        self.t0 = time.time()
+        self.tty = sys.stderr.isatty()
+        self.bar = tqdm(total=sum(self.sizes), unit="B", unit_scale=True, desc=f"part {p}", dynamic_ncols=True,
+                        file=sys.stderr if self.tty else io.StringIO(), mininterval=0.5 if self.tty else 1e9)
+        self.t0 = self.logged = time.time()
         self.file, self.in_file, self.done_bytes = 0, 0, 0
 
     def advance(self, file_index: int, nchars: int, stats: dict) -> None:
@@ -409,6 +414,9 @@ class _Progress:
             dt = max(time.time() - self.t0, 1e-9)
             self.bar.set_postfix_str(f"{stats['documents'] / dt:,.0f} docs/s {stats['tokens'] / dt:,.0f} tok/s",
                                      refresh=False)
+            if not self.tty and time.time() - self.logged > self.LOG_EVERY:
+                self.logged = time.time()
+                _log(str(self.bar))
 
     def close(self) -> None:
         self.bar.update(self.bar.total - self.bar.n)
