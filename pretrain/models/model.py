@@ -1,0 +1,232 @@
+"""One transformer for BERT, GPT-2 and ERNIE, read top to bottom.
+
+    BERT  (Devlin et al.; HF BertForPreTraining): post-LayerNorm blocks, learned positions, segment
+          embeddings, GELU, pooler, MLM head tied to the word embeddings, NSP/SOP head.
+    GPT-2 (HF GPT2LMHeadModel): pre-LayerNorm blocks, final LayerNorm, tanh-GELU, LM head tied to the word
+          embeddings, residual projections initialised with std / sqrt(2 * layers).
+    ERNIE (HF ErnieForPreTraining): BERT plus task-type embeddings (ERNIE 2.0's task id).
+
+The linear layers and the word embeddings are megatron-core's tensor-parallel layers, so the same code
+runs with the weights split over `tp` ranks (heads and MLP columns split, vocabulary split); with tp=1
+they are ordinary layers. Logits stay vocab-parallel: losses use the vocab-parallel cross-entropy.
+Nothing here knows about ZeRO, mixed precision or data parallelism.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel as tp
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from pretrain import kernels as K
+from pretrain.parallel import mcore
+
+
+def padded_vocab_size(cfg) -> int:
+    """The vocabulary rounded up to `vocab_pad_to` (GPU-friendly shapes, divisible by any TP size that
+    divides it); the extra rows are never predicted (their logits are masked)."""
+    return -(-cfg.vocab_size // cfg.vocab_pad_to) * cfg.vocab_pad_to
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg, mp_config, init):
+        super().__init__()
+        self.bert_like = cfg.arch != "gpt2"
+        self.word = tp.VocabParallelEmbedding(padded_vocab_size(cfg), cfg.hidden_size, init_method=init,
+                                              config=mp_config, tp_group=mcore.tp_group())
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size) if cfg.type_vocab_size else None
+        self.task_type = nn.Embedding(cfg.task_type_vocab_size, cfg.hidden_size) if cfg.task_type_vocab_size else None
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if self.bert_like else None
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, input_ids, token_type_ids=None, task_type_ids=None):
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word(input_ids) + self.position(positions)
+        if self.token_type is not None:
+            x = x + self.token_type(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
+        if self.task_type is not None:
+            x = x + self.task_type(task_type_ids if task_type_ids is not None else torch.zeros_like(input_ids))
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention; each TP rank owns num_heads / tp whole heads. The fused QKV weight is
+    laid out per head as [head][q, k, v][head_dim] (Megatron's layout) so a column split keeps heads whole."""
+
+    def __init__(self, cfg, mp_config, init, out_init):
+        super().__init__()
+        self.heads = cfg.num_heads // mcore.tp_size()
+        self.head_dim = cfg.hidden_size // cfg.num_heads
+        self.causal = cfg.arch == "gpt2"
+        self.dropout = cfg.attention_dropout
+        self.qkv = tp.ColumnParallelLinear(cfg.hidden_size, 3 * cfg.hidden_size, config=mp_config, init_method=init,
+                                           bias=True, gather_output=False, tp_group=mcore.tp_group())
+        self.out = tp.RowParallelLinear(cfg.hidden_size, cfg.hidden_size, config=mp_config, init_method=out_init,
+                                        bias=True, input_is_parallel=True, skip_bias_add=True, tp_group=mcore.tp_group())
+
+    def forward(self, x, mask):
+        b, s, _ = x.shape
+        qkv, _ = self.qkv(x)
+        q, k, v = qkv.view(b, s, self.heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)  # 3 x [b, heads, s, d]
+        p = self.dropout if self.training else 0.0
+        with mcore.rng_tracker().fork() if p else contextlib.nullcontext():  # dropout on this rank's heads
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))  # (output, bias)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg, mp_config, init, out_init):
+        super().__init__()
+        self.approximate = "tanh" if cfg.arch == "gpt2" else "none"
+        self.fc1 = tp.ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, config=mp_config, init_method=init,
+                                           bias=True, gather_output=False, skip_bias_add=True, tp_group=mcore.tp_group())
+        self.fc2 = tp.RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, config=mp_config, init_method=out_init,
+                                        bias=True, input_is_parallel=True, skip_bias_add=True, tp_group=mcore.tp_group())
+
+    def forward(self, x):
+        h, bias = self.fc1(x)
+        return self.fc2(K.bias_gelu(h, bias, self.approximate))  # (output, bias)
+
+
+class Block(nn.Module):
+    """A transformer layer: post-LN (BERT, ERNIE) or pre-LN (GPT-2)."""
+
+    def __init__(self, cfg, mp_config, init, out_init):
+        super().__init__()
+        self.pre_ln = cfg.arch == "gpt2"
+        self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.attn = Attention(cfg, mp_config, init, out_init)
+        self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.mlp = MLP(cfg, mp_config, init, out_init)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, x, mask):
+        if self.pre_ln:
+            y, bias = self.attn(self.attn_norm(x), mask)
+            x = x + self.dropout(y + bias)
+            y, bias = self.mlp(self.mlp_norm(x))
+            return x + self.dropout(y + bias)
+        y, bias = self.attn(x, mask)
+        x = K.layer_norm(self.dropout(y + bias), self.attn_norm.weight, self.attn_norm.bias, self.attn_norm.eps, x)
+        y, bias = self.mlp(x)
+        return K.layer_norm(self.dropout(y + bias), self.mlp_norm.weight, self.mlp_norm.bias, self.mlp_norm.eps, x)
+
+
+class MLMHead(nn.Module):
+    """BERT's masked-LM head: dense + GELU + LayerNorm, then the tied word embeddings plus a bias."""
+
+    def __init__(self, cfg, vocab_per_rank: int):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(vocab_per_rank))
+        tp.set_tensor_model_parallel_attributes(self.bias, is_parallel=True, dim=0, stride=1)
+
+    def forward(self, h, word: tp.VocabParallelEmbedding):
+        return _tied_logits(self.norm(F.gelu(self.dense(h))), word) + self.bias
+
+
+class Pretraining(nn.Module):
+    """Embeddings, blocks and the heads of `cfg.arch`. `forward` returns vocab-parallel logits (only at
+    `positions` when given: the MLM head is then run on the masked tokens alone) and, for BERT-like
+    models, the NSP/SOP logits."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        mp_config = mcore.model_parallel_config()
+        init = _normal(cfg.init_std)
+        out_init = _normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)) if cfg.arch == "gpt2" else init
+        self.embeddings = Embeddings(cfg, mp_config, init)
+        self.blocks = nn.ModuleList(Block(cfg, mp_config, init, out_init) for _ in range(cfg.num_layers))
+        self.checkpointed = _checkpointed_layers(cfg.activation_checkpointing, cfg.num_layers)
+        if cfg.arch == "gpt2":
+            self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        else:
+            self.mlm = MLMHead(cfg, self.embeddings.word.num_embeddings_per_partition)
+            self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+            self.nsp = nn.Linear(cfg.hidden_size, 2)
+        self._init_replicated(cfg.init_std)
+        vocab = padded_vocab_size(cfg)
+        first = mcore.tp_rank() * (vocab // mcore.tp_size())
+        ids = torch.arange(first, first + vocab // mcore.tp_size())
+        self.register_buffer("vocab_padding", ids >= cfg.vocab_size, persistent=False)
+
+    def _init_replicated(self, std):
+        """Layers outside megatron-core (replicated on every TP rank) as BERT/GPT-2 initialise them."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=std)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, std=std)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        for m in self.modules():
+            if isinstance(m, (tp.ColumnParallelLinear, tp.RowParallelLinear)):
+                with torch.no_grad():
+                    m.bias.zero_()
+
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None):
+        """Hidden states [b, s, hidden]."""
+        x = self.embeddings(input_ids, token_type_ids, task_type_ids)
+        mask = None
+        if attention_mask is not None and self.cfg.arch != "gpt2":
+            mask = attention_mask[:, None, None, :].bool()  # [b, 1, 1, s]: True = attend
+        for i, block in enumerate(self.blocks):
+            x = _checkpoint(block, x, mask) if i in self.checkpointed and self.training else block(x, mask)
+        return self.final_norm(x) if self.cfg.arch == "gpt2" else x
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, positions=None):
+        h = self.encode(input_ids, attention_mask, token_type_ids, task_type_ids)
+        out = {}
+        if self.cfg.arch == "gpt2":
+            logits = _tied_logits(h, self.embeddings.word)
+        else:
+            out["nsp_logits"] = self.nsp(torch.tanh(self.pooler(h[:, 0])))
+            logits = self.mlm(h if positions is None else h[positions], self.embeddings.word)
+        out["logits"] = logits.masked_fill(self.vocab_padding, torch.finfo(logits.dtype).min)
+        return out
+
+
+def _tied_logits(h, word: tp.VocabParallelEmbedding):
+    """h @ word_embeddings.T for this rank's vocabulary slice; the input's gradient is summed over TP."""
+    return F.linear(tp.copy_to_tensor_model_parallel_region(h), word.weight)
+
+
+def _normal(std):
+    return lambda w: nn.init.normal_(w, mean=0.0, std=std)
+
+
+def _checkpointed_layers(setting, num_layers) -> set[int]:
+    if setting is True:
+        return set(range(num_layers))
+    return set(setting or ())
+
+
+def _checkpoint(block, x, mask):
+    """Activation checkpointing that replays the TP RNG tracker too, so recomputed attention dropout
+    equals the original (torch's checkpoint restores only the default generators)."""
+    states = mcore.rng_tracker().get_states()
+    ran = []
+
+    def run(x, mask):
+        if not ran:
+            ran.append(True)
+            return block(x, mask)
+        current = mcore.rng_tracker().get_states()
+        mcore.rng_tracker().set_states(states)
+        try:
+            return block(x, mask)
+        finally:
+            mcore.rng_tracker().set_states(current)
+
+    return checkpoint(run, x, mask, use_reentrant=False)

@@ -1,0 +1,1 @@
+"""Parallelism: megatron-core process groups and TP layers on any device."""

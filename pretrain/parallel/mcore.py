@@ -1,0 +1,102 @@
+"""megatron-core on any device. megatron-core 0.16 assumes CUDA in three places that ptm touches; this
+module is the only one that knows it:
+
+* its tensor-parallel RNG tracker stores CUDA generator states -> on CPU, `CpuRNGStatesTracker` keeps
+  CPU generator states instead, installed as megatron's global tracker so its own helpers use it too;
+* weights are created on the current CUDA device -> ptm always asks for CPU initialisation
+  (`use_cpu_initialization`, which also makes weights identical for every TP size) and moves the model;
+* `gather_output=True` and sequence parallelism allocate on `torch.cuda.current_device()` -> ptm's
+  model never gathers outputs (losses are vocab-parallel) and does not use sequence parallelism on CPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+from megatron.core.model_parallel_config import ModelParallelConfig
+from megatron.core.tensor_parallel import random as mrandom
+
+from pretrain import device as dev
+
+MODEL_PARALLEL_RNG = "model-parallel-rng"
+
+
+class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
+    """megatron's RNG tracker, keeping CPU generator states."""
+
+    def add(self, name, seed):
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        self.seeds_.add(seed)
+        if name in self.states_:
+            raise Exception(f"rng state {name} already exists")
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name=MODEL_PARALLEL_RNG):
+        if name not in self.states_:
+            raise Exception(f"rng state {name} is not added")
+        original = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(original)
+
+
+def rng_tracker():
+    return tensor_parallel.get_cuda_rng_tracker()
+
+
+def seed_everything(seed: int) -> None:
+    """megatron's seeding: the default generator gets `seed` on every TP rank (dropout outside TP regions
+    must agree), the model-parallel tracker `seed + 2718 + tp_rank` (dropout on partitioned heads)."""
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        return
+    mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    mrandom._CUDA_RNG_STATE_TRACKER.add(MODEL_PARALLEL_RNG, seed + 2718 + ps.get_tensor_model_parallel_rank())
+
+
+def initialize(tp: int = 1, seed: int = 1234) -> None:
+    """Process groups (torch.distributed from the launcher's environment, or a one-process group) and
+    megatron-core's TP x DP groups, then the seeds."""
+    if not dist.is_initialized():
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(dev.backend())
+        else:
+            dist.init_process_group(dev.backend(), store=dist.HashStore(), rank=0, world_size=1)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(dev.device())
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    seed_everything(seed)
+
+
+def model_parallel_config(params_dtype: torch.dtype = torch.float32) -> ModelParallelConfig:
+    return ModelParallelConfig(
+        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        params_dtype=params_dtype,
+    )
+
+
+def tp_group():
+    return ps.get_tensor_model_parallel_group()
+
+
+def tp_rank() -> int:
+    return ps.get_tensor_model_parallel_rank()
+
+
+def tp_size() -> int:
+    return ps.get_tensor_model_parallel_world_size()
