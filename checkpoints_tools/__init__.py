@@ -1,1 +1,1 @@
-"""ptm checkpoints_tools (built by later issues)."""
+"""Checkpoint tools: Hugging Face export/import (`python -m checkpoints_tools --help`)."""

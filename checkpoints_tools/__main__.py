@@ -1,0 +1,3 @@
+from checkpoints_tools.cli import main
+
+main()

@@ -1,0 +1,193 @@
+"""Hugging Face export and import: configs, weights (via `hf_keys`) and tokenizers, both ways."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+
+from checkpoints_tools import hf_keys
+from pretrain import checkpoint as C
+from pretrain.models.config import ModelConfig
+
+_HF_CLASSES = {"bert": "BertForPreTraining", "ernie": "ErnieForPreTraining", "gpt2": "GPT2LMHeadModel"}
+
+
+def hf_config(cfg: ModelConfig, special: dict):
+    import transformers
+
+    if cfg.arch == "gpt2":
+        eod = special.get("eod")
+        return transformers.GPT2Config(
+            vocab_size=cfg.vocab_size, n_positions=cfg.max_position_embeddings, n_embd=cfg.hidden_size,
+            n_layer=cfg.num_layers, n_head=cfg.num_heads, activation_function="gelu_new",
+            n_inner=None if cfg.ffn_hidden_size == 4 * cfg.hidden_size else cfg.ffn_hidden_size,
+            resid_pdrop=cfg.hidden_dropout, embd_pdrop=cfg.hidden_dropout, attn_pdrop=cfg.attention_dropout,
+            layer_norm_epsilon=cfg.layer_norm_eps, initializer_range=cfg.init_std, bos_token_id=eod, eos_token_id=eod,
+            architectures=[_HF_CLASSES["gpt2"]])
+    common = dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, intermediate_size=cfg.ffn_hidden_size, hidden_act="gelu",
+        hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
+        max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
+        layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_std, pad_token_id=special.get("pad", 0),
+        architectures=[_HF_CLASSES[cfg.arch]])
+    if cfg.arch == "ernie":
+        return transformers.ErnieConfig(use_task_id=cfg.task_type_vocab_size > 0,
+                                        task_type_vocab_size=max(cfg.task_type_vocab_size, 1), **common)
+    return transformers.BertConfig(**common)
+
+
+def model_config_from_hf(hf) -> ModelConfig:
+    if hf.model_type == "gpt2":
+        return ModelConfig(arch="gpt2", vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.n_embd,
+                           num_layers=hf.n_layer, num_heads=hf.n_head, ffn_hidden_size=hf.n_inner or 4 * hf.n_embd,
+                           max_position_embeddings=hf.n_positions, type_vocab_size=0, task_type_vocab_size=0,
+                           layer_norm_eps=hf.layer_norm_epsilon, hidden_dropout=hf.resid_pdrop,
+                           attention_dropout=hf.attn_pdrop, init_std=hf.initializer_range)
+    if hf.model_type not in ("bert", "ernie"):
+        raise C.CheckpointError(f"model type {hf.model_type!r} is not supported; ptm imports bert, ernie and gpt2")
+    task = hf.task_type_vocab_size if getattr(hf, "use_task_id", False) else 0
+    return ModelConfig(arch=hf.model_type, vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.hidden_size,
+                       num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads,
+                       ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
+                       type_vocab_size=hf.type_vocab_size, task_type_vocab_size=task,
+                       layer_norm_eps=hf.layer_norm_eps, hidden_dropout=hf.hidden_dropout_prob,
+                       attention_dropout=hf.attention_probs_dropout_prob, init_std=hf.initializer_range)
+
+
+# ---- tokenizers -------------------------------------------------------------------------------------
+
+def export_tokenizer(tok_dir: str, out: str, arch: str, nfkc: bool, max_length: int) -> None:
+    """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json);
+    the original files are copied too, so `from-hf` brings the same tokenizer back."""
+    import transformers
+
+    with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
+        meta = json.load(f)
+    files = [os.path.join(tok_dir, name) for name in meta["files"]]
+    if meta["kind"] == "wordpiece":
+        hf = transformers.BertTokenizerFast.from_pretrained(tok_dir, do_lower_case=meta["lowercase"])
+    elif meta["kind"] == "bpe":
+        hf = transformers.GPT2TokenizerFast.from_pretrained(tok_dir)
+    else:
+        inputs = ["input_ids", "attention_mask"] + ([] if arch == "gpt2" else ["token_type_ids"])
+        hf = transformers.PreTrainedTokenizerFast(tokenizer_object=_sentencepiece_to_fast(files[0], arch),
+                                                  unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                                  sep_token="[SEP]", mask_token="[MASK]", model_input_names=inputs)
+    if nfkc:  # data_prep normalised the text with NFKC before tokenizing; the exported tokenizer does too
+        from tokenizers import normalizers
+
+        backend = hf.backend_tokenizer
+        backend.normalizer = normalizers.Sequence(
+            [normalizers.NFKC()] + ([backend.normalizer] if backend.normalizer is not None else []))
+    hf.model_max_length = max_length
+    hf.save_pretrained(out)
+    for path in files:
+        shutil.copy(path, out)
+    shutil.copy(os.path.join(tok_dir, "ptm_tokenizer.json"), out)
+
+
+def _sentencepiece_to_fast(model_file: str, arch: str):
+    """transformers' own sentencepiece converter (ids identical to sentencepiece's), with byte fallback
+    decoding and BERT's [CLS] A [SEP] B [SEP] template for BERT-like models."""
+    from tokenizers import decoders, processors
+    from transformers.convert_slow_tokenizer import SpmConverter
+
+    class Converter(SpmConverter):
+        handle_byte_fallback = True
+
+    class Source:
+        vocab_file = model_file
+        legacy = True
+
+    tok = Converter(Source()).converted()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(content=" ", left=1)])
+    if arch != "gpt2":
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tok
+
+
+def import_tokenizer(hf_dir: str, out: str) -> None:
+    """A ptm tokenizer directory from a Hugging Face model directory."""
+    from data_prep.tokenizer import META, load_tokenizer
+
+    if os.path.isfile(os.path.join(hf_dir, META)):
+        source = hf_dir
+    else:
+        if os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):  # newer transformers save only this file
+            from tokenizers import Tokenizer
+
+            os.makedirs(out, exist_ok=True)
+            Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json")).model.save(out)
+            hf_dir = out  # vocab.txt (WordPiece) or vocab.json + merges.txt (BPE) now live here
+        names = sorted(os.listdir(hf_dir))
+        source = next((os.path.join(hf_dir, n) for n in names if n.endswith(".model")), None) or (
+            os.path.join(hf_dir, "vocab.txt") if "vocab.txt" in names else
+            os.path.join(hf_dir, "vocab.json") if "vocab.json" in names else None)
+        if source is None:
+            raise C.CheckpointError(f"{hf_dir} has no tokenizer files ptm can use (a sentencepiece .model, "
+                                    "vocab.txt or vocab.json + merges.txt)")
+    load_tokenizer(source).save(out)
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------
+
+def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
+    """Write a transformers model directory (config, safetensors weights, tokenizer) from a ptm checkpoint."""
+    import transformers
+
+    ckpt = C.resolve(ckpt_or_run)
+    meta = C.read_meta(ckpt)
+    cfg = C.model_config(meta)
+    tok_dir = os.path.join(ckpt, "tokenizer")
+    with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
+        special = json.load(f)["special_ids"]
+    weights = hf_keys.to_hf(cfg.arch, C.load_full_model(ckpt), cfg.num_layers, cfg.num_heads, cfg.vocab_size)
+    config = hf_config(cfg, special)
+    for key, value in meta.get("hf_token_ids", {}).items():  # imported models keep their own special ids
+        setattr(config, key, value)
+    model = getattr(transformers, _HF_CLASSES[cfg.arch])(config)
+    result = model.load_state_dict(weights, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith(("position_ids", ".attn.bias", ".attn.masked_bias"))]
+    if missing or result.unexpected_keys:
+        raise C.CheckpointError(f"{ckpt} does not fit {_HF_CLASSES[cfg.arch]}: missing {missing[:5]}, "
+                                f"unexpected {result.unexpected_keys[:5]}")
+    model.save_pretrained(out, max_shard_size=max_shard_size)
+    export_tokenizer(tok_dir, out, cfg.arch, meta.get("nfkc", False), cfg.max_position_embeddings)
+    return out
+
+
+def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
+    """A ptm checkpoint (step 0) from a transformers directory; returns it and the heads that HF did not
+    have and were initialised (base models such as BertModel or GPT2Model)."""
+    import transformers
+
+    hf_cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+    cfg = model_config_from_hf(hf_cfg)
+    cls = getattr(transformers, _HF_CLASSES[cfg.arch])
+    torch.manual_seed(0)
+    model, info = cls.from_pretrained(hf_dir, output_loading_info=True)
+    state, missing = hf_keys.from_hf(cfg.arch, model.state_dict(), cfg.num_layers, cfg.num_heads, cfg.vocab_size,
+                                     task_types=cfg.task_type_vocab_size > 0)
+    initialised = sorted(k for k in info["missing_keys"] if not k.endswith("position_ids")) + missing
+    os.makedirs(out, exist_ok=True)
+    C.save_model(out, state)
+    import_tokenizer(hf_dir, os.path.join(out, "tokenizer"))
+    token_ids = {k: getattr(hf_cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                 if getattr(hf_cfg, k, None) is not None}
+    C.write_meta(out, model=cfg, tp=1, extra={"source": os.path.abspath(hf_dir), "initialised": initialised,
+                                              "nfkc": _uses_nfkc(hf_dir), "hf_token_ids": token_ids})
+    return out, initialised
+
+
+def _uses_nfkc(hf_dir: str) -> bool:
+    path = os.path.join(hf_dir, "tokenizer.json")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return '"NFKC"' in f.read()

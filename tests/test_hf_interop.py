@@ -1,0 +1,122 @@
+"""to-hf / from-hf: transformers loads what ptm writes (weights, config, tokenizer) and the reverse."""
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import run_cli
+from data_prep.tokenizer import load_tokenizer
+from pretrain import checkpoint as C
+from pretrain.models.config import ModelConfig
+from pretrain.models.model import Pretraining
+from pretrain.parallel import mcore
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_process_group():
+    mcore.initialize(tp=1, seed=0)
+
+
+def _checkpoint(tmp_path, arch, tok_dir, nfkc=True):
+    vocab = load_tokenizer(tok_dir).vocab_size
+    cfg = ModelConfig(arch=arch, vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=4, ffn_hidden_size=64,
+                      max_position_embeddings=64, type_vocab_size=0 if arch == "gpt2" else 2,
+                      layer_norm_eps=1e-5 if arch == "gpt2" else 1e-12, hidden_dropout=0, attention_dropout=0)
+    torch.manual_seed(0)
+    model = Pretraining(cfg).eval()
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000007"
+    ckpt.mkdir(parents=True)
+    C.save_model(str(ckpt), model.state_dict())
+    C.copy_tokenizer(tok_dir, str(ckpt))
+    C.write_meta(str(ckpt), model=cfg, tp=1, step=7, extra={"nfkc": nfkc})
+    C.mark_latest(str(tmp_path / "run"), ckpt.name)
+    return model, cfg
+
+
+def test_bert_to_hf_loads_in_transformers_with_its_tokenizer(sp_model, tmp_path):
+    model, cfg = _checkpoint(tmp_path, "bert", sp_model)
+    out = tmp_path / "hf"
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)  # a run dir: its latest checkpoint
+    hf = transformers.AutoModelForPreTraining.from_pretrained(out).eval()
+    assert type(hf).__name__ == "BertForPreTraining"
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    text = "Return the sum of two numbers. 这是一个测试。"
+    enc = tok(text, "Second segment here.", return_tensors="pt")
+    ours_tok = load_tokenizer(sp_model)
+    ids, _, _, _ = ours_tok.encode([text])
+    assert enc["input_ids"][0, 1:len(ids) + 1].tolist() == ids.tolist()  # same ids as data_prep
+    assert enc["input_ids"][0, 0] == ours_tok.special["cls"] and enc["token_type_ids"][0, -1] == 1
+    with torch.no_grad():
+        ref = hf(**enc)
+        mine = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+    torch.testing.assert_close(mine["logits"][..., :cfg.vocab_size], ref.prediction_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(mine["nsp_logits"], ref.seq_relationship_logits, rtol=0, atol=1e-5)
+    fill = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out))
+    answers = fill("The function returns the [MASK] of two numbers.")
+    assert len(answers) == 5 and all("token_str" in a for a in answers)
+
+
+def test_gpt2_to_hf_generates(gpt2_vocab, tmp_path):
+    tok_dir = tmp_path / "tok"
+    load_tokenizer(gpt2_vocab).save(str(tok_dir))
+    model, cfg = _checkpoint(tmp_path, "gpt2", str(tok_dir), nfkc=False)
+    out = tmp_path / "hf"
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "run" / "checkpoints" / "step_00000007", "--out", out)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    enc = tok("def add(a, b): return a + b", return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(enc["input_ids"])["logits"][..., :cfg.vocab_size], hf(**enc).logits,
+                                   rtol=0, atol=1e-5)
+    gen = transformers.pipeline("text-generation", model=str(out), tokenizer=str(out))
+    assert gen("def add(a, b):", max_new_tokens=5, do_sample=False)[0]["generated_text"].startswith("def add(a, b):")
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie"])
+def test_hf_to_ptm_to_hf_is_bit_exact(arch, wordpiece_vocab, gpt2_vocab, tmp_path):
+    torch.manual_seed(0)
+    vocab_file = gpt2_vocab if arch == "gpt2" else wordpiece_vocab
+    vocab = load_tokenizer(vocab_file).vocab_size
+    if arch == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+        model = transformers.GPT2LMHeadModel(cfg)
+        tok = transformers.GPT2TokenizerFast.from_pretrained(os.path.dirname(vocab_file))
+    else:
+        common = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=48, max_position_embeddings=64)
+        model = (transformers.ErnieForPreTraining(transformers.ErnieConfig(use_task_id=True, **common))
+                 if arch == "ernie" else transformers.BertForPreTraining(transformers.BertConfig(**common)))
+        tok = transformers.BertTokenizerFast.from_pretrained(os.path.dirname(vocab_file))
+    src = tmp_path / "src"
+    model.save_pretrained(src)
+    tok.save_pretrained(src)
+    run_cli("checkpoints_tools", "from-hf", src, "--out", tmp_path / "ckpt")
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "ckpt", "--out", tmp_path / "back")
+    back = type(model).from_pretrained(tmp_path / "back")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, back.state_dict()[k]), k
+    a, b = json.load(open(src / "config.json")), json.load(open(tmp_path / "back" / "config.json"))
+    for k, v in a.items():
+        if k not in ("transformers_version", "dtype", "torch_dtype"):
+            assert b.get(k) == v, (k, v, b.get(k))
+
+
+def test_from_hf_base_model_initialises_and_reports_heads(wordpiece_vocab, tmp_path):
+    cfg = transformers.BertConfig(vocab_size=load_tokenizer(wordpiece_vocab).vocab_size, hidden_size=32,
+                                  num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+    transformers.BertModel(cfg).save_pretrained(tmp_path / "base")
+    transformers.BertTokenizerFast.from_pretrained(os.path.dirname(wordpiece_vocab)).save_pretrained(tmp_path / "base")
+    proc = run_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
+    assert "initialised (not in" in proc.stdout and "cls.predictions" in proc.stdout
+    meta = C.read_meta(str(tmp_path / "ckpt"))
+    assert any(k.startswith("cls.seq_relationship") for k in meta["initialised"])
+
+
+def test_bad_checkpoint_path_is_one_clear_line(tmp_path):
+    proc = run_cli("checkpoints_tools", "to-hf", tmp_path, "--out", tmp_path / "o", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("checkpoints_tools: error: ")
+    assert "neither a ptm checkpoint" in proc.stderr
