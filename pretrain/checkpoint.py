@@ -104,3 +104,19 @@ def load_full_model(ckpt: str) -> dict[str, torch.Tensor]:
         dim = split_dim(key)
         full[key] = shards[0][key] if dim is None else torch.cat([s[key] for s in shards], dim=dim)
     return full
+
+
+def load_model_shard(ckpt: str, tp_rank: int, tp: int, vocab_rows: int | None = None) -> dict[str, torch.Tensor]:
+    """The weights TP rank `tp_rank` of `tp` holds, from a checkpoint of any TP size; `vocab_rows` pads the
+    vocabulary (zero rows) to a larger model's padded size."""
+    meta = read_meta(ckpt)
+    if meta["tp"] == tp and vocab_rows is None:
+        return load_file(os.path.join(ckpt, f"model-tp{tp_rank:02d}.safetensors"))
+    full = load_full_model(ckpt)
+    if vocab_rows is not None:
+        for key in ("embeddings.word.weight", "mlm.bias"):
+            if key in full and full[key].shape[0] < vocab_rows:
+                t = full[key]
+                full[key] = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], *t.shape[1:])])
+    return {k: v if (d := split_dim(k)) is None else v.chunk(tp, dim=d)[tp_rank].contiguous()
+            for k, v in full.items()}

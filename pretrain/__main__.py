@@ -1,0 +1,3 @@
+from pretrain.cli import main
+
+main()

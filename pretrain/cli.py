@@ -1,0 +1,45 @@
+"""`python -m pretrain` (also `ptm train`): train from a YAML config with dotted overrides."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def parser() -> argparse.ArgumentParser:
+    from pretrain.config import describe
+
+    prog = sys.argv[0] if sys.argv[0].startswith("ptm ") else "python -m pretrain"
+    ap = argparse.ArgumentParser(prog=prog, description="Pretrain BERT, GPT-2 and ERNIE models.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    t = sub.add_parser(
+        "train", help="train (or resume) a model from a YAML config",
+        description="Train from a config; re-running the same command resumes from the latest checkpoint in "
+                    "out_dir. Config keys (set them in the YAML file or with --set KEY=VALUE):\n\n" + describe(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("--config", required=True,
+                   help="YAML file, or a preset name from configs/ (bert-tiny, bert-base, gpt2, ernie-base, ...)")
+    t.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
+                   help="override config keys, e.g. --set train.steps=100 optimizer.name=lamb")
+    return ap
+
+
+def main(argv=None) -> None:
+    from data_prep import PrepError
+    from pretrain.checkpoint import CheckpointError
+    from pretrain.config import ConfigError, load
+
+    a = parser().parse_args(argv)
+    try:
+        cfg = load(a.config, a.overrides)
+        from pretrain.train import train
+
+        summary = train(cfg)
+    except (ConfigError, CheckpointError, PrepError) as e:
+        lines = str(e).splitlines()
+        print("\n".join(f"pretrain: error: {line}" for line in lines), file=sys.stderr)
+        sys.exit(2)
+    except FloatingPointError as e:
+        print(f"pretrain: error: {e}", file=sys.stderr)
+        sys.exit(3)
+    print(json.dumps(summary, indent=2))

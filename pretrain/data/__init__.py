@@ -1,0 +1,1 @@
+"""Training data: deterministic samples and batches over ptm-arrow corpora."""

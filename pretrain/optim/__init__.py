@@ -1,0 +1,26 @@
+"""ptm's optimizers (AdamW, LAMB), gradient clipping and learning-rate schedules, in plain torch.
+
+    optimizer = optim.build(model, cfg.optimizer)
+    scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(optimizer)
+    norm = optim.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from pretrain.optim.norms import clip_grad_norm_, grad_norm, grad_sum_of_squares, sum_of_squares
+from pretrain.optim.optimizers import AdamW, Lamb, param_groups, trust_ratios
+from pretrain.optim.schedule import Schedule
+
+OPTIMIZERS = {"adamw": AdamW, "lamb": Lamb}
+
+
+def build(model: nn.Module, cfg) -> AdamW | Lamb:
+    """The optimizer named by a config's `optimizer` section (name, lr, betas, eps, weight_decay) over the
+    model's `param_groups`."""
+    return OPTIMIZERS[cfg.name](param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
+                                eps=cfg.eps, weight_decay=cfg.weight_decay)
+
+
+__all__ = ["OPTIMIZERS", "AdamW", "Lamb", "Schedule", "build", "clip_grad_norm_", "grad_norm", "grad_sum_of_squares",
+           "param_groups", "sum_of_squares", "trust_ratios"]

@@ -1,0 +1,100 @@
+"""AdamW and LAMB, with the per-tensor math in `functional` (the fused-kernel seam).
+
+LAMB follows You et al. 2019 (arXiv 1904.00962), Algorithm 2: Adam moments with bias correction, the update
+u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w, and a trust ratio per parameter, ||w|| / ||u|| (1 when
+either norm is 0): w -= lr * ratio * u. A param group with `adapt: False` skips the trust ratio (BERT's recipe
+excludes biases and LayerNorm weights from both decay and adaptation; see `param_groups`).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pretrain.optim import functional as F
+from pretrain.optim.norms import sum_of_squares
+
+
+class _Adam(torch.optim.Optimizer):
+    """What AdamW and LAMB share: the hyper-parameters, lazily created moments, the closure."""
+
+    def __init__(self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float, **extra):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **extra))
+
+    def _advance(self, p: torch.Tensor) -> dict:
+        """p's state with its step count advanced (moments created on the first step)."""
+        state = self.state[p]
+        if not state:
+            state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        state["step"] += 1
+        return state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._step_group(group, params)
+        return loss
+
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+
+class AdamW(_Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), numerically torch.optim.AdamW."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+    def _step_group(self, group, params):
+        beta1, beta2 = group["betas"]
+        for p in params:
+            s = self._advance(p)
+            F.adamw_update(p, p.grad, s["exp_avg"], s["exp_avg_sq"], step=s["step"], lr=group["lr"], beta1=beta1,
+                           beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+
+
+class Lamb(_Adam):
+    """LAMB (You et al. 2019, Algorithm 2). Group options: lr, betas, eps, weight_decay, adapt (trust ratio on)."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
+                 adapt: bool = True):
+        super().__init__(params, lr, betas, eps, weight_decay, adapt=adapt)
+
+    def _step_group(self, group, params):
+        beta1, beta2 = group["betas"]
+        updates = []
+        for p in params:
+            s = self._advance(p)
+            updates.append(F.lamb_update(p, p.grad, s["exp_avg"], s["exp_avg_sq"], step=s["step"], beta1=beta1,
+                                         beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"]))
+        ratios = trust_ratios(*self.sums_of_squares(params, updates)) if group["adapt"] else [1.0] * len(params)
+        for p, update, ratio in zip(params, updates, ratios):
+            F.lamb_apply(p, update, ratio, group["lr"])
+
+    def sums_of_squares(self, params: list[torch.Tensor], updates: list[torch.Tensor]
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-parameter sums of squares of the weights and of their updates (two 1-D fp32 tensors, one entry
+        per parameter). The hook for sharded parameters: override it to add up the partial sums of each
+        parameter's shards (an all-reduce over its tensor-parallel / ZeRO group); the ratios follow from these."""
+        return sum_of_squares(params), sum_of_squares(updates)
+
+
+def trust_ratios(w_sq: torch.Tensor, u_sq: torch.Tensor) -> torch.Tensor:
+    """||w|| / ||u|| per parameter from sums of squares; 1 where either norm is 0."""
+    return torch.where((w_sq > 0) & (u_sq > 0), w_sq.sqrt() / u_sq.sqrt(), torch.ones_like(w_sq))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """BERT's recipe: matrices (linear and embedding weights) get weight decay and LAMB's trust ratio; biases and
+    normalisation weights (the parameters with fewer than 2 dimensions) get neither. Empty groups are left out."""
+    decay, plain = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else plain).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0, "adapt": False}]
+    return [g for g in groups if g["params"]]

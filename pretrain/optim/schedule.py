@@ -1,0 +1,50 @@
+"""Learning-rate schedules: linear warmup, then linear | poly | cosine decay to min_lr, or constant."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+# fraction of (lr - min_lr) left after `progress` (0..1) of the decay
+DECAYS = {
+    "linear": lambda progress, power: 1 - progress,
+    "poly": lambda progress, power: (1 - progress) ** power,
+    "cosine": lambda progress, power: 0.5 * (1 + math.cos(math.pi * progress)),
+    "constant": lambda progress, power: 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate of optimizer step `step` (from 0): lr * step / warmup_steps during warmup, then the
+    decay from lr at the end of warmup to min_lr at total_steps, and min_lr after that."""
+
+    lr: float
+    total_steps: int
+    warmup_steps: int = 0
+    kind: str = "linear"
+    min_lr: float = 0.0
+    power: float = 1.0
+
+    def __post_init__(self):
+        if self.kind not in DECAYS:
+            raise ValueError(f"unknown schedule {self.kind!r}; choose one of {', '.join(DECAYS)}")
+
+    @classmethod
+    def from_config(cls, optimizer, total_steps: int) -> Schedule:
+        """From a config's `optimizer` section (lr, schedule, warmup_steps, min_lr, poly_power)."""
+        return cls(lr=optimizer.lr, total_steps=total_steps, warmup_steps=optimizer.warmup(total_steps),
+                   kind=optimizer.schedule, min_lr=optimizer.min_lr, power=optimizer.poly_power)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * step / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_lr + (self.lr - self.min_lr) * DECAYS[self.kind](progress, self.power)
+
+    def scheduler(self, optimizer: torch.optim.Optimizer) -> LambdaLR:
+        """A torch LambdaLR following this schedule for an optimizer whose groups were created with `lr`;
+        call its step() after each optimizer.step()."""
+        return LambdaLR(optimizer, lambda step: self(step) / self.lr)
