@@ -1,0 +1,310 @@
+"""The training config: YAML presets with `base`, --set overrides and coercion, unknown keys, validation."""
+import glob
+import os
+import re
+
+import pytest
+import yaml
+
+from pretrain import config as C
+from pretrain.config import Config, ConfigError, load
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
+TOP_KEYS = "seed, out_dir, precision, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie"
+OPTIMIZER_KEYS = "name, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, poly_power"
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def child(tmp_path):
+    """sub/child.yaml starting from ../parent.yaml."""
+    write(tmp_path / "parent.yaml", "seed: 7\nmodel:\n  hidden_size: 64\n  num_heads: 4\noptimizer:\n  lr: 1e-4\n"
+                                    "  betas: [0.8, 0.9]\ndata:\n  path: parent-data\n")
+    return write(tmp_path / "sub" / "child.yaml",
+                 "base: ../parent.yaml\nmodel:\n  num_layers: 3\ntrain:\n  steps: 50\n")
+
+
+def test_base_is_relative_to_the_file_and_merges_key_by_key(child):
+    cfg = load(child)
+    assert (cfg.seed, cfg.model.hidden_size, cfg.model.num_heads, cfg.model.num_layers) == (7, 64, 4, 3)
+    assert cfg.train.steps == 50 and cfg.data.path == "parent-data"
+    assert cfg.optimizer.lr == 1e-4 and isinstance(cfg.optimizer.lr, float)  # YAML reads 1e-4 as a string
+    assert cfg.optimizer.betas == [0.8, 0.9]
+    assert cfg.model.ffn_hidden_size == C.ModelConfig().ffn_hidden_size  # untouched keys keep their defaults
+
+
+def test_base_can_name_a_preset_and_presets_load_by_name(tmp_path):
+    path = write(tmp_path / "mine.yaml", "base: bert-tiny\ntrain:\n  steps: 10\n")
+    cfg = load(path)
+    assert cfg.train.steps == 10 and cfg.model.hidden_size == load("bert-tiny").model.hidden_size == 128
+    with pytest.raises(ConfigError, match="config file nope.yaml not found .*preset: bert-base, bert-large"):
+        load("nope.yaml")
+
+
+def test_base_cycle_is_an_error(tmp_path):
+    write(tmp_path / "a.yaml", "base: b.yaml\n")
+    write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(ConfigError, match="`base` loops back"):
+        load(str(tmp_path / "a.yaml"))
+
+
+@pytest.mark.parametrize("item, key, value", [
+    ("train.steps=1000", "train.steps", 1000),
+    ("train.steps=1e3", "train.steps", 1000),
+    ("optimizer.lr=3e-4", "optimizer.lr", 3e-4),
+    ("optimizer.lr=1", "optimizer.lr", 1.0),
+    ("zero.offload=yes", "zero.offload", True),
+    ("zero.offload=false", "zero.offload", False),
+    ("out_dir=runs/a=b", "out_dir", "runs/a=b"),
+    ("out_dir=2024", "out_dir", "2024"),
+    ("data.path=[a, b]", "data.path", ["a", "b"]),
+    ("data.path=123", "data.path", "123"),
+    ("data.weights=[1, 2.5]", "data.weights", [1.0, 2.5]),
+    ("data.weights=null", "data.weights", None),
+    ("optimizer.betas=[0.9,0.95]", "optimizer.betas", [0.9, 0.95]),
+    ("optimizer.warmup_steps=0.1", "optimizer.warmup_steps", 0.1),
+    ("optimizer.warmup_steps=100", "optimizer.warmup_steps", 100),
+    ("model.activation_checkpointing=true", "model.activation_checkpointing", True),
+    ("model.activation_checkpointing=[0, 1]", "model.activation_checkpointing", [0, 1]),
+    ("ernie.task_data.ir_relevance=/data/ir", "ernie.task_data", {"ir_relevance": "/data/ir"}),
+    ("ernie.stages=[{steps: 5, tasks: {capitalization: 2}}]", "ernie.stages",
+     [C.ErnieStage(5, {"capitalization": 2.0})]),
+])
+def test_set_coerces_to_the_field_type(child, item, key, value):
+    got = load(child, [item]).get(key)
+    assert got == value and type(got) is type(value)
+
+
+def test_set_merges_a_section_and_applies_in_order(child):
+    cfg = load(child, ["model={num_layers: 5}", "train.steps=1", "train.steps=2"])
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.train.steps) == (5, 64, 2)
+
+
+def test_unknown_key_in_yaml_names_the_file_key_and_valid_keys(tmp_path):
+    path = write(tmp_path / "bad.yaml", "optimizer:\n  lrr: 0.1\n")
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    assert str(e.value) == f"{path}: unknown key 'optimizer.lrr'; valid keys of optimizer: {OPTIMIZER_KEYS}"
+
+
+def test_unknown_key_in_a_base_file_names_that_file(tmp_path):
+    bad = write(tmp_path / "parent.yaml", "sed: 1\n")
+    path = write(tmp_path / "child.yaml", "base: parent.yaml\n")
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    assert str(e.value) == f"{bad}: unknown key 'sed'; valid keys of the top level: {TOP_KEYS}"
+
+
+def test_unknown_key_in_a_list_of_sections(tmp_path):
+    path = write(tmp_path / "bad.yaml", "ernie:\n  stages:\n    - steps: 3\n      taskz: {}\n")
+    with pytest.raises(ConfigError, match=re.escape("unknown key 'ernie.stages[0].taskz'; valid keys of "
+                                                    "ernie.stages[0]: steps, tasks")):
+        load(path)
+
+
+@pytest.mark.parametrize("item, message", [
+    ("optimizer.lrr=0.1", (f"--set optimizer.lrr=0.1: unknown key 'optimizer.lrr'; valid keys of optimizer: "
+                          f"{OPTIMIZER_KEYS}")),
+    ("modle.hidden_size=8", f"--set modle.hidden_size=8: unknown key 'modle'; valid keys of the top level: {TOP_KEYS}"),
+    ("train.steps=abc", "--set train.steps=abc: train.steps: expected int, got 'abc'"),
+    ("train.steps=1.5", "--set train.steps=1.5: train.steps: expected int, got 1.5"),
+    ("zero.offload=maybe", "--set zero.offload=maybe: zero.offload: expected bool, got 'maybe'"),
+    ("data.weights=[1, x]", "--set data.weights=[1, x]: data.weights[1]: expected float, got 'x'"),
+    ("train.steps.x=1", "--set train.steps.x=1: train.steps is a value (int), not a section"),
+    ("train.steps", "--set 'train.steps': expected KEY=VALUE, e.g. --set train.steps=1000"),
+])
+def test_bad_set_items(child, item, message):
+    with pytest.raises(ConfigError) as e:
+        load(child, [item])
+    assert str(e.value) == message
+
+
+def test_type_error_in_yaml_names_file_and_key(tmp_path):
+    path = write(tmp_path / "bad.yaml", "model:\n  activation_checkpointing: sometimes\n")
+    with pytest.raises(ConfigError, match="bad.yaml: model.activation_checkpointing: expected bool | list"):
+        load(path)
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+def problems(overrides, dp=1, preset="bert-tiny"):
+    with pytest.raises(ConfigError) as e:
+        load(preset, overrides).validate(dp=dp)
+    lines = str(e.value).splitlines()
+    assert all("; " in line for line in lines), lines  # every line says what is wrong, then the fix
+    return lines
+
+
+@pytest.mark.parametrize("overrides, dp, expected", [
+    (["model.num_heads=3"], 1, "model.hidden_size=128 is not divisible by model.num_heads=3"),
+    (["parallel.tp=4"], 1, "model.num_heads=2 is not divisible by parallel.tp=4; use a parallel.tp that divides it"),
+    (["parallel.tp=2", "model.ffn_hidden_size=511"], 1, "model.ffn_hidden_size=511 is not divisible by parallel.tp=2"),
+    (["parallel.tp=2", "model.vocab_pad_to=127"], 1, "model.vocab_pad_to=127 is not divisible by parallel.tp=2"),
+    (["parallel.tp=2", "model.hidden_size=129", "model.num_heads=1"], 1,
+     "model.hidden_size=129 is not divisible by parallel.tp=2"),
+    (["train.global_batch_size=40"], 1, ("train.global_batch_size=40 is not divisible by train.micro_batch_size x "
+                                        "data-parallel size = 16 x 1 = 16; set train.global_batch_size to a multiple "
+                                        "of 16")),
+    ([], 3, "train.global_batch_size=32 is not divisible by train.micro_batch_size x data-parallel size = 16 x 3 = 48"),
+    ([], 0, "data-parallel size 0 must be positive"),
+    (["precision=fp8"], 1, "precision='fp8' is not one of fp32 | bf16 | fp16; set precision to one of them"),
+    (["optimizer.name=sgd"], 1, "optimizer.name='sgd' is not one of adamw | lamb"),
+    (["optimizer.schedule=step"], 1, "optimizer.schedule='step' is not one of linear | poly | cosine | constant"),
+    (["zero.stage=4"], 1, "zero.stage=4 is not one of 0 | 1 | 2 | 3"),
+    (["model.arch=t5"], 1, "model.arch='t5' is not one of bert | gpt2 | ernie"),
+    (["data.objective=mlm_xyz"], 1, "data.objective='mlm_xyz' is not one of mlm_nsp | mlm_sop | mlm | clm | ernie"),
+    (["data.masking=random"], 1, "data.masking='random' is not one of token | whole_word | span | knowledge"),
+    (["data.seq_len=256"], 1, ("data.seq_len=256 exceeds model.max_position_embeddings=128; lower data.seq_len or "
+                              "raise model.max_position_embeddings")),
+    (["zero.stage=0", "zero.offload=true"], 1, "zero.offload needs ZeRO; set zero.stage=1"),
+    (["train.steps=0"], 1, "train.steps=0 must be positive"),
+    (["optimizer.weight_decay=-1"], 1, "optimizer.weight_decay=-1.0 must not be negative"),
+    (["data.mask_prob=0"], 1, "data.mask_prob=0.0 is outside (0, 1)"),
+    (["model.hidden_dropout=1"], 1, "model.hidden_dropout=1.0 is outside [0, 1)"),
+    (["optimizer.betas=[0.9]"], 1, "optimizer.betas=[0.9] must be two values in [0, 1)"),
+    (["data.path="], 1, "data.path is empty; set data.path=DIR"),
+    (["data.path=[a, b]", "data.weights=[1]"], 1, "data.weights=[1.0] must be one positive weight per data.path (2)"),
+    (["data.path=[a, b]", "data.weights=[1, 0]"], 1, "must be one positive weight per data.path"),
+    (["data.max_predictions_per_seq=65"], 1, "data.max_predictions_per_seq=65 exceeds data.seq_len=64"),
+    (["optimizer.warmup_steps=301"], 1, "optimizer.warmup_steps=301 is longer than train.steps=300"),
+    (["optimizer.warmup_steps=2.5"], 1, "optimizer.warmup_steps=2.5 is neither whole steps nor a fraction below 1"),
+    (["optimizer.min_lr=0.1"], 1, "optimizer.min_lr=0.1 exceeds optimizer.lr=0.001"),
+    (["model.activation_checkpointing=[1, 2]"], 1, "model.activation_checkpointing=[1, 2] names layers outside 0..1"),
+    (["data.objective=clm"], 1, "data.objective=clm does not fit model.arch=bert"),
+    (["model.arch=gpt2"], 1, "data.objective=mlm_nsp does not fit model.arch=gpt2"),
+    (["model.arch=gpt2", "data.objective=clm"], 1, "model.type_vocab_size=2: GPT-2 has no segment embeddings"),
+    (["model.task_type_vocab_size=3"], 1, "model.task_type_vocab_size=3 needs model.arch=ernie"),
+    (["model.type_vocab_size=0"], 1, "data.objective=mlm_nsp pairs two segments but model.type_vocab_size=0"),
+    (["ernie.stages=[{steps: 300, tasks: {capitalization: 1}}]"], 1, "ernie.stages is set but data.objective=mlm_nsp"),
+])
+def test_validation_errors(overrides, dp, expected):
+    lines = problems(overrides, dp)
+    assert any(expected in line for line in lines), lines
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["model.arch=bert"], "data.objective=ernie needs model.arch=ernie"),
+    (["ernie.stages=[]"], "data.objective=ernie needs ernie.stages"),
+    (["ernie.stages=[{steps: 8, tasks: {knowledge_mask: 1}}]"],
+     "ernie.stages[0].tasks: unknown task 'knowledge_mask'; valid tasks: knowledge_masking, capitalization"),
+    (["ernie.stages=[{steps: 8, tasks: {capitalization: 0}}]"], ("ernie.stages[0].tasks.capitalization=0.0: sampling "
+                                                                "weights must be positive")),
+    (["ernie.stages=[{steps: 8, tasks: {}}]"], "ernie.stages[0].tasks is empty"),
+    (["ernie.stages=[{steps: 0, tasks: {capitalization: 1}}, {steps: 8, tasks: {capitalization: 1}}]"],
+     "ernie.stages[0].steps=0 must be positive"),
+    (["ernie.stages=[{steps: 8, tasks: {ir_relevance: 1}}]"], ("ernie.stages[0].tasks: ir_relevance needs labelled "
+                                                              "data; set ernie.task_data.ir_relevance=PATH")),
+    (["ernie.task_data.capitalization=x"], ("ernie.task_data.capitalization: only discourse_relation and "
+                                           "ir_relevance take a dataset")),
+    (["train.steps=10"], "ernie.stages add up to 8 steps but train.steps=10; make them equal"),
+])
+def test_ernie_validation_errors(overrides, expected):
+    lines = problems(overrides, preset="ernie-tiny")
+    assert any(expected in line for line in lines), lines
+
+
+def test_user_labeled_task_with_data_validates():
+    load("ernie-tiny", ["ernie.stages=[{steps: 8, tasks: {discourse_relation: 1, knowledge_masking: 2}}]",
+                        "ernie.task_data.discourse_relation=/data/dr"]).validate()
+
+
+def test_all_problems_are_reported_at_once():
+    assert len(problems(["optimizer.name=sgd", "precision=fp8", "train.steps=0"])) == 3
+
+
+# -------------------------------------------------------------------------------------------- presets
+
+@pytest.mark.parametrize("path", PRESETS, ids=os.path.basename)
+def test_preset_loads_validates_and_round_trips(path):
+    with open(path) as f:
+        assert f.readline().startswith("# ")  # what the preset is, in one line
+    cfg = load(path)
+    cfg.validate(dp=1)
+    assert Config.from_dict(yaml.safe_load(cfg.to_yaml())) == cfg
+    assert cfg.to_dict()["model"]["hidden_size"] == cfg.model.hidden_size
+
+
+def test_the_required_presets_exist():
+    names = {os.path.basename(p)[:-5] for p in PRESETS}
+    assert {"bert-base", "bert-large", "bert-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt2-tiny",
+            "ernie-base", "ernie2-base", "ernie-tiny"} <= names
+
+
+def shape(cfg):
+    m = cfg.model
+    return m.arch, m.num_layers, m.hidden_size, m.num_heads, m.ffn_hidden_size, m.max_position_embeddings, m.vocab_size
+
+
+def test_preset_shapes():
+    assert shape(load("bert-base")) == ("bert", 12, 768, 12, 3072, 512, 30522)
+    assert shape(load("bert-large")) == ("bert", 24, 1024, 16, 4096, 512, 30522)
+    assert shape(load("gpt2")) == ("gpt2", 12, 768, 12, 3072, 1024, 50257)
+    assert shape(load("gpt2-medium"))[1:4] == (24, 1024, 16)
+    assert shape(load("gpt2-large"))[1:4] == (36, 1280, 20)
+    assert shape(load("gpt2-xl"))[1:4] == (48, 1600, 25)
+    tiny = load("bert-tiny")
+    assert shape(tiny)[:4] == ("bert", 2, 128, 2) and tiny.data.seq_len == 64 and tiny.optimizer.lr == 1e-3
+    assert 100 <= tiny.train.steps <= 1000
+    assert load("ernie-base").data.masking == "knowledge"
+    ernie2 = load("ernie2-base")
+    assert ernie2.model.task_type_vocab_size == 3 and len(ernie2.ernie.stages) == 2
+    ernie_tiny = load("ernie-tiny")
+    assert [s.steps for s in ernie_tiny.ernie.stages] == [4, 4] and ernie_tiny.train.steps == 8
+
+
+def test_ernie_stage_at():
+    ernie = load("ernie-tiny").ernie
+    first, second = ernie.stages
+    assert [ernie.stage_at(s) is first for s in range(4)] == [True] * 4
+    assert ernie.stage_at(4) is second and ernie.stage_at(7) is second and ernie.stage_at(100) is second
+
+
+def test_warmup_steps_or_fraction():
+    assert load("bert-tiny", ["optimizer.warmup_steps=0.1"]).optimizer.warmup(300) == 30
+    assert load("bert-tiny", ["optimizer.warmup_steps=25"]).optimizer.warmup(300) == 25
+
+
+def test_data_paths():
+    assert load("bert-tiny").data.paths == ["runs/demo/data"]
+    assert load("bert-tiny", ["data.path=[a, b]"]).data.paths == ["a", "b"]
+
+
+# ------------------------------------------------------------------------------------- keys and help
+
+REQUIRED_KEYS = (
+    "data.path", "data.weights", "out_dir", "train.steps", "train.global_batch_size", "train.micro_batch_size",
+    "optimizer.name", "optimizer.lr", "checkpoint.interval", "precision", "parallel.tp", "zero.stage", "seed",
+    "model.arch", "model.vocab_size", "model.hidden_size", "model.num_layers", "model.num_heads",
+    "model.ffn_hidden_size", "model.max_position_embeddings", "model.type_vocab_size", "model.task_type_vocab_size",
+    "model.layer_norm_eps", "model.hidden_dropout", "model.attention_dropout", "model.init_std",
+    "model.activation_checkpointing", "data.seq_len", "data.objective", "data.mask_prob",
+    "data.max_predictions_per_seq", "data.masking", "data.short_seq_prob", "data.valid_fraction", "data.num_workers",
+    "train.grad_clip", "train.log_interval", "train.eval_interval", "train.eval_steps", "optimizer.weight_decay",
+    "optimizer.betas", "optimizer.eps", "optimizer.schedule", "optimizer.warmup_steps", "optimizer.min_lr",
+    "optimizer.poly_power", "checkpoint.keep", "zero.offload", "fp16.initial_scale_power", "fp16.loss_scale_window",
+    "fp16.hysteresis", "fp16.min_loss_scale", "ernie.stages",
+)
+
+
+def test_required_keys_exist():
+    assert set(REQUIRED_KEYS) <= set(C.keys())
+    cfg = Config()
+    for key in REQUIRED_KEYS:
+        cfg.get(key)
+
+
+def test_describe_lists_every_key_with_type_default_and_help():
+    lines = C.describe().splitlines()
+    assert [line.split()[0] for line in lines] == C.keys()
+    for line in lines:
+        _key, type_, default, help_ = re.split(r"\s{2,}", line)
+        assert type_ and default and help_, line
+    text = C.describe()
+    assert re.search(r"^optimizer\.lr\s+float\s+0\.0001\s+peak learning rate$", text, re.MULTILINE)
+    assert re.search(r"^model\.activation_checkpointing\s+bool \| list\[int\]\s+false\s+recompute", text, re.MULTILINE)

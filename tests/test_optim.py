@@ -1,0 +1,285 @@
+"""Optimizers against references: AdamW vs torch.optim.AdamW, LAMB vs the paper's algorithm in float64 numpy;
+the sums-of-squares hooks under simulated sharding; clipping; schedules."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pretrain import config as C
+from pretrain import optim
+from pretrain.optim import AdamW, Lamb, Schedule, functional, param_groups
+from pretrain.optim.norms import clip_grad_norm_, grad_sum_of_squares
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def test_adamw_matches_torch_over_50_steps():
+    ours, ref = mlp(), mlp()
+    kw = {"lr": 3e-3, "betas": (0.9, 0.99), "eps": 1e-8}
+    opt = AdamW(param_groups(ours, 0.1), **kw)
+    ref_opt = torch.optim.AdamW(param_groups(ref, 0.1), **kw)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        x, y = torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            o.step()
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+    assert any((p - q).abs().max() > 0 for p, q in zip(ours.parameters(), mlp().parameters()))  # it did train
+
+
+# ------------------------------------------------------------------------------------------------- LAMB
+
+def lamb_reference(weights, grads, groups, lr, beta1, beta2, eps):
+    """You et al. 2019, Algorithm 2, in float64 numpy. weights: arrays; grads[t][i]: gradient of weight i at step
+    t (None: no gradient, the weight is skipped); groups[i]: (weight_decay, adapt)."""
+    w = [np.array(x, dtype=np.float64) for x in weights]
+    m = [np.zeros_like(x) for x in w]
+    v = [np.zeros_like(x) for x in w]
+    steps = [0] * len(w)
+    for step_grads in grads:
+        for i, g in enumerate(step_grads):
+            if g is None:
+                continue
+            steps[i] += 1
+            t = steps[i]
+            decay, adapt = groups[i]
+            m[i] = beta1 * m[i] + (1 - beta1) * g
+            v[i] = beta2 * v[i] + (1 - beta2) * g * g
+            m_hat, v_hat = m[i] / (1 - beta1 ** t), v[i] / (1 - beta2 ** t)
+            r = m_hat / (np.sqrt(v_hat) + eps) + decay * w[i]
+            w_norm, r_norm = np.linalg.norm(w[i]), np.linalg.norm(r)
+            ratio = w_norm / r_norm if adapt and w_norm > 0 and r_norm > 0 else 1.0
+            w[i] = w[i] - lr * ratio * r
+    return w
+
+
+def lamb_case(steps=20):
+    """Weights of very different scales, a zero weight (||w|| = 0), a weight with zero gradients and no decay
+    (||u|| = 0), a weight that gets no gradient on some steps, and biases excluded from decay and adaptation."""
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(size=(6, 5)) * 100, rng.normal(size=(4, 3)) * 0.01, np.zeros((3, 3)), rng.normal(size=(2, 4)),
+               rng.normal(size=(5, 2)), rng.normal(size=6), rng.normal(size=4)]
+    groups = [(0.01, True)] * 5 + [(0.0, False)] * 2
+    groups[3] = (0.0, True)  # zero gradients and no decay: u = 0
+    grads = []
+    for t in range(steps):
+        g = [rng.normal(size=w.shape) for w in weights]
+        g[3] = np.zeros_like(weights[3])
+        g[4] = None if t % 3 == 1 else g[4]
+        grads.append(g)
+    return weights, grads, groups
+
+
+def run_lamb(weights, grads, groups, dtype, opt_cls=Lamb, **kw):
+    params = [torch.tensor(w, dtype=dtype, requires_grad=True) for w in weights]
+    pg = [{"params": [p], "weight_decay": d, "adapt": a} for p, (d, a) in zip(params, groups)]
+    opt = opt_cls(pg, lr=0.01, betas=(0.9, 0.999), eps=1e-6, **kw)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = None if g is None else torch.tensor(g, dtype=dtype)
+        opt.step()
+    return [p.detach().double().numpy() for p in params]
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_lamb_matches_the_paper(dtype, tol):
+    weights, grads, groups = lamb_case()
+    expected = lamb_reference(weights, grads, groups, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6)
+    got = run_lamb(weights, grads, groups, dtype)
+    for i, (g, e, w) in enumerate(zip(got, expected, weights)):
+        np.testing.assert_allclose(g, e, rtol=tol, atol=tol * np.abs(w).max(initial=1e-3), err_msg=f"weight {i}")
+    np.testing.assert_array_equal(got[3], torch.tensor(weights[3], dtype=dtype).double())  # ||u|| = 0: unchanged
+    assert np.abs(got[2]).max() > 0  # ||w|| = 0: ratio 1, the zero weight moves
+
+
+def test_lamb_trust_ratio_is_per_parameter():
+    """With adaptation every weight moves by about lr * ||w|| on the first step, whatever its scale: the ratio is
+    ||w|| / ||u|| of each parameter, not one for all."""
+    torch.manual_seed(0)
+    big, small = torch.randn(8, 8) * 100, torch.randn(8, 8) * 0.01
+    params = [nn.Parameter(big.clone()), nn.Parameter(small.clone())]
+    for p in params:
+        p.grad = torch.randn(8, 8)
+    Lamb(params, lr=0.01, weight_decay=0.0).step()
+    rel = [((p.detach() - w).norm() / w.norm()).item() for p, w in zip(params, (big, small))]
+    assert rel == pytest.approx([0.01, 0.01], rel=1e-3)
+    params = [nn.Parameter(big.clone()), nn.Parameter(small.clone())]  # without adaptation: the same Adam step
+    for p in params:
+        p.grad = torch.randn(8, 8)
+    Lamb(params, lr=0.01, weight_decay=0.0, adapt=False).step()
+    steps = [(p.detach() - w).norm().item() for p, w in zip(params, (big, small))]
+    assert steps[0] == pytest.approx(steps[1], rel=1e-3)
+
+
+class ChunkedLamb(Lamb):
+    """LAMB over shards: each optimizer parameter is a chunk of a whole weight (`owner[i]`: which weight). The hook
+    adds the chunks' partial sums per weight, as an all-reduce over the shards' process group would."""
+
+    def __init__(self, params, owner, **kw):
+        super().__init__(params, **kw)
+        self.owner = {id(p): o for p, o in zip(params, owner)}
+
+    def sums_of_squares(self, params, updates):
+        w_sq, u_sq = super().sums_of_squares(params, updates)
+        idx = torch.tensor([self.owner[id(p)] for p in params])
+        n = len(set(self.owner.values()))
+        return (torch.zeros(n, dtype=w_sq.dtype).index_add_(0, idx, w_sq)[idx],
+                torch.zeros(n, dtype=u_sq.dtype).index_add_(0, idx, u_sq)[idx])
+
+
+@pytest.mark.parametrize("opt_cls, same", [(ChunkedLamb, True), (Lamb, False)])
+def test_sharded_norm_hook_gives_the_unsharded_result(opt_cls, same):
+    weights, grads, _ = lamb_case(steps=10)
+    weights, grads = weights[:3], [g[:3] for g in grads]
+    whole = run_lamb(weights, grads, [(0.01, True)] * 3, torch.float64)
+    splits = [[7, 13, 10], [5, 7], [4, 5]]  # uneven chunks of each flattened weight
+
+    def chunks(arrays):
+        return [c for a, s in zip(arrays, splits) for c in np.split(a.reshape(-1), np.cumsum(s)[:-1])]
+
+    owner = [i for i, s in enumerate(splits) for _ in s]
+    kw = {"owner": owner} if opt_cls is ChunkedLamb else {}
+    params = [torch.tensor(c, dtype=torch.float64, requires_grad=True) for c in chunks(weights)]
+    opt = opt_cls(params, lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, **kw)
+    for step_grads in grads:
+        for p, g in zip(params, chunks(step_grads)):
+            p.grad = torch.tensor(g)
+        opt.step()
+    flat = np.concatenate([p.detach().numpy() for p in params])
+    assert np.allclose(flat, np.concatenate([w.reshape(-1) for w in whole]), rtol=1e-12, atol=1e-12) == same
+
+
+def test_optimizers_call_the_kernel_seam(monkeypatch):
+    calls = []
+    for name in ("adamw_update", "lamb_update"):
+        original = getattr(functional, name)
+        monkeypatch.setattr(functional, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    for cls in (AdamW, Lamb):
+        p = nn.Parameter(torch.ones(3))
+        p.grad = torch.ones(3)
+        cls([p]).step()
+    assert calls == ["adamw_update", "lamb_update"]
+
+
+# -------------------------------------------------------------------------------------- groups, build
+
+def test_param_groups_exclude_biases_and_norms():
+    model = nn.ModuleDict({"emb": nn.Embedding(10, 4), "fc": nn.Linear(4, 4), "ln": nn.LayerNorm(4),
+                           "frozen": nn.Linear(4, 4)})
+    model["frozen"].requires_grad_(False)
+    decay, plain = param_groups(model, 0.1)
+    assert decay["params"] == [model["emb"].weight, model["fc"].weight] and decay["weight_decay"] == 0.1
+    assert plain["params"] == [model["fc"].bias, model["ln"].weight, model["ln"].bias]
+    assert plain["weight_decay"] == 0.0 and plain["adapt"] is False
+
+
+def test_build_from_config():
+    cfg = C.load("bert-tiny", ["optimizer.name=lamb", "optimizer.betas=[0.8, 0.9]"]).optimizer
+    opt = optim.build(mlp(), cfg)
+    assert isinstance(opt, Lamb)
+    assert [(g["lr"], g["betas"], g["eps"], g["weight_decay"], g["adapt"]) for g in opt.param_groups] == [
+        (1e-3, (0.8, 0.9), cfg.eps, 0.01, True), (1e-3, (0.8, 0.9), cfg.eps, 0.0, False)]
+    assert isinstance(optim.build(mlp(), C.load("bert-tiny").optimizer), AdamW)
+    assert tuple(optim.OPTIMIZERS) == C.OPTIMIZERS
+
+
+# -------------------------------------------------------------------------------------------- clipping
+
+def with_grads(seed=0):
+    model = mlp()
+    torch.manual_seed(seed)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    return model
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e6])
+def test_clip_matches_torch(max_norm):
+    ours, ref = with_grads(), with_grads()
+    norm = clip_grad_norm_(ours.parameters(), max_norm)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
+    torch.testing.assert_close(norm, ref_norm)
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_clip_hook_adds_partial_sums_of_shards():
+    """Two 'ranks' each hold half the parameters; the hook adds the other half's partial sum (an all-reduce)."""
+    whole, sharded = with_grads(), with_grads()
+    total = clip_grad_norm_(whole.parameters(), 0.5)
+    params = list(sharded.parameters())
+    halves = params[:3], params[3:]
+    partial = [grad_sum_of_squares(list(h)) for h in halves]
+    for rank, half in enumerate(halves):
+        norm = clip_grad_norm_(half, 0.5, sum_squares=lambda ps, r=rank: grad_sum_of_squares(ps) + partial[1 - r])
+        torch.testing.assert_close(norm, total)
+    for p, q in zip(whole.parameters(), sharded.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+# ------------------------------------------------------------------------------------------- schedules
+
+@pytest.mark.parametrize("kind, middle", [("linear", 0.55), ("poly", 0.1 + 0.9 * 0.25), ("cosine", 0.55),
+                                          ("constant", 1.0)])
+def test_schedule_key_steps(kind, middle):
+    s = Schedule(lr=1.0, total_steps=110, warmup_steps=10, kind=kind, min_lr=0.1, power=2.0)
+    end = 1.0 if kind == "constant" else 0.1
+    assert [s(0), s(5), s(10), s(60), s(110), s(500)] == pytest.approx([0.0, 0.5, 1.0, middle, end, end])
+
+
+def test_cosine_quarter():
+    s = Schedule(lr=2.0, total_steps=100, kind="cosine")
+    assert s(25) == pytest.approx(1.0 + math.cos(math.pi / 4))
+
+
+def test_scheduler_drives_the_optimizer_lr():
+    s = Schedule.from_config(C.load("bert-tiny", ["optimizer.warmup_steps=0.1", "optimizer.schedule=cosine"]).optimizer,
+                             total_steps=50)
+    assert (s.warmup_steps, s.lr, s.kind) == (5, 1e-3, "cosine")
+    opt = AdamW(mlp().parameters(), lr=s.lr)
+    sched = s.scheduler(opt)
+    seen = []
+    for _ in range(50):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([s(i) for i in range(50)], abs=1e-12)
+
+
+def test_schedule_kinds_match_the_config():
+    assert tuple(optim.schedule.DECAYS) == C.SCHEDULES
+    with pytest.raises(ValueError, match="unknown schedule 'step'"):
+        Schedule(lr=1.0, total_steps=10, kind="step")
+
+
+@pytest.mark.parametrize("cls", [AdamW, Lamb])
+def test_resume_from_state_dict_continues_exactly(cls):
+    """Checkpoint resume: 5 steps, state_dict into a fresh optimizer, 5 more == 10 steps straight."""
+    gen = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)) for _ in range(10)]
+
+    def train(model, opt, steps):
+        for x, y in steps:
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+    straight = mlp()
+    train(straight, cls(param_groups(straight, 0.1), lr=1e-2), batches)
+    resumed = mlp()
+    opt = cls(param_groups(resumed, 0.1), lr=1e-2)
+    train(resumed, opt, batches[:5])
+    state = opt.state_dict()
+    opt = cls(param_groups(resumed, 0.1), lr=1e-2)
+    opt.load_state_dict(state)
+    train(resumed, opt, batches[5:])
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
