@@ -1,1 +1,1 @@
-"""Training data: deterministic samples and batches over ptm-arrow corpora."""
+"""Deterministic training samples over ptm Arrow datasets (GPT-2 windows, BERT/ERNIE pairs, blending, loaders)."""

@@ -229,6 +229,8 @@ def batches(cfg, corpora: list[Corpus], split: str, micro_batch: int, dp_rank: i
     builder = (GPTSamples(corpus, docs, cfg.data.seq_len) if cfg.data.objective == "clm"
                else BertSamples(corpus, docs, cfg.data, cfg.seed))
     data = Samples(builder, cfg.seed + (1 if split == "valid" else 0), dp_rank, dp)
+    # its own generator: creating a loader must not draw from the global RNG that dropout uses (exact resume)
     loader = torch.utils.data.DataLoader(data, batch_size=micro_batch, sampler=_From(start), num_workers=workers,
-                                         pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
+                                         pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
+                                         generator=torch.Generator().manual_seed(cfg.seed))
     return iter(loader)

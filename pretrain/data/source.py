@@ -1,0 +1,69 @@
+"""The base of the sample sources: one dataset directory, a document subset, its cached index maps.
+
+A source has `len(source)` samples per epoch and `source.sample(epoch, index)`: a dict of numpy arrays
+that is a pure function of the dataset, the parameters, the seed, the epoch and the index. `prepare(epoch)`
+builds (or maps) that epoch's index maps ahead of use. Sources pickle without their memory maps: a loader
+worker started with spawn reopens the shards and indexes instead of receiving copies.
+"""
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+
+import numpy as np
+
+from data_prep.dataset import Corpus
+from pretrain.data.indexes import IndexCache
+
+
+class Lazy:
+    """Pickles without its cached properties (open shards, memory-mapped indexes); the copy rebuilds them."""
+
+    def __getstate__(self):
+        lazy = {name for cls in type(self).__mro__ for name, v in vars(cls).items() if isinstance(v, cached_property)}
+        return {k: v for k, v in self.__dict__.items() if k not in lazy}
+
+
+class CorpusSource(Lazy):
+    """Samples from documents `docs` (default: all) of the dataset at `path`; `params` are the settings
+    that decide the samples. Subclasses define `__len__`, `sample(epoch, index)` and `_build_epoch(epoch)`
+    (that epoch's index maps)."""
+
+    def __init__(self, path: str, *, seed: int, docs=None, cache_dir: str | None = None, **params):
+        if seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed}")
+        self.path, self.seed = path, seed
+        self.params = {**params, "seed": seed}
+        self.docs = np.arange(len(self.corpus)) if docs is None else np.asarray(docs, dtype=np.int64)
+        if not len(self.docs):
+            raise ValueError(f"{path}: no documents to sample from (is the split empty?)")
+        self.cache = IndexCache(path, self.corpus.manifest, cache_dir)
+        self._docs_digest = hashlib.sha256(self.docs.tobytes()).hexdigest()[:20]
+
+    @cached_property
+    def corpus(self) -> Corpus:
+        return Corpus(self.path)
+
+    @cached_property
+    def _epochs(self) -> dict:
+        return {}
+
+    def index(self, name: str, build, **params) -> np.ndarray:
+        """The cached index map `name` over this source's documents for `params`."""
+        return self.cache.get(name, {**params, "docs": self._docs_digest}, build)
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the samples: the dataset, the documents and the parameters."""
+        return self.cache.filename(type(self).__name__, {**self.params, "docs": self._docs_digest})
+
+    def epoch_index(self, epoch: int):
+        """That epoch's index maps, built or mapped once; the two latest epochs are kept."""
+        if epoch not in self._epochs:
+            if len(self._epochs) >= 2:
+                del self._epochs[min(self._epochs)]
+            self._epochs[epoch] = self._build_epoch(epoch)
+        return self._epochs[epoch]
+
+    def prepare(self, epoch: int) -> None:
+        self.epoch_index(epoch)

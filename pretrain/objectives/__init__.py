@@ -1,0 +1,1 @@
+"""Pretraining objectives applied to samples (masked-LM masking)."""
