@@ -60,6 +60,8 @@ class Trainer:
         self.cfg = cfg
         self.device = dev.device()
         self.corpora = _datasets(cfg)
+        sample = self.corpora[0].shards[0].values["input_ids"][:10_000_000]
+        self.most_frequent = int(np.bincount(sample, minlength=cfg.model.vocab_size).argmax())
         self.model = Pretraining(cfg.model).to(self.device)
         self.optimizer = optim.build(self.model, cfg.optimizer)
         self.scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(self.optimizer)
@@ -194,6 +196,9 @@ class Trainer:
         for batch in data:
             with self._autocast():
                 _, metrics = losses.compute(self.model, self._to_device(batch), self.cfg.model.arch)
+            if "mlm_acc" in metrics:  # what always answering the corpus's most frequent token would score
+                target = batch["labels"][batch["labels"] != -100]
+                metrics["mlm_unigram_acc"] = (target == self.most_frequent).float().mean()
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             n += 1

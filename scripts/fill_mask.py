@@ -1,0 +1,11 @@
+"""The demo's last step: load the exported model with transformers and fill in masked words."""
+import sys
+
+import transformers
+
+model_dir = sys.argv[1]
+fill = transformers.pipeline("fill-mask", model=model_dir, tokenizer=model_dir)
+for text in ("Return the [MASK] of the two numbers.", "This function is [MASK] to the one above.",
+             "If the file does not exist, an [MASK] is raised.", "床前明月光，疑是地上[MASK]。"):
+    answers = ", ".join(f"{a['token_str'].strip() or repr(a['token_str'])} ({a['score']:.2f})" for a in fill(text, top_k=5))
+    print(f"{text}\n    -> {answers}")
