@@ -172,9 +172,9 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["data.path=[a, b]", "data.weights=[1]"], 1, "data.weights=[1.0] must be one positive weight per data.path (2)"),
     (["data.path=[a, b]", "data.weights=[1, 0]"], 1, "must be one positive weight per data.path"),
     (["data.max_predictions_per_seq=65"], 1, "data.max_predictions_per_seq=65 exceeds data.seq_len=64"),
-    (["optimizer.warmup_steps=301"], 1, "optimizer.warmup_steps=301 is longer than train.steps=300"),
+    (["optimizer.warmup_steps=1201"], 1, "optimizer.warmup_steps=1201 is longer than train.steps=1200"),
     (["optimizer.warmup_steps=2.5"], 1, "optimizer.warmup_steps=2.5 is neither whole steps nor a fraction below 1"),
-    (["optimizer.min_lr=0.1"], 1, "optimizer.min_lr=0.1 exceeds optimizer.lr=0.001"),
+    (["optimizer.min_lr=0.1"], 1, "optimizer.min_lr=0.1 exceeds optimizer.lr=0.002"),
     (["model.activation_checkpointing=[1, 2]"], 1, "model.activation_checkpointing=[1, 2] names layers outside 0..1"),
     (["data.objective=clm"], 1, "data.objective=clm does not fit model.arch=bert"),
     (["model.arch=gpt2"], 1, "data.objective=mlm_nsp does not fit model.arch=gpt2"),
@@ -249,7 +249,7 @@ def test_preset_shapes():
     assert shape(load("gpt2-large"))[1:4] == (36, 1280, 20)
     assert shape(load("gpt2-xl"))[1:4] == (48, 1600, 25)
     tiny = load("bert-tiny")
-    assert shape(tiny)[:4] == ("bert", 2, 128, 2) and tiny.data.seq_len == 64 and tiny.optimizer.lr == 1e-3
+    assert shape(tiny)[:4] == ("bert", 2, 128, 2) and tiny.data.seq_len == 64 and tiny.optimizer.lr == 2e-3
     assert 100 <= tiny.train.steps <= 1000
     assert load("ernie-base").data.masking == "knowledge"
     ernie2 = load("ernie2-base")
