@@ -250,7 +250,7 @@ def test_preset_shapes():
     assert shape(load("gpt2-xl"))[1:4] == (48, 1600, 25)
     tiny = load("bert-tiny")
     assert shape(tiny)[:4] == ("bert", 2, 128, 2) and tiny.data.seq_len == 64 and tiny.optimizer.lr == 2e-3
-    assert 100 <= tiny.train.steps <= 1000
+    assert 100 <= tiny.train.steps <= 2000
     assert load("ernie-base").data.masking == "knowledge"
     ernie2 = load("ernie2-base")
     assert ernie2.model.task_type_vocab_size == 3 and len(ernie2.ernie.stages) == 2
