@@ -25,6 +25,8 @@ def vocab_parallel_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 def compute(model, batch: dict, arch: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The batch's total loss and detached metrics (per-task losses, accuracies)."""
+    if "task" in batch:
+        return _ernie(model, batch)
     if arch == "gpt2":
         logits = model(batch["input_ids"])["logits"]
         loss = K.cross_entropy(logits, batch["labels"]).mean()
@@ -44,3 +46,38 @@ def compute(model, batch: dict, arch: str) -> tuple[torch.Tensor, dict[str, torc
         metrics["nsp_acc"] = (out["nsp_logits"].argmax(-1) == batch["next_sentence_label"]).float().mean()
         loss = loss + nsp
     return loss, metrics
+
+
+def _ernie(model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """ERNIE 2.0: each task's mean loss over the samples of that task in the batch, summed."""
+    from pretrain.data.ernie import TASKS
+
+    h = model.encode(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["task_type_ids"])
+    total, metrics = h.new_zeros(()), {}
+
+    def add(name, logits, target):
+        nonlocal total
+        loss = F.cross_entropy(logits.float(), target)
+        total = total + loss
+        metrics[f"{name}_loss"] = loss.detach()
+        metrics[f"{name}_acc"] = (logits.argmax(-1) == target).float().mean()
+
+    masked = batch["labels"] != -100
+    if masked.any():
+        logits = model.mlm(h[masked], model.embeddings.word)
+        logits = logits.masked_fill(model.vocab_padding, torch.finfo(logits.dtype).min)
+        target = batch["labels"][masked]
+        predicted = vocab_parallel_argmax(logits.detach())
+        mlm = K.cross_entropy(logits, target).mean()
+        total = total + mlm
+        metrics.update(mlm_loss=mlm.detach(), mlm_acc=(predicted == target).float().mean())
+    for name, head in model.tasks.token.items():
+        rows = (batch["task"] == TASKS.index(name))[:, None] & (batch["token_labels"] != -100)
+        if rows.any():
+            add(name, head(h[rows]), batch["token_labels"][rows])
+    pooled = torch.tanh(model.pooler(h[:, 0]))
+    for name, head in model.tasks.sequence.items():
+        rows = batch["task"] == TASKS.index(name)
+        if rows.any():
+            add(name, head(pooled[rows]), batch["seq_label"][rows])
+    return total, metrics

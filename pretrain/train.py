@@ -24,6 +24,7 @@ from pretrain import device as dev
 from pretrain import losses, optim
 from pretrain.config import Config, ConfigError
 from pretrain.data.pipeline import batches
+from pretrain.models.ernie_heads import ErnieTaskHeads
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
 
@@ -62,7 +63,10 @@ class Trainer:
         self.corpora = _datasets(cfg)
         sample = self.corpora[0].shards[0].values["input_ids"][:10_000_000]
         self.most_frequent = int(np.bincount(sample, minlength=cfg.model.vocab_size).argmax())
-        self.model = Pretraining(cfg.model).to(self.device)
+        self.model = Pretraining(cfg.model)
+        if cfg.data.objective == "ernie":
+            self.model.tasks = ErnieTaskHeads(cfg.model.hidden_size, cfg.model.init_std)
+        self.model.to(self.device)
         self.optimizer = optim.build(self.model, cfg.optimizer)
         self.scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(self.optimizer)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
@@ -191,7 +195,7 @@ class Trainer:
         self.model.eval()
         sums: dict[str, float] = {}
         data = batches(self.cfg, self.corpora, "valid", self.cfg.train.micro_batch_size, self.dp_rank, self.dp,
-                       start=0, workers=0)
+                       start=0, workers=0, eval_step=max(self.step - 1, 0))
         n = 0
         for batch in data:
             with self._autocast():

@@ -144,3 +144,27 @@ def test_gpt2_tiny_trains_and_reports_perplexity(dataset, tmp_path):
                                        "train.eval_interval=0"]))
     assert summary["steps"] == 4 and summary["valid_ppl"] > 1
     assert json.load(open(tmp_path / "summary.json"))["steps"] == 4
+
+
+def test_ernie2_two_stage_schedule(dataset, tmp_path):
+    """Stage 1's samples come from stage 1's tasks only; stage 2 adds its tasks; every task's head trains."""
+    from pretrain.data.ernie import TASKS, ErnieSamples
+    from pretrain.data.pipeline import split_documents
+    from pretrain.train import train
+
+    cfg = load("ernie-tiny", [f"data.path={dataset}", f"out_dir={tmp_path}", "data.num_workers=0",
+                              "data.seq_len=32", "model.max_position_embeddings=32"])
+    corpus = Corpus(dataset)
+    builder = ErnieSamples(corpus, split_documents(corpus, 0.01, 0, "train"), cfg)
+    batch = cfg.train.global_batch_size
+    stage1 = {TASKS[int(builder(i % len(builder), np.random.default_rng(i), i)["task"])] for i in range(4 * batch)}
+    stage2 = {TASKS[int(builder(i % len(builder), np.random.default_rng(i), i)["task"])]
+              for i in range(4 * batch, 8 * batch)}
+    assert stage1 == set(cfg.ernie.stages[0].tasks) and stage2 == set(cfg.ernie.stages[1].tasks)
+    sample = next(builder(i, np.random.default_rng(i), 0) for i in range(50)
+                  if TASKS[int(builder(i, np.random.default_rng(i), 0)["task"])] == "capitalization")
+    assert (sample["labels"] == -100).all() and (sample["token_labels"] != -100).any()
+    assert (sample["task_type_ids"] == 0).all()
+    summary = train(cfg)
+    for task in ("mlm", "sentence_reordering", "sentence_distance"):
+        assert f"valid_{task}_acc" in summary, summary

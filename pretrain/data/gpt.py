@@ -24,7 +24,7 @@ class GPTDataset(CorpusSource):
     """Windows of seq_len + 1 tokens over documents `docs` (default: all) of the dataset at `path`."""
 
     def __init__(self, path: str, seq_len: int, *, seed: int = 1234, docs=None, cache_dir: str | None = None):
-        super().__init__(path, seed=seed, docs=docs, cache_dir=cache_dir, kind="gpt", seq_len=seq_len)
+        super().__init__(path, seed=seed, docs=docs, cache_dir=cache_dir)
         self.seq_len = seq_len
         self.eod = self.corpus.special_ids["eod"]
         stream = int(self._lengths().sum()) + len(self.docs)

@@ -39,7 +39,7 @@ class GPTSamples:
     def __len__(self) -> int:
         return self.count
 
-    def __call__(self, index: int, rng: np.random.Generator) -> dict:
+    def __call__(self, index: int, rng: np.random.Generator, position: int = 0) -> dict:
         start = index * self.seq_len
         stop = start + self.seq_len + 1
         first = int(np.searchsorted(self.ends, start, side="right"))
@@ -83,14 +83,11 @@ class BertSamples:
         return len(self.chunks)
 
     def _segment(self, doc: int, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens and word starts of sentences [first, last) of a document."""
-        starts = self.corpus.sentence_starts(doc)
-        tokens = self.corpus.tokens(doc)
-        lo = starts[first] if first < len(starts) else len(tokens)
-        hi = starts[last] if last < len(starts) else len(tokens)
-        return tokens[lo:hi].astype(np.int64), self.corpus.word_start(doc)[lo:hi]
+        """Tokens and masking-unit starts of sentences [first, last) of a document."""
+        lo, hi = sentence_range(self.corpus, doc, first, last)
+        return self.corpus.tokens(doc)[lo:hi].astype(np.int64), unit_starts(self.corpus, doc, self.cfg.masking)[lo:hi]
 
-    def __call__(self, index: int, rng: np.random.Generator) -> dict:
+    def __call__(self, index: int, rng: np.random.Generator, position: int = 0) -> dict:
         doc, first, last = (int(x) for x in self.chunks[index])
         objective, label = self.cfg.objective, 0
         if objective == "mlm":
@@ -109,6 +106,24 @@ class BertSamples:
         budget = self.max_tokens + (1 if b is None else 0)
         a, b = _truncate(a, b if b is not None else (np.zeros(0, np.int64), np.zeros(0, np.uint8)), budget, rng)
         return _bert_layout(a, b, label, self.special, self.cfg, self.corpus.vocab_size, rng)
+
+
+def sentence_range(corpus: Corpus, doc: int, first: int, last: int) -> tuple[int, int]:
+    """Token range [lo, hi) of sentences [first, last) of a document."""
+    starts, n = corpus.sentence_starts(doc), len(corpus.tokens(doc))
+    return (int(starts[first]) if first < len(starts) else n), (int(starts[last]) if last < len(starts) else n)
+
+
+def unit_starts(corpus: Corpus, doc: int, masking: str) -> np.ndarray:
+    """1 where a masking unit begins: every token (token), words (whole_word, span), or words with phrase
+    and entity spans made single units (knowledge: ERNIE 1.0's phrase- and entity-level masking)."""
+    if masking == "token":
+        return np.ones(len(corpus.tokens(doc)), dtype=np.uint8)
+    starts = corpus.word_start(doc).copy()
+    if masking == "knowledge":
+        for a, b in np.concatenate([corpus.phrase_spans(doc), corpus.entity_spans(doc)]).tolist():
+            starts[a + 1:b] = 0
+    return starts
 
 
 def _truncate(a, b, budget: int, rng):
@@ -151,15 +166,13 @@ def _bert_layout(a, b, label, special, cfg, vocab_size, rng) -> dict:
 
 
 def mask_tokens(ids, maskable, word_start, cfg, vocab_size, mask_id, rng):
-    """BERT's dynamic masking: mask_prob of the maskable tokens (whole words with masking=whole_word),
-    at most max_predictions_per_seq; each chosen token -> [MASK] 80%, random token 10%, unchanged 10%."""
+    """BERT's dynamic masking: mask_prob of the maskable tokens, chosen a whole unit at a time (units begin
+    where `word_start` is set: tokens, words or knowledge spans), at most max_predictions_per_seq; each
+    chosen token -> [MASK] 80%, random token 10%, unchanged 10%."""
     positions = np.flatnonzero(maskable)
     limit = cfg.max_predictions_per_seq or int(np.ceil(cfg.mask_prob * cfg.seq_len))
     budget = min(limit, max(1, int(round(len(positions) * cfg.mask_prob))))
-    if cfg.masking == "whole_word":
-        group = np.cumsum(word_start[positions] | (np.arange(len(positions)) == 0))
-    else:
-        group = np.arange(len(positions))
+    group = np.cumsum(word_start[positions] | (np.arange(len(positions)) == 0))  # unit of each position
     chosen = []
     for g in rng.permutation(np.unique(group)):
         members = positions[group == g]
@@ -195,7 +208,7 @@ class Samples(torch.utils.data.Dataset):
         epoch, position = divmod(k, self.per_epoch)
         order = _order(len(self.builder), self.seed, epoch)
         index = int(order[position * self.dp + self.dp_rank])
-        sample = self.builder(index, np.random.default_rng([self.seed, epoch, index]))
+        sample = self.builder(index, np.random.default_rng([self.seed, epoch, index]), k * self.dp + self.dp_rank)
         return {key: torch.as_tensor(v) for key, v in sample.items()}
 
 
@@ -222,12 +235,19 @@ class _From(torch.utils.data.Sampler):
 
 
 def batches(cfg, corpora: list[Corpus], split: str, micro_batch: int, dp_rank: int, dp: int, start: int,
-            workers: int):
-    """Endless micro-batches for this rank, starting at position `start` of its stream."""
+            workers: int, eval_step: int | None = None):
+    """Endless micro-batches for this rank, starting at position `start` of its stream (`eval_step`: the
+    training step an evaluation stream stands for, which picks ERNIE's stage)."""
     corpus = corpora[0]
     docs = split_documents(corpus, cfg.data.valid_fraction, cfg.seed, split)
-    builder = (GPTSamples(corpus, docs, cfg.data.seq_len) if cfg.data.objective == "clm"
-               else BertSamples(corpus, docs, cfg.data, cfg.seed))
+    if cfg.data.objective == "clm":
+        builder = GPTSamples(corpus, docs, cfg.data.seq_len)
+    elif cfg.data.objective == "ernie":
+        from pretrain.data.ernie import ErnieSamples
+
+        builder = ErnieSamples(corpus, docs, cfg, eval_step)
+    else:
+        builder = BertSamples(corpus, docs, cfg.data, cfg.seed)
     data = Samples(builder, cfg.seed + (1 if split == "valid" else 0), dp_rank, dp)
     # its own generator: creating a loader must not draw from the global RNG that dropout uses (exact resume)
     loader = torch.utils.data.DataLoader(data, batch_size=micro_batch, sampler=_From(start), num_workers=workers,

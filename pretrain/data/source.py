@@ -25,15 +25,13 @@ class Lazy:
 
 
 class CorpusSource(Lazy):
-    """Samples from documents `docs` (default: all) of the dataset at `path`; `params` are the settings
-    that decide the samples. Subclasses define `__len__`, `sample(epoch, index)` and `_build_epoch(epoch)`
-    (that epoch's index maps)."""
+    """Samples from documents `docs` (default: all) of the dataset at `path`; subclasses define
+    `__len__`, `sample(epoch, index)` and `_build_epoch(epoch)` (that epoch's index maps)."""
 
-    def __init__(self, path: str, *, seed: int, docs=None, cache_dir: str | None = None, **params):
+    def __init__(self, path: str, *, seed: int, docs=None, cache_dir: str | None = None):
         if seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed}")
         self.path, self.seed = path, seed
-        self.params = {**params, "seed": seed}
         self.docs = np.arange(len(self.corpus)) if docs is None else np.asarray(docs, dtype=np.int64)
         if not len(self.docs):
             raise ValueError(f"{path}: no documents to sample from (is the split empty?)")
@@ -51,11 +49,6 @@ class CorpusSource(Lazy):
     def index(self, name: str, build, **params) -> np.ndarray:
         """The cached index map `name` over this source's documents for `params`."""
         return self.cache.get(name, {**params, "docs": self._docs_digest}, build)
-
-    @property
-    def fingerprint(self) -> str:
-        """Identifies the samples: the dataset, the documents and the parameters."""
-        return self.cache.filename(type(self).__name__, {**self.params, "docs": self._docs_digest})
 
     def epoch_index(self, epoch: int):
         """That epoch's index maps, built or mapped once; the two latest epochs are kept."""

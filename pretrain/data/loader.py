@@ -1,0 +1,70 @@
+"""Feeding samples to training: a torch Dataset over a source, a resumable distributed sampler, a loader.
+
+The sampler walks one global stream of positions p = 0, 1, 2, ... over all data-parallel ranks; position p
+is sample p % len(source) of epoch p // len(source), and rank r of w takes the positions p with
+p % w == r. So each epoch is split into disjoint per-rank slices that together cover it, epochs advance
+by themselves, and a run resumes exactly from `consumed_samples` (the global count, as Megatron keeps it).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+class SampleDataset(Dataset):
+    """A source as a map-style torch Dataset keyed by (epoch, index)."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[str, np.ndarray]:
+        return self.source.sample(*key)
+
+
+class DistributedSampler(Sampler):
+    """(epoch, index) keys of rank `rank` of `world_size`, from global position `consumed_samples` up to
+    `total_samples` (None: endless). Each epoch's index maps are prepared here, in the main process,
+    before its first key goes to the workers."""
+
+    def __init__(self, source, *, rank: int = 0, world_size: int = 1, consumed_samples: int = 0,
+                 total_samples: int | None = None):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        self.source, self.rank, self.world_size = source, rank, world_size
+        self.start = consumed_samples + (rank - consumed_samples) % world_size  # first position of this rank
+        self.total_samples = total_samples
+
+    def __iter__(self):
+        n, epoch, p = len(self.source), None, self.start
+        while self.total_samples is None or p < self.total_samples:
+            e, i = divmod(p, n)
+            if e != epoch:
+                self.source.prepare(e)
+                epoch = e
+            yield e, i
+            p += self.world_size
+
+    def __len__(self) -> int:
+        if self.total_samples is None:
+            raise TypeError("an endless sampler (total_samples=None) has no length")
+        return max(0, -(-(self.total_samples - self.start) // self.world_size))
+
+
+def collate(samples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """Stack samples into int64 tensors."""
+    return {k: torch.from_numpy(np.stack([s[k] for s in samples]).astype(np.int64, copy=False)) for k in samples[0]}
+
+
+def make_loader(source, micro_batch_size: int, *, rank: int = 0, world_size: int = 1, consumed_samples: int = 0,
+                total_samples: int | None = None, num_workers: int = 2) -> DataLoader:
+    """Micro-batches of this rank's samples; worker processes when num_workers > 0, pinned memory when
+    CUDA is available."""
+    sampler = DistributedSampler(source, rank=rank, world_size=world_size, consumed_samples=consumed_samples,
+                                 total_samples=total_samples)
+    return DataLoader(SampleDataset(source), batch_size=micro_batch_size, sampler=sampler, collate_fn=collate,
+                      num_workers=num_workers, pin_memory=torch.cuda.is_available(),
+                      persistent_workers=num_workers > 0)

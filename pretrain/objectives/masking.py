@@ -1,0 +1,98 @@
+"""Dynamic masked-LM masking (RoBERTa): decided per sample from that sample's generator, never stored.
+
+The maskable tokens (all but [PAD] [CLS] [SEP] [MASK] and end-of-document) are grouped into units, which
+are chosen in random order, skipping any that would overshoot, until round(mask_prob * maskable tokens)
+tokens (at most `max_predictions`) are chosen, as BERT's create_pretraining_data does. Each chosen token
+becomes [MASK] (80%), a random token (10%) or stays (10%). Units, by strategy:
+
+- token: single tokens (BERT)
+- whole_word: words: a token with word_start = 1 and the tokens with 0 after it
+- span: runs of whole words with lengths from a geometric distribution clipped at max_span_words (SpanBERT)
+- knowledge: phrase and entity spans of the dataset as whole units, other tokens as words (ERNIE 1.0);
+  `knowledge_level` stages it: "token" (basic masking), "phrase" or "entity" (phrases and entities)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+STRATEGIES = ("token", "whole_word", "span", "knowledge")
+KNOWLEDGE_LEVELS = {"token": (), "phrase": ("phrase",), "entity": ("phrase", "entity")}
+IGNORE = -100  # label of positions that are not predicted
+
+
+class Masker:
+    """Masks a laid-out sequence in place: `ids, labels = masker(rng, ids, word_start, spans)`."""
+
+    def __init__(self, special_ids: dict, vocab_size: int, *, strategy: str = "token", mask_prob: float = 0.15,
+                 max_predictions: int | None = None, knowledge_level: str = "entity", span_p: float = 0.2,
+                 max_span_words: int = 10, mask_fraction: float = 0.8, random_fraction: float = 0.1):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"masking strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+        if knowledge_level not in KNOWLEDGE_LEVELS:
+            raise ValueError(f"knowledge level {knowledge_level!r}: expected one of {', '.join(KNOWLEDGE_LEVELS)}")
+        self.strategy, self.mask_prob, self.max_predictions = strategy, mask_prob, max_predictions
+        self.span_p, self.max_span_words = span_p, max_span_words
+        self.mask_fraction, self.random_fraction = mask_fraction, random_fraction
+        self.mask_id = special_ids["mask"]
+        self.unmaskable = np.array(sorted({special_ids[k] for k in ("pad", "cls", "sep", "mask", "eod")}))
+        self.random_ids = np.setdiff1d(np.arange(vocab_size), list(special_ids.values()))
+        level = knowledge_level if strategy == "knowledge" else "token"
+        self.span_kinds = KNOWLEDGE_LEVELS[level]  # which of the dataset's spans __call__ needs
+        self.unit = "token" if strategy == "knowledge" and level == "token" else strategy
+
+    def __call__(self, rng: np.random.Generator, ids: np.ndarray, word_start: np.ndarray,
+                 spans: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mask int64 `ids` in place; `word_start` is aligned with it, `spans` are (k, 2) [start, end)
+        positions of the `span_kinds` spans. Returns (ids, labels), labels IGNORE where not predicted."""
+        maskable = ~np.isin(ids, self.unmaskable)
+        starts = self._unit_starts(rng, maskable, word_start.astype(bool), spans)
+        unit = np.cumsum(starts)[maskable] - 1  # unit of each maskable token
+        sizes = np.bincount(unit)
+        budget = max(1, round(len(unit) * self.mask_prob))
+        if self.max_predictions is not None:
+            budget = min(budget, self.max_predictions)
+        where = np.flatnonzero(maskable)[_choose(sizes, rng.permutation(len(sizes)), budget)[unit]]
+        labels = np.full(len(ids), IGNORE, dtype=np.int64)
+        labels[where] = ids[where]
+        r = rng.random(len(where))
+        ids[where[r < self.mask_fraction]] = self.mask_id
+        rand = where[(r >= self.mask_fraction) & (r < self.mask_fraction + self.random_fraction)]
+        ids[rand] = self.random_ids[rng.integers(len(self.random_ids), size=len(rand))]
+        return ids, labels
+
+    def _unit_starts(self, rng, maskable: np.ndarray, word_start: np.ndarray, spans) -> np.ndarray:
+        """True where a unit starts, among the maskable positions; every run of maskable tokens starts one."""
+        after_gap = maskable & ~np.concatenate([[False], maskable[:-1]])
+        if self.unit == "token":
+            return maskable
+        words = (word_start & maskable) | after_gap
+        if self.unit == "whole_word":
+            return words
+        if self.unit == "span":
+            at = np.flatnonzero(words)
+            lengths = np.minimum(rng.geometric(self.span_p, size=len(at)), self.max_span_words)
+            first = np.cumsum(lengths) - lengths
+            starts = np.zeros_like(words)
+            starts[at[first[first < len(at)]]] = True
+            return starts | after_gap
+        n = len(maskable)  # knowledge: a phrase or entity is one unit; overlapping spans merge
+        spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        inside = np.cumsum(np.bincount(spans[:, 0] + 1, minlength=n + 1) - np.bincount(spans[:, 1], minlength=n + 1))
+        edges = np.zeros(n + 1, dtype=bool)
+        edges[spans.ravel()] = True
+        return ((words | edges[:n]) & (inside[:n] == 0) & maskable) | after_gap
+
+
+def _choose(sizes: np.ndarray, order: np.ndarray, budget: int) -> np.ndarray:
+    """Units chosen walking `order` and taking each unit that still fits the budget (BERT's loop),
+    a vectorised prefix at a time."""
+    chosen = np.zeros(len(sizes), dtype=bool)
+    while budget > 0:
+        order = order[sizes[order] <= budget]
+        if not len(order):
+            break
+        take = np.searchsorted(np.cumsum(sizes[order]), budget, side="right")
+        chosen[order[:take]] = True
+        budget -= int(sizes[order[:take]].sum())
+        order = order[take:]
+    return chosen
