@@ -186,7 +186,7 @@ def test_build_from_config():
     opt = optim.build(mlp(), cfg)
     assert isinstance(opt, Lamb)
     assert [(g["lr"], g["betas"], g["eps"], g["weight_decay"], g["adapt"]) for g in opt.param_groups] == [
-        (1e-3, (0.8, 0.9), cfg.eps, 0.01, True), (1e-3, (0.8, 0.9), cfg.eps, 0.0, False)]
+        (cfg.lr, (0.8, 0.9), cfg.eps, 0.01, True), (cfg.lr, (0.8, 0.9), cfg.eps, 0.0, False)]
     assert isinstance(optim.build(mlp(), C.load("bert-tiny").optimizer), AdamW)
     assert tuple(optim.OPTIMIZERS) == C.OPTIMIZERS
 
@@ -241,7 +241,8 @@ def test_cosine_quarter():
 
 
 def test_scheduler_drives_the_optimizer_lr():
-    s = Schedule.from_config(C.load("bert-tiny", ["optimizer.warmup_steps=0.1", "optimizer.schedule=cosine"]).optimizer,
+    s = Schedule.from_config(C.load("bert-tiny", ["optimizer.warmup_steps=0.1", "optimizer.schedule=cosine",
+                                                "optimizer.lr=1e-3"]).optimizer,
                              total_steps=50)
     assert (s.warmup_steps, s.lr, s.kind) == (5, 1e-3, "cosine")
     opt = AdamW(mlp().parameters(), lr=s.lr)

@@ -45,7 +45,7 @@ def test_data_parallel_ranks_see_disjoint_samples_covering_the_epoch():
         def __len__(self):
             return 100
 
-        def __call__(self, index, rng):
+        def __call__(self, index, rng, position):
             return {"index": np.array([index])}
 
     for epoch in range(2):
