@@ -23,7 +23,8 @@ from pretrain import checkpoint as C
 from pretrain import device as dev
 from pretrain import losses, optim
 from pretrain.config import Config, ConfigError
-from pretrain.data.pipeline import batches
+from pretrain.data.factory import build_sources
+from pretrain.data.loader import make_loader
 from pretrain.models.ernie_heads import ErnieTaskHeads
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
@@ -190,12 +191,26 @@ class Trainer:
         sums["lr"] = self.scheduler.get_last_lr()[0]
         return sums
 
+    def _sources(self, step: int):
+        """(train, valid) sample sources; ERNIE 2.0's depend on the stage that `step` is in."""
+        tasks = self.cfg.ernie.stage_at(step).tasks if self.cfg.data.objective == "ernie" else None
+        try:
+            return build_sources(self.cfg.data, self.cfg.seed, tasks=tasks)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def _loader(self, source, start: int, workers: int):
+        return iter(make_loader(source, self.cfg.train.micro_batch_size, rank=self.dp_rank, world_size=self.dp,
+                                consumed_samples=start, num_workers=workers))
+
     @torch.no_grad()
     def evaluate(self) -> dict:
         self.model.eval()
         sums: dict[str, float] = {}
-        data = batches(self.cfg, self.corpora, "valid", self.cfg.train.micro_batch_size, self.dp_rank, self.dp,
-                       start=0, workers=0, eval_step=max(self.step - 1, 0))
+        _, valid = self._sources(max(self.step - 1, 0))
+        if valid is None:
+            return {}
+        data = self._loader(valid, 0, 0)
         n = 0
         for batch in data:
             with self._autocast():
@@ -220,12 +235,16 @@ class Trainer:
             with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
                 f.write(cfg.to_yaml())
         writer = _tensorboard(cfg.out_dir) if self.rank0 else None
-        micro = batches(cfg, self.corpora, "train", cfg.train.micro_batch_size, self.dp_rank, self.dp,
-                        start=self.consumed // self.dp, workers=cfg.data.num_workers)
+        stage = _stage(cfg, self.step)
+        micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         bar = _bar(cfg.train.steps, self.step) if self.rank0 else None
         t0, first, last_eval, history = time.time(), self.step, {}, []
         while self.step < cfg.train.steps:
+            if _stage(cfg, self.step) != stage:  # ERNIE 2.0: the next stage's tasks join
+                stage = _stage(cfg, self.step)
+                micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
+                _log(f"step {self.step}: ERNIE stage {stage + 1}, tasks {cfg.ernie.stages[stage].tasks}")
             start = time.time()
             metrics = self.train_step(micro)
             dt = time.time() - start
@@ -261,6 +280,12 @@ class Trainer:
             with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
         return summary
+
+
+def _stage(cfg: Config, step: int) -> int:
+    """Index of the ERNIE stage `step` falls in (0 for other objectives)."""
+    stages = cfg.ernie.stages if cfg.data.objective == "ernie" else []
+    return next((i for i, end in enumerate(np.cumsum([s.steps for s in stages])) if step < end), max(len(stages) - 1, 0))
 
 
 def _fmt(metrics: dict, keys: tuple) -> str:

@@ -11,12 +11,16 @@ from pretrain.data.indexes import split_documents
 from pretrain.objectives.masking import Masker
 
 
-def build_sources(data, seed: int, *, cache_dir: str | None = None, knowledge_level: str = "entity"):
+def build_sources(data, seed: int, *, cache_dir: str | None = None, knowledge_level: str = "entity",
+                  tasks: dict[str, float] | None = None):
     """(train, valid) sources for `data` (a DataConfig): one per data.path, blended by data.weights when
-    there are several; documents are held out by `split_documents`; valid is None when valid_fraction is 0."""
-    if data.objective != "clm" and data.objective not in BERT_OBJECTIVES:
+    there are several; documents are held out by `split_documents`; valid is None when valid_fraction is 0.
+    `tasks` ({task: weight}, the current ERNIE 2.0 stage) is for data.objective == "ernie"."""
+    if data.objective not in ("clm", "ernie") and data.objective not in BERT_OBJECTIVES:
         raise ValueError(f"data.objective {data.objective!r} has no sample builder; "
                          f"available: clm, {', '.join(BERT_OBJECTIVES)}")
+    if data.objective == "ernie" and not tasks:
+        raise ValueError("data.objective=ernie needs the current stage's tasks (ernie.stages)")
     corpora = [Corpus(p) for p in data.paths]
     if len({c.manifest["tokenizer"]["sha256"] for c in corpora}) > 1:
         raise ValueError(f"data.path: {', '.join(data.paths)} were encoded with different tokenizers; "
@@ -29,14 +33,23 @@ def build_sources(data, seed: int, *, cache_dir: str | None = None, knowledge_le
                              "raise it, or set it to 0 to train without validation")
         if data.objective == "clm":
             return GPTDataset(path, data.seq_len, seed=seed, docs=docs, cache_dir=cache_dir)
-        masker = Masker(corpus.special_ids, corpus.vocab_size, strategy=data.masking, mask_prob=data.mask_prob,
+        masker = Masker(corpus.special_ids, corpus.vocab_size,
+                        strategy="knowledge" if data.objective == "ernie" else data.masking, mask_prob=data.mask_prob,
                         max_predictions=data.max_predictions_per_seq or math.ceil(data.mask_prob * data.seq_len),
                         knowledge_level=knowledge_level)
+        if data.objective == "ernie":
+            from pretrain.data.ernie import ErnieDataset
+
+            return ErnieDataset(path, data.seq_len, masker, tasks=tasks, seed=seed, docs=docs, cache_dir=cache_dir)
         return BertDataset(path, data.seq_len, masker, objective=data.objective, short_seq_prob=data.short_seq_prob,
                            seed=seed, docs=docs, cache_dir=cache_dir)
 
     def part(which: int):
-        sources = [source(p, c, s[which]) for p, c, s in zip(data.paths, corpora, splits)]
+        try:
+            sources = [source(p, c, s[which]) for p, c, s in zip(data.paths, corpora, splits)]
+        except ValueError as e:
+            hint = "; raise data.valid_fraction" if which else ""
+            raise ValueError(f"{('training', 'validation')[which]} split: {e}{hint}") from None
         return sources[0] if len(sources) == 1 else BlendedDataset(sources, data.weights)
 
     return part(0), part(1) if data.valid_fraction > 0 else None

@@ -11,6 +11,7 @@ import enum
 import hashlib
 import json
 import os
+import tempfile
 import warnings
 from typing import Callable
 
@@ -28,6 +29,7 @@ class Stream(enum.IntEnum):
 
 
 def rng(stream: Stream, seed: int, *keys: int) -> np.random.Generator:
+    """A generator for (stream, seed, keys...); all must be non-negative integers."""
     return np.random.default_rng([int(stream), int(seed), *map(int, keys)])
 
 
@@ -36,7 +38,6 @@ class IndexCache:
     under `cache_dir`; without either the map is kept in memory (and rebuilt by every process)."""
 
     def __init__(self, dataset_dir: str, manifest: dict, cache_dir: str | None = None):
-        self.dataset_dir = dataset_dir
         self.dirs = [os.path.join(dataset_dir, ".ptm_index")] + ([cache_dir] if cache_dir else [])
         shards = [s["sha256"] for s in manifest["shards"]]
         self._base = json.dumps({"version": INDEX_VERSION, "shards": shards})
@@ -50,7 +51,7 @@ class IndexCache:
         file = self.filename(name, params)
         for d in self.dirs:
             if os.path.isfile(os.path.join(d, file)):
-                return np.load(os.path.join(d, file), mmap_mode="r")
+                return _map(os.path.join(d, file))
         array = np.ascontiguousarray(build())
         for d in self.dirs:
             try:
@@ -58,17 +59,31 @@ class IndexCache:
                 _save_atomic(os.path.join(d, file), array)
             except OSError:
                 continue
-            return np.load(os.path.join(d, file), mmap_mode="r")
-        warnings.warn(f"index {file} is not cached: {self.dirs[0]} is not writable and no cache_dir was given",
-                      stacklevel=2)
+            return _map(os.path.join(d, file))
+        warnings.warn(f"index {file} is kept in memory: none of {', '.join(self.dirs)} is writable "
+                      "(give a writable cache_dir)", stacklevel=2)
         return array
 
 
+def _map(path: str) -> np.ndarray:
+    """The stored map, memory-mapped read-only (a plain ndarray view: np.memmap indexing is slower)."""
+    return np.load(path, mmap_mode="r").view(np.ndarray)
+
+
 def _save_atomic(path: str, array: np.ndarray) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, array)
-    os.replace(tmp, path)
+    """Write to a unique temporary file, fsync and rename, so that a reader never maps a partial file and
+    ranks on several nodes building the same map at once do not collide."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path), suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the dataset's readers need it
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 # ------------------------------------------------------------------------------------------ builders

@@ -30,21 +30,22 @@ class Masker:
             raise ValueError(f"masking strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
         if knowledge_level not in KNOWLEDGE_LEVELS:
             raise ValueError(f"knowledge level {knowledge_level!r}: expected one of {', '.join(KNOWLEDGE_LEVELS)}")
-        self.strategy, self.mask_prob, self.max_predictions = strategy, mask_prob, max_predictions
+        self.mask_prob, self.max_predictions = mask_prob, max_predictions
         self.span_p, self.max_span_words = span_p, max_span_words
         self.mask_fraction, self.random_fraction = mask_fraction, random_fraction
         self.mask_id = special_ids["mask"]
-        self.unmaskable = np.array(sorted({special_ids[k] for k in ("pad", "cls", "sep", "mask", "eod")}))
+        self.unmaskable = np.zeros(vocab_size, dtype=bool)  # by token id
+        self.unmaskable[[special_ids[k] for k in ("pad", "cls", "sep", "mask", "eod")]] = True
         self.random_ids = np.setdiff1d(np.arange(vocab_size), list(special_ids.values()))
         level = knowledge_level if strategy == "knowledge" else "token"
         self.span_kinds = KNOWLEDGE_LEVELS[level]  # which of the dataset's spans __call__ needs
         self.unit = "token" if strategy == "knowledge" and level == "token" else strategy
 
     def __call__(self, rng: np.random.Generator, ids: np.ndarray, word_start: np.ndarray,
-                 spans: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 spans=()) -> tuple[np.ndarray, np.ndarray]:
         """Mask int64 `ids` in place; `word_start` is aligned with it, `spans` are (k, 2) [start, end)
         positions of the `span_kinds` spans. Returns (ids, labels), labels IGNORE where not predicted."""
-        maskable = ~np.isin(ids, self.unmaskable)
+        maskable = ~self.unmaskable[ids]
         starts = self._unit_starts(rng, maskable, word_start.astype(bool), spans)
         unit = np.cumsum(starts)[maskable] - 1  # unit of each maskable token
         sizes = np.bincount(unit)
