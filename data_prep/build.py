@@ -502,7 +502,7 @@ def _clear(out: str) -> None:
         path = os.path.join(out, name)
         if name in (MANIFEST, "rejects.txt") or name.endswith(SHARD_SUFFIX):
             os.remove(path)
-        elif name in (PARTIAL, "tokenizer"):
+        elif name in (PARTIAL, "tokenizer", ".ptm_index"):  # .ptm_index: training's cached index maps
             shutil.rmtree(path)
 
 
