@@ -254,7 +254,8 @@ class Trainer:
                     writer.add_scalar(f"train/{k}", v, self.step)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix_str(_fmt(metrics, ("mlm_loss", "mlm_acc", "nsp_acc", "lm_loss", "lr", "tokens_per_s")),
+                bar.set_postfix_str(_fmt(metrics, ("mlm_loss", "mlm_acc", "nsp_acc", "lm_loss", "lr", "samples_per_s",
+                                                      "tokens_per_s")),
                                     refresh=False)
             if cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0:
                 last_eval = self.evaluate()
