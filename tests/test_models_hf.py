@@ -1,5 +1,4 @@
 """Parity with Hugging Face (litgpt style): random weights, same inputs, ptm vs transformers forward."""
-import dataclasses
 
 import pytest
 import torch

@@ -2,14 +2,12 @@
 (Sample determinism, rank disjointness and masking are tested in tests/test_data_*.py.)"""
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from conftest import run_cli
 from helpers import quick_build
 from pretrain.config import load
-from data_prep.dataset import Corpus
 
 
 @pytest.fixture(scope="module")
