@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from pretrain.models.config import ARCHS, ModelConfig
+from pretrain.objectives.masking import KNOWLEDGE_LEVELS as _KNOWLEDGE_UNITS
 
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -49,6 +50,7 @@ ERNIE_TASKS = {
     "ir_relevance": "query-title relevance, from labelled data (semantic-aware)",
 }
 USER_LABELED = ("discourse_relation", "ir_relevance")  # these need a dataset in ernie.task_data
+KNOWLEDGE_LEVELS = tuple(_KNOWLEDGE_UNITS)
 
 # help for the `model` section, whose dataclass lives with the model (pretrain/models/config.py)
 MODEL_HELP = {
@@ -156,7 +158,9 @@ class FP16Config:
 @dataclass
 class ErnieStage:
     steps: int = _opt(0, "optimizer steps of this stage")
-    tasks: dict[str, float] = _opt({}, "task name -> sampling weight")
+    tasks: dict[str, float] = _opt({}, "task name -> sampling weight (data.objective=ernie)")
+    knowledge_level: str = _opt("entity", "knowledge-masking units in this stage: " + " | ".join(KNOWLEDGE_LEVELS)
+                                + " (ERNIE 1.0's basic, phrase and entity stages)")
 
 
 @dataclass
@@ -537,9 +541,16 @@ def _ernie_errors(cfg: Config, errors: _Problems) -> None:
     for task in e.task_data:
         errors.need(task in USER_LABELED, f"ernie.task_data.{task}: only {' and '.join(USER_LABELED)} "
                                           f"take a dataset; remove it")
+    for i, stage in enumerate(e.stages):
+        errors.need(stage.knowledge_level in KNOWLEDGE_LEVELS,
+                    f"ernie.stages[{i}].knowledge_level={stage.knowledge_level!r}: use one of {', '.join(KNOWLEDGE_LEVELS)}")
     if objective != "ernie":
-        errors.need(not e.stages, f"ernie.stages is set but data.objective={objective}; "
-                                  f"set data.objective=ernie or remove ernie.stages")
+        errors.need(not e.stages or cfg.data.masking == "knowledge",
+                    f"ernie.stages is set but data.objective={objective} and data.masking={cfg.data.masking}; set "
+                    "data.objective=ernie (ERNIE 2.0 tasks) or data.masking=knowledge (ERNIE 1.0 stages), or remove it")
+        total = sum(s.steps for s in e.stages)
+        errors.need(not e.stages or total == cfg.train.steps,
+                    f"ernie.stages add up to {total} steps but train.steps={cfg.train.steps}; make them equal")
         return
     errors.need(cfg.model.arch == "ernie", "data.objective=ernie needs model.arch=ernie; set model.arch=ernie")
     errors.need(e.stages, "data.objective=ernie needs ernie.stages; give a list of {steps, tasks: {task: weight}}")

@@ -193,9 +193,10 @@ class Trainer:
 
     def _sources(self, step: int):
         """(train, valid) sample sources; ERNIE 2.0's depend on the stage that `step` is in."""
-        tasks = self.cfg.ernie.stage_at(step).tasks if self.cfg.data.objective == "ernie" else None
+        stage = self.cfg.ernie.stage_at(step) if self.cfg.ernie.stages else None
         try:
-            return build_sources(self.cfg.data, self.cfg.seed, tasks=tasks)
+            return build_sources(self.cfg.data, self.cfg.seed, tasks=stage.tasks if stage else None,
+                                 knowledge_level=stage.knowledge_level if stage else "entity")
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
@@ -244,7 +245,9 @@ class Trainer:
             if _stage(cfg, self.step) != stage:  # ERNIE 2.0: the next stage's tasks join
                 stage = _stage(cfg, self.step)
                 micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
-                _log(f"step {self.step}: ERNIE stage {stage + 1}, tasks {cfg.ernie.stages[stage].tasks}")
+                now = cfg.ernie.stages[stage]
+                _log(f"step {self.step}: ERNIE stage {stage + 1}: " + (f"tasks {now.tasks}" if cfg.data.objective ==
+                                                                      "ernie" else f"{now.knowledge_level}-level masking"))
             start = time.time()
             metrics = self.train_step(micro)
             dt = time.time() - start
@@ -284,8 +287,8 @@ class Trainer:
 
 
 def _stage(cfg: Config, step: int) -> int:
-    """Index of the ERNIE stage `step` falls in (0 for other objectives)."""
-    stages = cfg.ernie.stages if cfg.data.objective == "ernie" else []
+    """Index of the ERNIE stage `step` falls in (0 without stages)."""
+    stages = cfg.ernie.stages
     return next((i for i, end in enumerate(np.cumsum([s.steps for s in stages])) if step < end), max(len(stages) - 1, 0))
 
 

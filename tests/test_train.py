@@ -98,3 +98,18 @@ def test_ernie2_two_stage_schedule(dataset, tmp_path):
     summary = train(cfg)
     for task in ("mlm", "sentence_reordering", "sentence_distance"):
         assert f"valid_{task}_acc" in summary, summary
+
+
+def test_ernie1_knowledge_masking_stages(dataset, tmp_path):
+    """ERNIE 1.0: basic-level masking first, then phrase and entity units, switched by ernie.stages."""
+    from pretrain.train import Trainer
+
+    cfg = _cfg(dataset, f"out_dir={tmp_path}", "model.arch=ernie", "data.masking=knowledge", "train.steps=4",
+               "ernie.stages=[{steps: 2, knowledge_level: token}, {steps: 2, knowledge_level: entity}]")
+    trainer = Trainer(cfg)
+    assert trainer._sources(0)[0].masker.span_kinds == ()
+    assert trainer._sources(2)[0].masker.span_kinds == ("phrase", "entity")
+    assert trainer.fit()["steps"] == 4
+    bad = _cfg(dataset, "data.masking=whole_word", "train.steps=4", "ernie.stages=[{steps: 4}]")
+    with pytest.raises(Exception, match="data.masking=knowledge"):
+        bad.validate()
