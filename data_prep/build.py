@@ -32,7 +32,7 @@ from data_prep import PrepError
 from data_prep import text as T
 from data_prep.encode import DocEncoder
 from data_prep.shards import SHARD_SUFFIX, ShardWriter, sha256_file, write_table_atomic
-from data_prep.sources import detect_format, expand_inputs, read_records
+from data_prep.sources import Fields, detect_format, expand_inputs, read_records
 from data_prep.tokenizer import Tokenizer, _write_json, load_tokenizer, train_sentencepiece
 
 FORMAT_VERSION = 1
@@ -48,6 +48,8 @@ class BuildOptions:
     out: str
     format: str | None = None
     text_field: str = "text"
+    pair_field: str | None = None
+    label_field: str | None = None
     doc_boundary: str = "blank-line"  # text files: file | blank-line | line
     text: T.TextOptions = field(default_factory=T.TextOptions)
     dedup: bool = True
@@ -66,6 +68,10 @@ class BuildOptions:
     seed: int = 1234
     overwrite: bool = False
     progress: bool = True
+
+    @property
+    def fields(self) -> Fields:
+        return Fields(self.text_field, self.pair_field, self.label_field)
 
     def content_options(self) -> dict:
         """The options that decide the dataset's content (not how fast or where it is built)."""
@@ -145,7 +151,7 @@ def _chunks(records, size_chars: int = 1 << 20, max_records: int = 256):
     chunk, meta, n = [], [], 0
     for r in records:
         chunk.append((r.text, r.error))
-        meta.append((r.file_index, r.line, len(r.text or "")))
+        meta.append((r.file_index, r.line, len(r.text or ""), r.label))
         n += len(r.text or "")
         if n >= size_chars or len(chunk) >= max_records:
             yield chunk, meta
@@ -161,7 +167,7 @@ def sample_sentences(files: list[str], opts: BuildOptions) -> list[str]:
     rng = random.Random(opts.seed)
     sample: list[str] = []
     seen = 0
-    for r in read_records(files, 0, fmt=opts.format, text_field=opts.text_field, doc_boundary=opts.doc_boundary):
+    for r in read_records(files, 0, fmt=opts.format, fields=opts.fields, doc_boundary=opts.doc_boundary):
         if r.error:
             continue
         for s in T.split_sentences(T.normalize(r.text, opts.text)):
@@ -190,7 +196,7 @@ def _tokenizer_recipe(opts: BuildOptions) -> str:
     if opts.tokenizer:
         return "given:" + load_tokenizer(opts.tokenizer).sha256()
     keys = ("vocab_size", "model_type", "num_unused", "tokenizer_sample", "seed", "text", "format",
-            "text_field", "doc_boundary", "inputs")
+            "text_field", "pair_field", "doc_boundary", "inputs")
     return "trained:" + json.dumps({k: getattr(opts, k) for k in keys}, sort_keys=True, default=str)
 
 
@@ -289,7 +295,7 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
     writer = ShardWriter(out, f"part{p:05d}", tok.vocab_size, opts.shard_size, first_index=sum(1 for e in done if e["file"]))
     entities = _entities(opts.entities, opts.text)
     threads = max(1, (os.cpu_count() or 1) // max(opts.workers, 1))
-    records = islice(read_records(files, first_index, fmt=opts.format, text_field=opts.text_field,
+    records = islice(read_records(files, first_index, fmt=opts.format, fields=opts.fields,
                                   doc_boundary=opts.doc_boundary), cursor, None)
     chunks = _chunks(records)
     init = (os.path.join(out, "tokenizer"), threads, opts.text, entities)
@@ -310,7 +316,7 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
     unk = [0, 0]  # unk tokens, tokens over the first UNK_CHECK_DOCS documents
     try:
         for outcomes, meta, encoded in results:
-            for (kind, payload), (file_index, line, nchars) in zip(outcomes, meta):
+            for (kind, payload), (file_index, line, nchars, label) in zip(outcomes, meta):
                 if kind == "error":
                     if opts.on_error == "fail":
                         raise PrepError(f"{payload}; fix the input or pass --on-error skip to skip such records")
@@ -327,7 +333,7 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
                     if writer.full_for(doc):  # the journal entry covers the records before this one
                         _journal_shard(out, p, journal, writer.flush(), cursor, stats, rejects)
                         rejects = []
-                    writer.add(doc, file_index, line)
+                    writer.add(doc, file_index, line, label)
                     if opts.dedup:
                         seen.add(doc.doc_hash)
                     stats["documents"] += 1
@@ -587,6 +593,11 @@ def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None
                         f"records ({stats['filtered_short']:,} too short, {stats['filtered_long']:,} too long, "
                         f"{sum(stats['skipped'].values()):,} unreadable, {stats['duplicates']:,} duplicates); "
                         "check the inputs, --format, --text-field and length filters")
+    max_label = -1
+    for shard in shards:
+        with pa.memory_map(os.path.join(out, shard["file"])) as src:
+            labels = pa.ipc.open_file(src).get_batch(0).column("label").to_numpy()
+            max_label = max(max_label, int(labels.max()) if len(labels) else -1)
     rejects = [r for j in journals for e in j["shards"] for r in e["rejects"]]
     if rejects:
         tmp = os.path.join(out, f"rejects.txt.tmp{os.getpid()}")
@@ -609,6 +620,7 @@ def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None
         "num_tokens": stats["tokens"],
         "num_sentences": sum(s["num_sentences"] for s in shards),
         "num_partitions": num_partitions,
+        "num_labels": max_label + 1,  # classes of a labelled dataset (--label-field); 0 for plain text
         "columns": COLUMNS,
         "shards": shards,
         "sources": [{"path": os.path.abspath(f), "format": detect_format(f, content.get("format")),

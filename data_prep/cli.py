@@ -28,6 +28,9 @@ def _input_options(p: argparse.ArgumentParser) -> None:
                    help="input format for every file (default: from each file's extension)")
     g.add_argument("--text-field", default="text",
                    help="JSONL field (dotted path for nested objects) or Parquet/Arrow column with the text (default: text)")
+    g.add_argument("--pair-field", help="labelled pairs: the second text (e.g. a title for a query), joined to the "
+                                        "first by a blank line; its first token is stored as pair_start")
+    g.add_argument("--label-field", help="labelled examples: the field or column with the integer class id")
     g.add_argument("--doc-boundary", choices=["file", "blank-line", "line"], default="blank-line",
                    help="text files: one document per file, per blank-line separated block, or per line "
                         "(default: blank-line)")
@@ -122,7 +125,8 @@ def run(argv=None) -> int:
         from data_prep.build import BuildOptions, build
 
         opts = BuildOptions(
-            inputs=a.inputs, out=a.out, format=a.format, text_field=a.text_field, doc_boundary=a.doc_boundary,
+            inputs=a.inputs, out=a.out, format=a.format, text_field=a.text_field, pair_field=a.pair_field,
+            label_field=a.label_field, doc_boundary=a.doc_boundary,
             text=_text_options(a), dedup=a.dedup, on_error=a.on_error, tokenizer=a.tokenizer,
             vocab_size=a.vocab_size, model_type=a.model_type, num_unused=a.num_unused,
             tokenizer_sample=a.tokenizer_sample, entities=a.entities, shard_size=a.shard_size, workers=a.workers,
@@ -139,6 +143,7 @@ def run(argv=None) -> int:
         from data_prep.sources import expand_inputs
 
         opts = BuildOptions(inputs=a.inputs, out=a.out, format=a.format, text_field=a.text_field,
+                            pair_field=a.pair_field, label_field=a.label_field,
                             doc_boundary=a.doc_boundary, text=_text_options(a), vocab_size=a.vocab_size,
                             model_type=a.model_type, num_unused=a.num_unused, tokenizer_sample=a.tokenizer_sample,
                             seed=a.seed)

@@ -82,6 +82,20 @@ class Corpus:
     def entity_spans(self, i: int) -> np.ndarray:
         return self._column("entity_spans", i).reshape(-1, 2)
 
+    def pair_start(self, i: int) -> int:
+        """Token index where document i's second paragraph (segment B of a labelled pair) starts; 0 if none."""
+        shard, row = self._locate(i)
+        return int(shard.batch.column("pair_start")[row].as_py())
+
+    def label(self, i: int) -> int:
+        """Class id of document i when the dataset was built with --label-field; -1 otherwise."""
+        shard, row = self._locate(i)
+        return int(shard.batch.column("label")[row].as_py())
+
+    def labels(self) -> np.ndarray:
+        """Every document's class id (-1 where none)."""
+        return np.concatenate([s.batch.column("label").to_numpy() for s in self.shards])
+
     def doc_lengths(self) -> np.ndarray:
         """Token count of every document (int64), computed from the shards' list offsets."""
         return np.concatenate([np.diff(s.offsets["input_ids"]) for s in self.shards]).astype(np.int64)

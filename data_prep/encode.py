@@ -36,6 +36,7 @@ class EncodedChunk:
     hashes: np.ndarray
     chars: np.ndarray
     unk: np.ndarray
+    pair_start: np.ndarray
 
     def __len__(self) -> int:
         return len(self.hashes)
@@ -47,7 +48,8 @@ class EncodedChunk:
             sentence_starts=self.sentences[self.sent_off[i]:self.sent_off[i + 1]],
             phrase_spans=self.phrases[self.phr_off[i]:self.phr_off[i + 1]],
             entity_spans=self.entities[self.ent_off[i]:self.ent_off[i + 1]],
-            doc_hash=int(self.hashes[i]), chars=int(self.chars[i]), unk=int(self.unk[i]))
+            doc_hash=int(self.hashes[i]), chars=int(self.chars[i]), unk=int(self.unk[i]),
+            pair_start=int(self.pair_start[i]))
 
 
 @dataclass
@@ -60,6 +62,7 @@ class EncodedDoc:
     doc_hash: int  # 63-bit hash of the normalised text (exact de-duplication)
     chars: int
     unk: int  # tokens mapped to [UNK]
+    pair_start: int = 0  # token index where the second paragraph starts, 0 if none
 
 
 def doc_hash(text: str) -> int:
@@ -103,11 +106,13 @@ class DocEncoder:
         chunk = _SEP.join(texts)
         spans = T.sentence_spans(chunk, doc_starts=set(doc_base[1:].tolist()))
         segments, seg_base = [], np.zeros(len(spans), dtype=np.int64)
+        paragraph = np.zeros(len(spans), dtype=bool)  # a sentence that opens a paragraph (not the first)
         for i, (a, b) in enumerate(spans):
             seg = chunk[a:b]
-            body = seg.lstrip() if strip else seg
-            segments.append(body)
-            seg_base[i] = b - len(body)
+            body = seg.lstrip()
+            paragraph[i] = "\n" in seg[:len(seg) - len(body)]
+            segments.append(body if strip else seg)
+            seg_base[i] = b - len(segments[-1])
         seg_doc = np.searchsorted(doc_base, seg_base, side="right") - 1
         ids, counts, starts, ends = self.tok.encode(segments)
         seg_of = np.repeat(np.arange(len(segments)), counts)
@@ -139,6 +144,10 @@ class DocEncoder:
         seg_first = np.cumsum(counts) - counts
         sent_doc = seg_doc[counts > 0]
         tok_doc = np.repeat(np.arange(len(texts)), doc_counts)
+        opens = paragraph & (counts > 0)
+        para_docs, first_para = np.unique(seg_doc[opens], return_index=True)
+        pair_start = np.zeros(len(texts), dtype=np.int32)
+        pair_start[para_docs] = seg_first[opens][first_para] - doc_first[para_docs]
         return EncodedChunk(
             ids=ids.astype(np.uint16 if self.tok.vocab_size <= 1 << 16 else np.int32), word_start=word_start,
             tok_off=np.append(doc_first, len(ids)),
@@ -149,6 +158,7 @@ class DocEncoder:
             hashes=np.fromiter(map(doc_hash, texts), dtype=np.int64, count=len(texts)),
             chars=np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)),
             unk=np.bincount(tok_doc, weights=ids == self._unk, minlength=len(texts)).astype(np.int64),
+            pair_start=pair_start,
         )
 
 

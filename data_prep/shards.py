@@ -24,6 +24,8 @@ COLUMNS = {
     "doc_hash": "63-bit hash of the normalised text (exact de-duplication)",
     "source_file": "index into manifest['sources'] of the input file",
     "source_line": "line (text, JSONL) or row (Parquet, Arrow) where the document starts in that file",
+    "pair_start": "token index where the second paragraph starts (segment B of a labelled pair); 0 if none",
+    "label": "class id of a labelled example (--label-field); -1 if none",
 }
 
 
@@ -45,6 +47,8 @@ def schema(vocab_size: int) -> pa.Schema:
         ("doc_hash", pa.int64()),
         ("source_file", pa.int32()),
         ("source_line", pa.int64()),
+        ("pair_start", pa.int32()),
+        ("label", pa.int64()),
     ], metadata={"ptm.format": "ptm-arrow-v1"})
 
 
@@ -99,28 +103,28 @@ class ShardWriter:
 
     def _reset(self):
         self.docs: list[EncodedDoc] = []
-        self.sources: list[tuple[int, int]] = []
+        self.sources: list[tuple[int, int, int]] = []
         self.bytes = _FILE_OVERHEAD
 
     def _size(self, doc: EncodedDoc) -> int:
         """Bytes a document adds to the shard file: its values plus five list offsets and three scalars."""
-        return (len(doc.input_ids) * (self._id_bytes + 1) + 40
+        return (len(doc.input_ids) * (self._id_bytes + 1) + 52
                 + 4 * (len(doc.sentence_starts) + len(doc.phrase_spans) + len(doc.entity_spans)))
 
     def full_for(self, doc: EncodedDoc) -> bool:
         """True when `doc` does not fit: flush first. A document larger than a shard gets its own."""
         return bool(self.docs) and self.bytes + self._size(doc) > self.max_bytes
 
-    def add(self, doc: EncodedDoc, source_file: int, source_line: int) -> None:
+    def add(self, doc: EncodedDoc, source_file: int, source_line: int, label: int = -1) -> None:
         self.docs.append(doc)
-        self.sources.append((source_file, source_line))
+        self.sources.append((source_file, source_line, label))
         self.bytes += self._size(doc)
 
     def flush(self) -> dict | None:
         if not self.docs:
             return None
         d = self.docs
-        src = np.asarray(self.sources, dtype=np.int64).reshape(-1, 2)
+        src = np.asarray(self.sources, dtype=np.int64).reshape(-1, 3)
         batch = pa.RecordBatch.from_arrays([
             _list_array([x.input_ids for x in d], self._ids_type),
             _list_array([x.sentence_starts for x in d], pa.int32()),
@@ -130,6 +134,8 @@ class ShardWriter:
             pa.array(np.fromiter((x.doc_hash for x in d), dtype=np.int64, count=len(d))),
             pa.array(src[:, 0].astype(np.int32)),
             pa.array(src[:, 1]),
+            pa.array(np.fromiter((x.pair_start for x in d), dtype=np.int32, count=len(d))),
+            pa.array(src[:, 2]),
         ], schema=self.schema)
         path = os.path.join(self.directory, f"{self.prefix}-{self.index:05d}{SHARD_SUFFIX}")
         entry = write_table_atomic(path, batch, self.schema)

@@ -34,6 +34,33 @@ class Record:
     file_index: int
     line: int  # 1-based line (text, JSONL) or row (Parquet, Arrow) where the record starts
     error: str | None = None
+    label: int = -1  # class id of a labelled example (--label-field), -1 without
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Which fields (JSONL, dotted paths) or columns (Parquet, Arrow) hold what."""
+
+    text: str = "text"
+    pair: str | None = None  # second text of a labelled pair, joined to the first by a blank line
+    label: str | None = None  # integer class of a labelled example
+
+    def names(self) -> list[str]:
+        return [f for f in (self.text, self.pair, self.label) if f]
+
+    def record(self, values: dict, index: int, line: int, where: str) -> Record:
+        for name in (self.text, self.pair):
+            if name and not isinstance(values.get(name), str):
+                v = values.get(name)
+                what = "no field" if v is None else f"non-string field ({type(v).__name__})"
+                flag = "--text-field" if name == self.text else "--pair-field"
+                return Record(None, index, line, f"{where}: {what} {name!r}; set {flag}")
+        label = values.get(self.label) if self.label else -1
+        if not isinstance(label, int) or isinstance(label, bool) or label < (0 if self.label else -1):
+            return Record(None, index, line, f"{where}: label {self.label!r} is {label!r}, not a class id (0, 1, ...); "
+                                             "fix the record or set --label-field")
+        text = values[self.text] + ("\n\n" + values[self.pair] if self.pair else "")
+        return Record(text, index, line, label=label)
 
 
 def detect_format(path: str, forced: str | None) -> str | None:
@@ -125,7 +152,7 @@ def _field(obj, dotted: str):
     return obj
 
 
-def _read_jsonl(path: str, index: int, text_field: str) -> Iterator[Record]:
+def _read_jsonl(path: str, index: int, fields: Fields) -> Iterator[Record]:
     with _open_binary(path) as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
@@ -140,60 +167,56 @@ def _read_jsonl(path: str, index: int, text_field: str) -> Iterator[Record]:
             except json.JSONDecodeError as e:
                 yield Record(None, index, lineno, f"{where}: malformed JSON ({e.msg} at column {e.colno})")
                 continue
-            text = _field(obj, text_field)
-            if not isinstance(text, str):
-                what = "no field" if text is None else f"non-string field ({type(text).__name__})"
-                yield Record(None, index, lineno, f"{where}: {what} {text_field!r}; set --text-field")
-                continue
-            yield Record(text, index, lineno)
+            yield fields.record({name: _field(obj, name) for name in fields.names()}, index, lineno, where)
 
 
-def _arrow_batches(path: str, text_field: str):
+def _arrow_batches(path: str, columns: list[str]):
     if path.endswith(".parquet") or detect_format(path, None) == "parquet":
         pf = pq.ParquetFile(path)
-        if text_field not in pf.schema_arrow.names:
-            raise PrepError(f"{path}: no column {text_field!r} (columns: {', '.join(pf.schema_arrow.names)}); "
-                            "set --text-field")
-        yield from pf.iter_batches(columns=[text_field], batch_size=1024)
-        return
-    source = pa.memory_map(path)
-    try:
-        reader = pa.ipc.open_file(source)
-        batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-        schema = reader.schema
-    except pa.ArrowInvalid:  # Hugging Face `datasets` writes the IPC stream format
-        source.seek(0)
-        reader = pa.ipc.open_stream(source)
-        batches, schema = reader, reader.schema
-    if text_field not in schema.names:
-        raise PrepError(f"{path}: no column {text_field!r} (columns: {', '.join(schema.names)}); set --text-field")
+        names = pf.schema_arrow.names
+        batches = pf.iter_batches(columns=[c for c in columns if c in names], batch_size=1024)
+    else:
+        source = pa.memory_map(path)
+        try:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            names = reader.schema.names
+        except pa.ArrowInvalid:  # Hugging Face `datasets` writes the IPC stream format
+            source.seek(0)
+            reader = pa.ipc.open_stream(source)
+            batches, names = reader, reader.schema.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise PrepError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); set --text-field, "
+                        "--pair-field or --label-field")
     for batch in batches:
-        yield batch.select([text_field])
+        yield batch.select(columns)
 
 
-def _read_table(path: str, index: int, text_field: str) -> Iterator[Record]:
+def _read_table(path: str, index: int, fields: Fields) -> Iterator[Record]:
     row = 0
-    for batch in _arrow_batches(path, text_field):
-        for value in batch.column(0).to_pylist():
+    names = fields.names()
+    for batch in _arrow_batches(path, names):
+        for values in zip(*(batch.column(i).to_pylist() for i in range(len(names)))):
             row += 1
-            if isinstance(value, str):
-                yield Record(value, index, row)
-            else:
-                yield Record(None, index, row, f"{path}: row {row}: {text_field!r} is {type(value).__name__}, not text")
+            yield fields.record(dict(zip(names, values)), index, row, f"{path}: row {row}")
 
 
-def read_records(files: list[str], first_index: int, *, fmt: str | None, text_field: str,
+def read_records(files: list[str], first_index: int, *, fmt: str | None, fields: Fields,
                  doc_boundary: str) -> Iterator[Record]:
     """All records of `files` in order; `first_index` is the global index of files[0]."""
     for offset, path in enumerate(files):
         index = first_index + offset
         kind = detect_format(path, fmt)
+        if kind == "text" and (fields.pair or fields.label):
+            raise PrepError(f"{path}: plain text has no fields; labelled data (--pair-field, --label-field) must be "
+                            "JSONL, Parquet or Arrow")
         try:
             if kind == "text":
                 yield from _read_text(path, index, doc_boundary)
             elif kind == "jsonl":
-                yield from _read_jsonl(path, index, text_field)
+                yield from _read_jsonl(path, index, fields)
             else:
-                yield from _read_table(path, index, text_field)
+                yield from _read_table(path, index, fields)
         except (OSError, EOFError, pa.ArrowException) as e:
             raise PrepError(f"cannot read {path} as {kind}: {e}; check the file or pass --format") from None

@@ -211,3 +211,29 @@ def test_slurm_array_partitions_then_finalize(slurm, three_files, sp_model, refe
     assert run_cli("data_prep", "verify", out).returncode == 0
     assert json.load(open(out / "manifest.json"))["num_partitions"] == 3
     assert contents(out) == reference["contents"]
+
+
+def test_labelled_pairs(sp_model, tmp_path):
+    """--pair-field and --label-field: a labelled pair dataset (ERNIE 2.0's discourse relation / IR relevance)."""
+    from data_prep.dataset import Corpus
+    from data_prep.tokenizer import load_tokenizer
+
+    rows = [{"q": "How do I open a file?", "t": "Use the built-in open function.", "y": 1},
+            {"q": "What is a list?", "t": "Paris is the capital of France.", "y": 0},
+            {"q": "Sort a list.", "t": "Call sorted on it. It returns a new list.", "y": 2}]
+    src = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    m = quick_build([src], tmp_path / "ds", tokenizer=sp_model, text_field="q", pair_field="t", label_field="y")
+    assert m["num_labels"] == 3
+    c, tok = Corpus(str(tmp_path / "ds")), load_tokenizer(sp_model)
+    for i, r in enumerate(rows):
+        ids, b = c.tokens(i), c.pair_start(i)
+        assert c.label(i) == r["y"] and b > 0
+        assert tok.decode(ids[:b]).strip() == r["q"] and tok.decode(ids[b:]).strip() == r["t"]
+    plain = quick_build([src], tmp_path / "plain", tokenizer=sp_model, text_field="q")
+    assert plain["num_labels"] == 0 and Corpus(str(tmp_path / "plain")).label(0) == -1
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"q": "a question?", "t": "an answer.", "y": "yes"}])
+    msg = _error("build", bad, "--out", tmp_path / "o", "--tokenizer", sp_model, "--text-field", "q",
+                 "--pair-field", "t", "--label-field", "y")
+    assert f"{bad}:1: label 'y' is 'yes', not a class id" in msg
+    (tmp_path / "x.txt").write_text("text\n")
+    assert "labelled data" in _error("build", tmp_path / "x.txt", "--out", tmp_path / "o2", "--label-field", "y")
