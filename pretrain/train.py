@@ -66,7 +66,8 @@ class Trainer:
         self.most_frequent = int(np.bincount(sample, minlength=cfg.model.vocab_size).argmax())
         self.model = Pretraining(cfg.model)
         if cfg.data.objective == "ernie":
-            self.model.tasks = ErnieTaskHeads(cfg.model.hidden_size, cfg.model.init_std)
+            labelled = {task: Corpus(path).manifest["num_labels"] for task, path in cfg.ernie.task_data.items()}
+            self.model.tasks = ErnieTaskHeads(cfg.model.hidden_size, cfg.model.init_std, labelled)
         self.model.to(self.device)
         self.optimizer = optim.build(self.model, cfg.optimizer)
         self.scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(self.optimizer)
@@ -196,7 +197,8 @@ class Trainer:
         stage = self.cfg.ernie.stage_at(step) if self.cfg.ernie.stages else None
         try:
             return build_sources(self.cfg.data, self.cfg.seed, tasks=stage.tasks if stage else None,
-                                 knowledge_level=stage.knowledge_level if stage else "entity")
+                                 knowledge_level=stage.knowledge_level if stage else "entity",
+                                 task_data=self.cfg.ernie.task_data)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 

@@ -7,6 +7,7 @@ import torch
 
 from conftest import run_cli
 from helpers import quick_build
+from data_prep.dataset import Corpus
 from pretrain.config import load
 
 
@@ -113,3 +114,33 @@ def test_ernie1_knowledge_masking_stages(dataset, tmp_path):
     bad = _cfg(dataset, "data.masking=whole_word", "train.steps=4", "ernie.stages=[{steps: 4}]")
     with pytest.raises(Exception, match="data.masking=knowledge"):
         bad.validate()
+
+
+def test_ernie2_semantic_task_from_labelled_pairs(dataset, corpus, sp_model, tmp_path):
+    """IR relevance from a user's labelled Arrow dataset: query and title from the same docstring (1) or not (0)."""
+    from conftest import write_jsonl
+    from pretrain.data.ernie import TASKS
+    from pretrain.data.factory import build_sources
+    from pretrain.train import train
+
+    firsts = [d.split(". ")[0] + "." for d in corpus["en"][:80] if d.count(". ") >= 2]
+    seconds = [d.split(". ")[1] + "." for d in corpus["en"][:80] if d.count(". ") >= 2]
+    rows = [{"q": q, "t": seconds[i] if i % 2 else seconds[(i + 7) % len(seconds)], "y": i % 2}
+            for i, q in enumerate(firsts)]
+    pairs = tmp_path / "pairs"
+    quick_build([write_jsonl(tmp_path / "pairs.jsonl", rows)], pairs, tokenizer=sp_model, text_field="q",
+                pair_field="t", label_field="y", dedup=False)
+    cfg = load("ernie-tiny", [f"data.path={dataset}", f"out_dir={tmp_path / 'run'}", "data.num_workers=0",
+                              "data.seq_len=48", "model.max_position_embeddings=48", "data.valid_fraction=0.02",
+                              "ernie.stages=[{steps: 4, tasks: {knowledge_masking: 1}}, "
+                              "{steps: 4, tasks: {knowledge_masking: 1, ir_relevance: 1}}]",
+                              f"ernie.task_data.ir_relevance={pairs}"])
+    source, _ = build_sources(cfg.data, cfg.seed, tasks=cfg.ernie.stages[1].tasks, task_data=cfg.ernie.task_data)
+    labelled = Corpus(str(pairs))
+    samples = [s for s in (source.sample(0, i) for i in range(60)) if TASKS[int(s["task"])] == "ir_relevance"]
+    assert samples and all(int(s["seq_label"]) in (0, 1) and (s["task_type_ids"] == 2).all() for s in samples)
+    s = samples[0]
+    body = s["input_ids"][1:s["attention_mask"].sum() - 1]
+    assert (body == labelled.special_ids["sep"]).sum() == 1  # [CLS] query [SEP] title [SEP]
+    summary = train(cfg)
+    assert "valid_ir_relevance_acc" in summary and "valid_mlm_acc" in summary

@@ -9,6 +9,8 @@ where a task does not apply, so one batch mixes tasks:
     token_document_relation  does the word's token occur elsewhere in the document? (token_labels)
     sentence_reordering      which permutation shuffled the 1-3 pieces? (seq_label)          structure-aware
     sentence_distance        next sentence / same document / another document (seq_label)   structure-aware
+    discourse_relation       the class of a labelled sentence pair (seq_label)               semantic-aware
+    ir_relevance             the relevance class of a labelled query-title pair (seq_label)  semantic-aware
 
 The task-type embedding id is the task's group: 0 word-aware, 1 structure-aware, 2 semantic-aware.
 """
@@ -18,6 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
+from data_prep.dataset import Corpus
 from pretrain.config import ERNIE_TASKS, USER_LABELED
 from pretrain.data.bert import BertDataset, _truncate_pair
 from pretrain.data.indexes import Stream, rng
@@ -28,15 +31,27 @@ TASK_TYPE = {"knowledge_masking": 0, "capitalization": 0, "token_document_relati
              "sentence_reordering": 1, "sentence_distance": 1, "discourse_relation": 2, "ir_relevance": 2}
 
 
+def labelled_corpus(task: str, path: str | None, main: str) -> Corpus:
+    """The labelled dataset of a semantic-aware task (`data_prep build --label-field [--pair-field]`)."""
+    if not path:
+        raise ValueError(f"ERNIE task {task} needs labelled data: set ernie.task_data.{task}=PATH")
+    corpus, reference = Corpus(path), Corpus(main)
+    if corpus.manifest["tokenizer"]["sha256"] != reference.manifest["tokenizer"]["sha256"]:
+        raise ValueError(f"ernie.task_data.{task}={path} was encoded with another tokenizer than {main}; build it "
+                         f"with --tokenizer {main}")
+    if corpus.manifest.get("num_labels", 0) < 2:
+        raise ValueError(f"ernie.task_data.{task}={path} has no labels; build it with --label-field")
+    return corpus
+
+
 class ErnieDataset(BertDataset):
     """Runs of sentences of one document (BERT's pair runs), turned into a sample of one of `tasks`
-    ({name: sampling weight}); knowledge masking uses `masker` (strategy "knowledge")."""
+    ({name: sampling weight}); knowledge masking uses `masker` (strategy "knowledge"); the semantic-aware
+    tasks draw examples from their labelled datasets (`task_data`: {task: path})."""
 
-    def __init__(self, path: str, seq_len: int, masker, *, tasks: dict[str, float], seed: int = 1234, docs=None,
-                 cache_dir: str | None = None):
-        labelled = [t for t in tasks if t in USER_LABELED]
-        if labelled:
-            raise NotImplementedError(f"ERNIE tasks on labelled data ({', '.join(labelled)}) are not implemented")
+    def __init__(self, path: str, seq_len: int, masker, *, tasks: dict[str, float], task_data: dict[str, str] | None = None,
+                 seed: int = 1234, docs=None, cache_dir: str | None = None):
+        self.labelled = {t: labelled_corpus(t, (task_data or {}).get(t), path) for t in tasks if t in USER_LABELED}
         super().__init__(path, seq_len, masker, objective="mlm_nsp", short_seq_prob=0.0, seed=seed, docs=docs,
                          cache_dir=cache_dir)
         self.tasks = list(tasks)
@@ -57,6 +72,8 @@ class ErnieDataset(BertDataset):
         doc = int(self.docs[doc_pos[lo]])
         run = (doc, int(first[lo]), min(int(end[hi - 1]), int(first[lo]) + self.max_tokens + 1))
         token_labels, seq_label = np.full(self.seq_len, -100, dtype=np.int64), -100
+        if task in self.labelled:
+            return self._labelled(g, task)
         if task == "sentence_reordering":
             pieces, seq_label = self._reordering(g, doc, lo, hi)
         elif task == "sentence_distance":
@@ -75,10 +92,28 @@ class ErnieDataset(BertDataset):
             else:
                 values = np.isin(ids, np.concatenate([tokens[:t0], tokens[t1:]]))
             token_labels = np.where(words, values.astype(np.int64), -100)  # one label per word, on its first token
+        return self._fields(task, ids, types, length, labels, token_labels, seq_label)
+
+    def _fields(self, task, ids, types, length, labels, token_labels, seq_label) -> dict[str, np.ndarray]:
         return {"input_ids": ids, "token_type_ids": types, "attention_mask": (np.arange(self.seq_len) < length)
                 .astype(np.int64), "labels": labels, "token_labels": token_labels,
                 "seq_label": np.array(seq_label, dtype=np.int64), "task": np.array(TASKS.index(task), dtype=np.int64),
                 "task_type_ids": np.full(self.seq_len, TASK_TYPE[task], dtype=np.int64)}
+
+    def _labelled(self, g, task: str) -> dict[str, np.ndarray]:
+        """A random example of the task's labelled dataset: [CLS] A [SEP] B [SEP] (B from pair_start on)."""
+        corpus = self.labelled[task]
+        j = int(g.integers(len(corpus)))
+        tokens, b = corpus.tokens(j).astype(np.int64), corpus.pair_start(j)
+        a, bb = _truncate_pair(g, (0, 0, b or len(tokens)), (0, b or len(tokens), len(tokens)), self.max_tokens)
+        seg_a, seg_b = tokens[a[1]:a[2]], tokens[bb[1]:bb[2]]
+        ids = np.full(self.seq_len, self.special["pad"], dtype=np.int64)
+        body = [self.special["cls"], *seg_a, self.special["sep"]] + ([*seg_b, self.special["sep"]] if len(seg_b) else [])
+        ids[:len(body)] = body
+        types = np.zeros(self.seq_len, dtype=np.int64)
+        types[len(seg_a) + 2:len(body)] = 1
+        none = np.full(self.seq_len, -100, dtype=np.int64)
+        return self._fields(task, ids, types, len(body), none, none.copy(), corpus.label(j))
 
     def _reordering(self, g, doc: int, lo: int, hi: int):
         """The run cut at sentence boundaries into k <= 3 pieces, shuffled; the label is the permutation."""

@@ -12,10 +12,11 @@ from pretrain.objectives.masking import Masker
 
 
 def build_sources(data, seed: int, *, cache_dir: str | None = None, knowledge_level: str = "entity",
-                  tasks: dict[str, float] | None = None):
+                  tasks: dict[str, float] | None = None, task_data: dict[str, str] | None = None):
     """(train, valid) sources for `data` (a DataConfig): one per data.path, blended by data.weights when
     there are several; documents are held out by `split_documents`; valid is None when valid_fraction is 0.
-    `tasks` ({task: weight}, the current ERNIE 2.0 stage) is for data.objective == "ernie"."""
+    `tasks` ({task: weight}, the current ERNIE 2.0 stage) and `task_data` ({task: labelled dataset}) are for
+    data.objective == "ernie"."""
     if data.objective not in ("clm", "ernie") and data.objective not in BERT_OBJECTIVES:
         raise ValueError(f"data.objective {data.objective!r} has no sample builder; "
                          f"available: clm, {', '.join(BERT_OBJECTIVES)}")
@@ -40,7 +41,8 @@ def build_sources(data, seed: int, *, cache_dir: str | None = None, knowledge_le
         if data.objective == "ernie":
             from pretrain.data.ernie import ErnieDataset
 
-            return ErnieDataset(path, data.seq_len, masker, tasks=tasks, seed=seed, docs=docs, cache_dir=cache_dir)
+            return ErnieDataset(path, data.seq_len, masker, tasks=tasks, task_data=task_data, seed=seed, docs=docs,
+                                cache_dir=cache_dir)
         return BertDataset(path, data.seq_len, masker, objective=data.objective, short_seq_prob=data.short_seq_prob,
                            seed=seed, docs=docs, cache_dir=cache_dir)
 

@@ -12,10 +12,13 @@ SEQUENCE_TASKS = {"sentence_reordering": len(PERMUTATIONS), "sentence_distance":
 
 
 class ErnieTaskHeads(nn.Module):
-    def __init__(self, hidden_size: int, init_std: float):
+    """`labelled`: {task: number of classes} of the semantic-aware tasks trained from labelled data."""
+
+    def __init__(self, hidden_size: int, init_std: float, labelled: dict[str, int] | None = None):
         super().__init__()
         self.token = nn.ModuleDict({t: nn.Linear(hidden_size, 2) for t in TOKEN_TASKS})
-        self.sequence = nn.ModuleDict({t: nn.Linear(hidden_size, n) for t, n in SEQUENCE_TASKS.items()})
+        classes = {**SEQUENCE_TASKS, **(labelled or {})}
+        self.sequence = nn.ModuleDict({t: nn.Linear(hidden_size, n) for t, n in classes.items()})
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=init_std)
