@@ -29,15 +29,3 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def get_generator_state() -> torch.Tensor:
-    """RNG state of the generator that dropout on `device()` draws from."""
-    return torch.cuda.get_rng_state() if torch.cuda.is_available() else torch.get_rng_state()
-
-
-def set_generator_state(state: torch.Tensor) -> None:
-    if torch.cuda.is_available():
-        torch.cuda.set_rng_state(state)
-    else:
-        torch.set_rng_state(state)
