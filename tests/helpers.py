@@ -1,8 +1,6 @@
 """Small helpers for dataset tests."""
 from __future__ import annotations
 
-import numpy as np
-
 from data_prep.build import BuildOptions, build
 from data_prep.dataset import Corpus
 
@@ -19,8 +17,3 @@ def contents(path) -> list[tuple]:
     """Every document's stored arrays, in order, as plain tuples (shard layout does not matter)."""
     c = Corpus(str(path))
     return [tuple(getattr(c, col)(i).tolist() for col in COLUMNS) for i in range(len(c))]
-
-
-def all_tokens(path) -> np.ndarray:
-    c = Corpus(str(path))
-    return np.concatenate([c.tokens(i) for i in range(len(c))])
