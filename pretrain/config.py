@@ -169,14 +169,19 @@ class ErnieConfig:
                                         "[{steps, tasks: {task: weight}}]; tasks: " + ", ".join(ERNIE_TASKS))
     task_data: dict[str, str] = _opt({}, "labelled datasets of " + " and ".join(USER_LABELED) + ": {task: path}")
 
-    def stage_at(self, step: int) -> ErnieStage:
-        """The stage that optimizer step `step` (from 0) belongs to; the last one after the schedule ends."""
+    def stage_index(self, step: int) -> int:
+        """Index of the stage that optimizer step `step` (from 0) belongs to; the last one after the schedule
+        ends; 0 without stages."""
         end = 0
-        for stage in self.stages:
+        for i, stage in enumerate(self.stages):
             end += stage.steps
             if step < end:
-                return stage
-        return self.stages[-1]
+                return i
+        return max(len(self.stages) - 1, 0)
+
+    def stage_at(self, step: int) -> ErnieStage:
+        """The stage that optimizer step `step` (from 0) belongs to."""
+        return self.stages[self.stage_index(step)]
 
 
 def _section(cls):

@@ -64,8 +64,7 @@ def _ernie(model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 
     masked = batch["labels"] != -100
     if masked.any():
-        logits = model.mlm(h[masked], model.embeddings.word)
-        logits = logits.masked_fill(model.vocab_padding, torch.finfo(logits.dtype).min)
+        logits = model.lm_logits(h[masked])
         target = batch["labels"][masked]
         predicted = vocab_parallel_argmax(logits.detach())
         mlm = K.cross_entropy(logits, target).mean()
@@ -75,7 +74,7 @@ def _ernie(model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         rows = (batch["task"] == TASKS.index(name))[:, None] & (batch["token_labels"] != -100)
         if rows.any():
             add(name, head(h[rows]), batch["token_labels"][rows])
-    pooled = torch.tanh(model.pooler(h[:, 0]))
+    pooled = model.pooled(h)
     for name, head in model.tasks.sequence.items():
         rows = batch["task"] == TASKS.index(name)
         if rows.any():

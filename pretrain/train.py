@@ -74,6 +74,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         self.accumulation = cfg.train.global_batch_size // (cfg.train.micro_batch_size * self.dp)
         self.step = self.consumed = 0
+        self._built: dict = {}  # stage index -> (train, valid) sources
         self.rank0 = dist.get_rank() == 0
         resumed = self._resume()
         if not resumed and cfg.checkpoint.init_from:
@@ -193,8 +194,15 @@ class Trainer:
         return sums
 
     def _sources(self, step: int):
-        """(train, valid) sample sources; ERNIE 2.0's depend on the stage that `step` is in."""
-        stage = self.cfg.ernie.stage_at(step) if self.cfg.ernie.stages else None
+        """(train, valid) sample sources, built once per ERNIE stage (the stage that `step` is in decides the
+        tasks and the knowledge-masking level; without stages there is one)."""
+        index = self.cfg.ernie.stage_index(step)
+        if index not in self._built:
+            self._built[index] = self._build_sources(index)
+        return self._built[index]
+
+    def _build_sources(self, index: int):
+        stage = self.cfg.ernie.stages[index] if self.cfg.ernie.stages else None
         try:
             return build_sources(self.cfg.data, self.cfg.seed, tasks=stage.tasks if stage else None,
                                  knowledge_level=stage.knowledge_level if stage else "entity",
@@ -238,14 +246,14 @@ class Trainer:
             with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
                 f.write(cfg.to_yaml())
         writer = _tensorboard(cfg.out_dir) if self.rank0 else None
-        stage = _stage(cfg, self.step)
+        stage = cfg.ernie.stage_index(self.step)
         micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         bar = _bar(cfg.train.steps, self.step) if self.rank0 else None
         t0, first, last_eval, history = time.time(), self.step, {}, []
         while self.step < cfg.train.steps:
-            if _stage(cfg, self.step) != stage:  # ERNIE 2.0: the next stage's tasks join
-                stage = _stage(cfg, self.step)
+            if cfg.ernie.stage_index(self.step) != stage:  # ERNIE 2.0: the next stage's tasks join
+                stage = cfg.ernie.stage_index(self.step)
                 micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
                 now = cfg.ernie.stages[stage]
                 _log(f"step {self.step}: ERNIE stage {stage + 1}: " + (f"tasks {now.tasks}" if cfg.data.objective ==
@@ -286,12 +294,6 @@ class Trainer:
             with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
         return summary
-
-
-def _stage(cfg: Config, step: int) -> int:
-    """Index of the ERNIE stage `step` falls in (0 without stages)."""
-    stages = cfg.ernie.stages
-    return next((i for i, end in enumerate(np.cumsum([s.steps for s in stages])) if step < end), max(len(stages) - 1, 0))
 
 
 def _fmt(metrics: dict, keys: tuple) -> str:

@@ -187,14 +187,21 @@ class Pretraining(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, positions=None):
         h = self.encode(input_ids, attention_mask, token_type_ids, task_type_ids)
-        out = {}
         if self.cfg.arch == "gpt2":
-            logits = _tied_logits(h, self.embeddings.word)
-        else:
-            out["nsp_logits"] = self.nsp(torch.tanh(self.pooler(h[:, 0])))
-            logits = self.mlm(h if positions is None else h[positions], self.embeddings.word)
-        out["logits"] = logits.masked_fill(self.vocab_padding, torch.finfo(logits.dtype).min)
-        return out
+            return {"logits": self.lm_logits(h)}
+        return {"logits": self.lm_logits(h if positions is None else h[positions]), "nsp_logits": self.nsp_logits(h)}
+
+    def lm_logits(self, h):
+        """Vocab-parallel logits of hidden states (the MLM head for BERT-like models), padding rows masked."""
+        logits = _tied_logits(h, self.embeddings.word) if self.cfg.arch == "gpt2" else self.mlm(h, self.embeddings.word)
+        return logits.masked_fill(self.vocab_padding, torch.finfo(logits.dtype).min)
+
+    def nsp_logits(self, h):
+        """The pooled [CLS] state through the NSP/SOP head."""
+        return self.nsp(self.pooled(h))
+
+    def pooled(self, h):
+        return torch.tanh(self.pooler(h[:, 0]))
 
 
 def _tied_logits(h, word: tp.VocabParallelEmbedding):
