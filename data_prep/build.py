@@ -33,7 +33,8 @@ from data_prep import text as T
 from data_prep.encode import DocEncoder
 from data_prep.shards import SHARD_SUFFIX, ShardWriter, sha256_file, write_table_atomic
 from data_prep.sources import Fields, detect_format, expand_inputs, read_records
-from data_prep.tokenizer import Tokenizer, _write_json, load_tokenizer, train_sentencepiece
+from data_prep.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from ptm.files import write_json, write_text
 
 FORMAT_VERSION = 1
 PARTIAL = ".partial"
@@ -235,7 +236,7 @@ def prepare_tokenizer(files: list[str], opts: BuildOptions) -> Tokenizer:
             raise PrepError("a partitioned build needs one shared tokenizer: run `python -m data_prep "
                             "train-tokenizer INPUT... --out TOKDIR` first and pass --tokenizer TOKDIR")
         tok = train_tokenizer(files, opts, directory)
-    _write_json(marker, {"recipe": recipe, "sha256": tok.sha256()})
+    write_json(marker, {"recipe": recipe, "sha256": tok.sha256()})
     return tok
 
 
@@ -388,7 +389,7 @@ def _journal_shard(out, p, journal, entry, cursor, stats, rejects) -> None:
     entry = dict(entry or {"file": None})
     entry.update(cursor=cursor, stats=json.loads(json.dumps(stats)), rejects=rejects)
     journal["shards"].append(entry)
-    _write_json(_journal_path(out, p), journal)
+    write_json(_journal_path(out, p), journal)
 
 
 class _Progress:
@@ -523,7 +524,7 @@ def _read_build_record(out: str) -> dict:
 
 def record_build(opts: BuildOptions, files: list[str]) -> None:
     """Remember the options in OUT so that `finalize` (maybe on another node) can write the manifest."""
-    _write_json(os.path.join(opts.out, PARTIAL, "build.json"),
+    write_json(os.path.join(opts.out, PARTIAL, "build.json"),
                 {"options": json.loads(json.dumps(opts.content_options(), default=str)), "num_partitions": opts.num_partitions, "files": files})
 
 
@@ -600,10 +601,7 @@ def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None
             max_label = max(max_label, int(labels.max()) if len(labels) else -1)
     rejects = [r for j in journals for e in j["shards"] for r in e["rejects"]]
     if rejects:
-        tmp = os.path.join(out, f"rejects.txt.tmp{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("\n".join(rejects) + "\n")
-        os.replace(tmp, os.path.join(out, "rejects.txt"))
+        write_text(os.path.join(out, "rejects.txt"), "\n".join(rejects) + "\n")
     from data_prep.shards import COLUMNS, token_type
     from ptm import __version__
 
@@ -628,6 +626,6 @@ def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None
         "stats": stats,
         "options": content,
     }
-    _write_json(os.path.join(out, MANIFEST), manifest)
+    write_json(os.path.join(out, MANIFEST), manifest)
     shutil.rmtree(os.path.join(out, PARTIAL), ignore_errors=True)
     return manifest

@@ -16,6 +16,7 @@ from itertools import chain
 import numpy as np
 
 from data_prep import PrepError
+from ptm.files import write_bytes, write_json
 
 META = "ptm_tokenizer.json"
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -154,17 +155,8 @@ class Tokenizer:
             src, dst = os.path.join(self.directory, f), os.path.join(directory, f)
             if os.path.abspath(src) != os.path.abspath(dst):
                 shutil.copyfile(src, dst)
-        _write_json(os.path.join(directory, META), self.meta())
+        write_json(os.path.join(directory, META), self.meta())
         return Tokenizer(self.kind, directory, self.files, self.lowercase, self.threads)
-
-
-def _write_json(path: str, obj) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _vocab_is_uncased(vocab_txt: str) -> bool:
@@ -222,8 +214,5 @@ def train_sentencepiece(sentences: list[str], directory: str, *, vocab_size: int
         raise PrepError(f"cannot train a {vocab_size}-piece {model_type} tokenizer on this corpus "
                         f"({str(e).strip().splitlines()[-1]}); change --vocab-size") from None
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f"spm.model.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(model.getvalue())
-    os.replace(tmp, os.path.join(directory, "spm.model"))
+    write_bytes(os.path.join(directory, "spm.model"), model.getvalue())
     return Tokenizer("sentencepiece", directory, ["spm.model"], threads=threads).save(directory)

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pretrain.models.config import ModelConfig
+from ptm.files import write_json, write_text
 
 FORMAT = "ptm-checkpoint"
 VERSION = 1
@@ -72,10 +73,7 @@ def write_meta(ckpt: str, *, model: ModelConfig, tp: int, step: int = 0, extra: 
 
     meta = {"format": FORMAT, "version": VERSION, "ptm_version": __version__, "step": step, "tp": tp,
             "model": dataclasses.asdict(model), **(extra or {})}
-    tmp = os.path.join(ckpt, ".meta.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(meta, f, indent=2)
-    os.replace(tmp, os.path.join(ckpt, "meta.json"))
+    write_json(os.path.join(ckpt, "meta.json"), meta)
 
 
 def copy_tokenizer(src_dir: str, ckpt: str) -> None:
@@ -86,11 +84,7 @@ def copy_tokenizer(src_dir: str, ckpt: str) -> None:
 
 def mark_latest(out_dir: str, name: str) -> None:
     """Point `latest` at a finished checkpoint (atomic rename: readers never see a partial pointer)."""
-    root = os.path.join(out_dir, "checkpoints")
-    tmp = os.path.join(root, f".{LATEST}.tmp")
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-    os.replace(tmp, os.path.join(root, LATEST))
+    write_text(os.path.join(out_dir, "checkpoints", LATEST), name + "\n")
 
 
 def load_full_model(ckpt: str) -> dict[str, torch.Tensor]:
