@@ -1,15 +1,18 @@
-"""`python -m pretrain` (also `ptm train`): train from a YAML config with dotted overrides."""
+"""`python -m pretrain` (also `ptm train`, `ptm plan`): train from a YAML config with dotted overrides, or plan
+its memory per GPU before launch."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
 def parser() -> argparse.ArgumentParser:
+    from pretrain import plan
     from pretrain.config import describe
 
-    prog = sys.argv[0] if sys.argv[0].startswith("ptm ") else "python -m pretrain"
+    prog = sys.argv[0] if sys.argv[0].split(" ")[0] == "ptm" else "python -m pretrain"
     ap = argparse.ArgumentParser(prog=prog, description="Pretrain BERT, GPT-2 and ERNIE models.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     t = sub.add_parser(
@@ -21,15 +24,22 @@ def parser() -> argparse.ArgumentParser:
                    help="YAML file, or a preset name from configs/ (bert-tiny, bert-base, gpt2, ernie-base, ...)")
     t.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                    help="override config keys, e.g. --set train.steps=100 optimizer.name=lamb")
+    p = sub.add_parser("plan", help="memory per GPU before launch: does a config fit, largest micro batch",
+                       description=plan.DESCRIPTION)
+    plan.add_arguments(p)
     return ap
 
 
 def main(argv=None) -> None:
+    a = parser().parse_args(argv)
+    if a.command == "plan":  # before the training imports (torch): a plan takes a fraction of a second
+        from pretrain.plan import run
+
+        sys.exit(run(a))
     from data_prep import PrepError
     from pretrain.checkpoint import CheckpointError
     from pretrain.config import ConfigError, load
 
-    a = parser().parse_args(argv)
     try:
         cfg = load(a.config, a.overrides)
         from pretrain.train import train
@@ -42,4 +52,5 @@ def main(argv=None) -> None:
     except FloatingPointError as e:
         print(f"pretrain: error: {e}", file=sys.stderr)
         sys.exit(3)
-    print(json.dumps(summary, indent=2))
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(json.dumps(summary, indent=2))

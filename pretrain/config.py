@@ -193,6 +193,8 @@ class Config:
     seed: int = _opt(1234, "random seed: weights, data order, dropout")
     out_dir: str = _opt("runs/default", "run directory: checkpoints, logs and the resolved config")
     precision: str = _opt("fp32", "fp32 | bf16 | fp16 (mixed precision keeps fp32 master weights)")
+    deepspeed_config: str = _opt("", "a DeepSpeed JSON of your own: keys this config also sets must agree with it, "
+                                     "the others (bucket sizes, overlap_comm, ...) are used as given")
     model: ModelConfig = _section(ModelConfig)
     data: DataConfig = _section(DataConfig)
     train: TrainConfig = _section(TrainConfig)

@@ -29,3 +29,12 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def peak_memory_gib() -> float:
+    """Peak memory of this process: GPU memory allocated by torch on CUDA, else the peak resident set size."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2 ** 30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux

@@ -1,4 +1,4 @@
-"""The `ptm` command: `ptm prep|train|convert|launch ...` runs `python -m data_prep|pretrain|...`."""
+"""The `ptm` command: `ptm prep|train|plan|convert|launch ...` runs `python -m data_prep|pretrain|...`."""
 import importlib.util
 import runpy
 import sys
@@ -6,6 +6,7 @@ import sys
 COMMANDS = {
     "prep": ("data_prep", "raw text to sharded Arrow datasets, tokenizers"),
     "train": ("pretrain", "pretrain BERT, GPT-2 and ERNIE models"),
+    "plan": ("pretrain plan", "memory per GPU before launch: does a config fit?"),
     "convert": ("checkpoints_tools", "consolidate, reshard, Hugging Face export/import"),
     "launch": ("launchers", "one rendezvous contract for every launcher"),
 }
@@ -29,8 +30,8 @@ def main(argv=None) -> None:
         sys.exit(0)
     if argv[0] not in COMMANDS:
         sys.exit(f"ptm: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}")
-    module = COMMANDS[argv[0]][0]
+    module, *prefix = COMMANDS[argv[0]][0].split()  # "pretrain plan": `python -m pretrain plan ARGS...`
     if importlib.util.find_spec(f"{module}.__main__") is None:
         sys.exit(f"ptm: `ptm {argv[0]}` ({module}) is not part of this version of ptm yet")
-    sys.argv = [f"ptm {argv[0]}", *argv[1:]]
+    sys.argv = ["ptm", *prefix, *argv[1:]] if prefix else [f"ptm {argv[0]}", *argv[1:]]
     runpy.run_module(f"{module}.__main__", run_name="__main__")

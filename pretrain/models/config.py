@@ -23,3 +23,9 @@ class ModelConfig:
     attention_dropout: float = 0.1
     init_std: float = 0.02
     activation_checkpointing: bool | list[int] = field(default=False)  # all layers, or these layer indices
+
+
+def padded_vocab_size(cfg: ModelConfig) -> int:
+    """The vocabulary rounded up to `vocab_pad_to` (GPU-friendly shapes, divisible by any TP size that
+    divides it); the extra rows are never predicted (their logits are masked)."""
+    return -(-cfg.vocab_size // cfg.vocab_pad_to) * cfg.vocab_pad_to

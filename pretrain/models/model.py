@@ -23,13 +23,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pretrain import kernels as K
+from pretrain.models.config import padded_vocab_size
 from pretrain.parallel import mcore
-
-
-def padded_vocab_size(cfg) -> int:
-    """The vocabulary rounded up to `vocab_pad_to` (GPU-friendly shapes, divisible by any TP size that
-    divides it); the extra rows are never predicted (their logits are masked)."""
-    return -(-cfg.vocab_size // cfg.vocab_pad_to) * cfg.vocab_pad_to
 
 
 class Embeddings(nn.Module):

@@ -59,7 +59,13 @@ class AdamW(_Adam):
 
 
 class Lamb(_Adam):
-    """LAMB (You et al. 2019, Algorithm 2). Group options: lr, betas, eps, weight_decay, adapt (trust ratio on)."""
+    """LAMB (You et al. 2019, Algorithm 2). Group options: lr, betas, eps, weight_decay, adapt (trust ratio on).
+
+    `layout`: when the optimizer's tensors are not whole parameters (ZeRO partitions, tensor-parallel
+    shards), a `pretrain.parallel.layout.Layout` that computes each whole parameter's trust ratio across
+    processes; the engine sets it."""
+
+    layout = None
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
                  adapt: bool = True):
@@ -72,15 +78,21 @@ class Lamb(_Adam):
             s = self._advance(p)
             updates.append(F.lamb_update(p, p.grad, s["exp_avg"], s["exp_avg_sq"], step=s["step"], beta1=beta1,
                                          beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"]))
-        ratios = trust_ratios(*self.sums_of_squares(params, updates)) if group["adapt"] else [1.0] * len(params)
+        ratios = self.trust_ratios(params, updates) if group["adapt"] else [1.0] * len(params)
         for p, update, ratio in zip(params, updates, ratios):
             F.lamb_apply(p, update, ratio, group["lr"])
+
+    def trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One trust ratio per tensor (0-d), or per element when a tensor packs pieces of several parameters."""
+        if self.layout is not None:
+            return self.layout.trust_ratios(params, updates)
+        return list(trust_ratios(*self.sums_of_squares(params, updates)))
 
     def sums_of_squares(self, params: list[torch.Tensor], updates: list[torch.Tensor]
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-parameter sums of squares of the weights and of their updates (two 1-D fp32 tensors, one entry
-        per parameter). The hook for sharded parameters: override it to add up the partial sums of each
-        parameter's shards (an all-reduce over its tensor-parallel / ZeRO group); the ratios follow from these."""
+        per parameter). A hook for tensors that are each one shard of a parameter: override it to add up the
+        shards' partial sums; the ratios follow from these."""
         return sum_of_squares(params), sum_of_squares(updates)
 
 

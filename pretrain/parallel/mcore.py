@@ -71,7 +71,9 @@ def initialize(tp: int = 1, seed: int = 1234) -> None:
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(dev.backend())
-        else:
+        else:  # one process, no launcher: DeepSpeed still reads the launcher's variables
+            for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+                os.environ.setdefault(k, v)
             dist.init_process_group(dev.backend(), store=dist.HashStore(), rank=0, world_size=1)
     if torch.cuda.is_available():
         torch.cuda.set_device(dev.device())
@@ -100,3 +102,34 @@ def tp_rank() -> int:
 
 def tp_size() -> int:
     return ps.get_tensor_model_parallel_world_size()
+
+
+class DeepSpeedMPU:
+    """megatron-core's parallel_state under the names DeepSpeed's `mpu=` argument expects: DeepSpeed asks
+    for the "model parallel" rank/size/group (here: tensor parallel) and the data-parallel ones."""
+
+    get_model_parallel_rank = staticmethod(ps.get_tensor_model_parallel_rank)
+    get_model_parallel_world_size = staticmethod(ps.get_tensor_model_parallel_world_size)
+    get_model_parallel_group = staticmethod(ps.get_tensor_model_parallel_group)
+    get_tensor_model_parallel_rank = staticmethod(ps.get_tensor_model_parallel_rank)
+    get_tensor_model_parallel_world_size = staticmethod(ps.get_tensor_model_parallel_world_size)
+    get_tensor_model_parallel_group = staticmethod(ps.get_tensor_model_parallel_group)
+    get_tensor_model_parallel_src_rank = staticmethod(ps.get_tensor_model_parallel_src_rank)
+    get_data_parallel_rank = staticmethod(ps.get_data_parallel_rank)
+    get_data_parallel_world_size = staticmethod(ps.get_data_parallel_world_size)
+    get_data_parallel_group = staticmethod(ps.get_data_parallel_group)
+    get_pipeline_model_parallel_rank = staticmethod(ps.get_pipeline_model_parallel_rank)
+    get_pipeline_model_parallel_world_size = staticmethod(ps.get_pipeline_model_parallel_world_size)
+    get_pipeline_model_parallel_group = staticmethod(ps.get_pipeline_model_parallel_group)
+
+
+def dp_group():
+    return ps.get_data_parallel_group()
+
+
+def dp_rank() -> int:
+    return ps.get_data_parallel_rank()
+
+
+def dp_size() -> int:
+    return ps.get_data_parallel_world_size()

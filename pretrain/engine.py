@@ -1,0 +1,101 @@
+"""The parallelize step: wrap a model and its optimizer in a DeepSpeed engine as the config asks (ZeRO stage,
+offload, fp16 loss scaling or bf16, clipping, accumulation), with megatron-core's TP x DP groups as its mpu.
+The model stays unaware of all of it.
+
+    engine = build(cfg, model, optimizer, scheduler)   # after mcore.initialize(cfg.parallel.tp, cfg.seed)
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import deepspeed
+
+from pretrain.config import Config, ConfigError
+from pretrain.optim import Lamb
+from pretrain.parallel import mcore
+from pretrain.parallel.layout import Layout
+
+NEVER = 2 ** 31 - 1  # DeepSpeed's own step prints: ptm logs instead
+OURS = ("optimizer", "scheduler")  # ptm builds these; a user JSON may not
+
+
+def ds_config(cfg: Config, dp: int) -> dict:
+    """The DeepSpeed JSON for `cfg` on `dp` data-parallel ranks, merged over the user's `deepspeed_config`
+    (which must agree with every key generated here)."""
+    t, z, f = cfg.train, cfg.zero, cfg.fp16
+    zero = {"stage": z.stage}
+    if z.offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    ours = {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": t.global_batch_size // (t.micro_batch_size * dp),
+        "gradient_clipping": t.grad_clip,  # DeepSpeed's default is 1.0, not off: always say it
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,  # ptm's AdamW/LAMB are ZeRO-aware (see parallel/layout.py)
+        "zero_force_ds_cpu_optimizer": False,
+        "fp16": {"enabled": cfg.precision == "fp16", "loss_scale": 0,
+                 "initial_scale_power": f.initial_scale_power, "loss_scale_window": f.loss_scale_window,
+                 "hysteresis": f.hysteresis, "min_loss_scale": f.min_loss_scale},
+        "bf16": {"enabled": cfg.precision == "bf16"},
+        "steps_per_print": NEVER,
+        "wall_clock_breakdown": False,
+    }
+    if not cfg.deepspeed_config:
+        return ours
+    user = _read_user(cfg.deepspeed_config)
+    problems = [f"{cfg.deepspeed_config}: {k} is ptm's to build (optimizer.* and the schedule in the YAML config); "
+                f"remove it" for k in OURS if k in user]
+    problems += [f"{cfg.deepspeed_config}: {key}={theirs!r} but the config gives {mine!r}; make them agree or "
+                 f"remove {key} from the JSON" for key, mine, theirs in _disagreements(ours, user)]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return _merge(user, ours)
+
+
+def _read_user(path: str) -> dict:
+    try:
+        with open(path) as f:
+            user = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"deepspeed_config {path} not found; fix the path or leave deepspeed_config empty") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"deepspeed_config {path} is not valid JSON ({e}); fix the file") from None
+    if not isinstance(user, dict):
+        raise ConfigError(f"deepspeed_config {path} must hold a JSON object of DeepSpeed settings")
+    return user
+
+
+def _disagreements(ours: dict, user: dict, prefix: str = ""):
+    for key, mine in ours.items():
+        if key not in user:
+            continue
+        theirs = user[key]
+        if isinstance(mine, dict) and isinstance(theirs, dict):
+            yield from _disagreements(mine, theirs, f"{prefix}{key}.")
+        elif theirs != mine and not (key == "enabled" and not mine and not theirs):
+            yield f"{prefix}{key}", mine, theirs
+
+
+def _merge(user: dict, ours: dict) -> dict:
+    out = dict(user)
+    for key, value in ours.items():
+        out[key] = _merge(user[key], value) if isinstance(value, dict) and isinstance(user.get(key), dict) else value
+    return out
+
+
+def build(cfg: Config, model, optimizer, scheduler):
+    """A DeepSpeed engine over `model` (already on its device) with ptm's optimizer and LR scheduler. LAMB gets
+    the engine's `Layout` so that its trust ratios are per whole parameter whatever the partitioning."""
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           mpu=mcore.DeepSpeedMPU(), config=ds_config(cfg, mcore.dp_size()),
+                                           dist_init_required=False)
+    if cfg.zero.stage == 3:  # the LM head reads the word embeddings outside their module: fetch them there too
+        head = model if cfg.model.arch == "gpt2" else model.mlm
+        deepspeed.zero.register_external_parameter(head, model.embeddings.word.weight)
+    engine.layout = Layout.of(engine)
+    if isinstance(optimizer, Lamb):
+        optimizer.layout = engine.layout
+    return engine

@@ -1,0 +1,138 @@
+"""Where each model parameter's values live in this rank's optimizer tensors under DeepSpeed.
+
+DeepSpeed hands the client optimizer fp32 tensors that are not the model's parameters:
+
+* ZeRO 0, fp32: the parameters themselves; fp16/bf16: one fp32 master copy per parameter;
+* ZeRO 1/2: per param group, this rank's equal slice of the group's parameters flattened end to end;
+* ZeRO 3: per sub-group, this rank's slice of every parameter (each parameter is split on its own),
+  concatenated.
+
+A `Layout` maps those tensors back to named parameters as `Segment`s. With it, LAMB adds up each
+parameter's sums of squares over the pieces (all-reduced over the data-parallel group when ZeRO partitions,
+over the tensor-parallel group for parameters megatron-core splits) before taking per-parameter trust
+ratios, and checkpoints are written as named pieces that any other layout can read back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from pretrain.optim.optimizers import trust_ratios
+from pretrain.parallel import mcore
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str  # the model parameter (this TP rank's shard of it)
+    start: int  # first element, in the flattened parameter
+    offset: int  # first element, in the optimizer tensor
+    length: int
+
+
+class Layout:
+    """This rank's optimizer tensors as segments of named parameters.
+
+    `partitioned`: the tensors hold disjoint pieces across the data-parallel ranks (ZeRO >= 1), so
+    per-parameter sums are all-reduced over DP; otherwise every DP rank holds everything and only
+    DP rank 0 writes checkpoints (`owner`)."""
+
+    def __init__(self, model: torch.nn.Module, tensors: list[tuple[torch.Tensor, list[Segment]]], partitioned: bool):
+        named = list(model.named_parameters())
+        self.names = [n for n, _ in named]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.shapes = {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in named}
+        self.split = torch.tensor([bool(getattr(p, "tensor_model_parallel", False)) for _, p in named])
+        self.tensors = tensors
+        self.partitioned = partitioned
+        self.owner = partitioned or mcore.dp_rank() == 0
+        self._segments = {id(t): segs for t, segs in tensors}
+
+    # ---- building from a DeepSpeed engine ------------------------------------------------------------
+
+    @classmethod
+    def of(cls, engine) -> Layout:
+        """The layout of a DeepSpeed engine's optimizer (ZeRO 0-3, any precision)."""
+        model, opt = engine.module, engine.optimizer
+        name = {id(p): n for n, p in model.named_parameters()}
+        stage = engine.zero_optimization_stage()
+        if stage == 3:
+            return cls(model, _stage3(opt, name), partitioned=True)
+        if stage in (1, 2):
+            return cls(model, _stage1_2(opt, name), partitioned=True)
+        pairs = zip(_flat(opt.fp32_groups), _flat(opt.fp16_groups)) if hasattr(opt, "fp32_groups") else \
+            ((p, p) for g in opt.param_groups for p in g["params"])
+        return cls(model, [(master, [Segment(name[id(p)], 0, 0, p.numel())]) for master, p in pairs],
+                   partitioned=False)
+
+    # ---- sharded norms ---------------------------------------------------------------------------------
+
+    def segments(self, tensor: torch.Tensor) -> list[Segment]:
+        return self._segments[id(tensor)]
+
+    def sums_of_squares(self, tensors: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """Each named parameter's whole sum of squares (fp32, indexed like `names`) of `values`, which are laid
+        out like the optimizer tensors `tensors` (the tensors themselves, their updates, ...)."""
+        sums = torch.zeros(len(self.names), dtype=torch.float32, device=values[0].device if values else None)
+        for t, v in zip(tensors, values):
+            flat = v.reshape(-1)
+            for s in self.segments(t):
+                sums[self.index[s.name]] += flat[s.offset:s.offset + s.length].float().square().sum()
+        if self.partitioned and mcore.dp_size() > 1:
+            dist.all_reduce(sums, group=mcore.dp_group())
+        if mcore.tp_size() > 1:
+            split = self.split.to(sums.device)
+            parts = sums * split
+            dist.all_reduce(parts, group=mcore.tp_group())
+            sums = torch.where(split, parts, sums)
+        return sums
+
+    def trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor]) -> list[torch.Tensor]:
+        """LAMB's ||w|| / ||u|| of each whole parameter, spread over the elements of the optimizer tensors."""
+        ratio = trust_ratios(self.sums_of_squares(params, params), self.sums_of_squares(params, updates))
+        out = []
+        for t in params:
+            r = torch.ones(t.numel(), dtype=t.dtype, device=t.device)
+            for s in self.segments(t):
+                r[s.offset:s.offset + s.length] = ratio[self.index[s.name]]
+            out.append(r.view_as(t))
+        return out
+
+
+def _flat(groups):
+    return [p for g in groups for p in g]
+
+
+def _stage1_2(opt, name) -> list[tuple[torch.Tensor, list[Segment]]]:
+    """ZeRO 1/2: group i is flattened in `round_robin_bit16_groups[i]` order at `round_robin_bit16_offsets[i]`;
+    this rank owns elements [rank * partition_size, (rank + 1) * partition_size)."""
+    out = []
+    for i, master in enumerate(opt.single_partition_of_fp32_groups):
+        rank = dist.get_rank(group=opt.real_dp_process_group[i])
+        size = int(opt.partition_size[i])
+        lo, hi = rank * size, (rank + 1) * size
+        segments = []
+        for p, at in zip(opt.round_robin_bit16_groups[i], opt.round_robin_bit16_offsets[i]):
+            begin, end = max(lo, at), min(hi, at + p.numel())
+            if begin < end:
+                segments.append(Segment(name[id(p)], begin - at, begin - lo, end - begin))
+        out.append((master, segments))
+    return out
+
+
+def _stage3(opt, name) -> list[tuple[torch.Tensor, list[Segment]]]:
+    """ZeRO 3: each parameter p is split on its own into equal pieces of p.partition_numel() elements; a
+    sub-group's master tensor concatenates this rank's piece of each of its parameters."""
+    out = []
+    for i, master in enumerate(opt.fp32_partitioned_groups_flat):
+        rank = dist.get_rank(group=opt.sub_group_process_groups[i])
+        segments, offset = [], 0
+        for p in opt.fp16_groups[i]:
+            piece = p.partition_numel()
+            begin, end = rank * piece, min((rank + 1) * piece, p.ds_numel)
+            if begin < end:
+                segments.append(Segment(name[id(p)], begin, offset, end - begin))
+            offset += piece
+        out.append((master, segments))
+    return out
