@@ -120,6 +120,11 @@ def mfu(flops_per_second: float, device_name: str, precision: str) -> float | No
 
 # -------------------------------------------------------------------------------------------- memory
 
+COMPONENTS = {"weights": "weights", "gradients": "gradients", "optimizer_states": "optimizer states",
+              "zero3_gathered": "ZeRO-3 gathered module", "activations": "activations", "logits": "logits",
+              "buffers": "CUDA context + reduce bucket"}  # Plan's GPU fields and their row labels
+
+
 @dataclass
 class Plan:
     """Memory of one GPU in bytes, by component, for one config on `tp` x `dp` GPUs."""
@@ -138,11 +143,9 @@ class Plan:
     gpu_memory: int | None = None  # capacity checked against
     max_micro_batch: int | None = None  # the largest micro batch that fits gpu_memory
 
-    GPU_FIELDS = ("weights", "gradients", "optimizer_states", "zero3_gathered", "activations", "logits", "buffers")
-
     @property
     def total(self) -> int:
-        return sum(getattr(self, name) for name in self.GPU_FIELDS)
+        return sum(getattr(self, name) for name in COMPONENTS)
 
     @property
     def fits(self) -> bool | None:
@@ -178,7 +181,7 @@ def activation_bytes(cfg: Config, micro_batch: int) -> tuple[int, int]:
     m, s, t, b = cfg.model, cfg.data.seq_len, cfg.parallel.tp, micro_batch
     h, scale = m.hidden_size, 2 if cfg.precision == "fp32" else 1
     layer = scale * s * b * (10 * h + (8 * h + 4 * m.ffn_hidden_size + 5 * m.num_heads * s) // t)
-    checkpointed, kept = _checkpointed(m), scale * 2 * s * b * h  # a checkpointed layer keeps only its input
+    checkpointed, kept = _checkpointed(m), scale * 2 * s * b * h
     layers = (m.num_layers - checkpointed) * layer + checkpointed * kept + (layer if checkpointed else 0)
     logits = 4 * b * predicted_tokens(cfg) * padded_vocab_size(m) // t
     return layers, logits
@@ -221,10 +224,6 @@ def _data_parallel_size(cfg: Config, world_size: int) -> int:
 
 # ------------------------------------------------------------------------------------------------- CLI
 
-ROWS = {"weights": "weights", "gradients": "gradients", "optimizer_states": "optimizer states",
-        "zero3_gathered": "ZeRO-3 gathered module", "activations": "activations", "logits": "logits",
-        "buffers": "CUDA context + reduce bucket"}
-
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--config", required=True,
@@ -266,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
             print(_table({name: estimate(c, args.gpus, args.gpu_memory) for name, c in stages.items()}))
         else:
             print(_table({"GiB/GPU": plan}))
-        print(_verdict(cfg, plan, args.gpus, args.gpu_memory))
+        print(_verdict(cfg, plan, args.gpus))
     except (ConfigError, PrepError) as e:
         print("\n".join(f"plan: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
@@ -317,7 +316,7 @@ def _header(args, cfg: Config, plan: Plan, vocab_source: str) -> str:
 def _table(plans: dict[str, Plan]) -> str:
     """One row per component, one column per plan, in GiB per GPU."""
     rows = [("", *plans)]
-    rows += [(label, *(_gib(getattr(p, name)) for p in plans.values())) for name, label in ROWS.items()]
+    rows += [(label, *(_gib(getattr(p, name)) for p in plans.values())) for name, label in COMPONENTS.items()]
     rows.append(("total", *(_gib(p.total) for p in plans.values())))
     if any(p.cpu_offload for p in plans.values()):
         rows.append(("CPU memory per GPU (offload)", *(_gib(p.cpu_offload) for p in plans.values())))
@@ -328,27 +327,29 @@ def _table(plans: dict[str, Plan]) -> str:
     return "\n".join(f"{r[0]:<{width}}" + "".join(f"{c:>10}" for c in r[1:]) for r in rows)
 
 
-def _verdict(cfg: Config, plan: Plan, world_size: int, gpu_memory_gib: float | None) -> str:
+def _verdict(cfg: Config, plan: Plan, world_size: int) -> str:
     if plan.fits is None:
         return "\ngive --gpu-memory GIB to check the fit and find the largest micro batch"
-    largest = f"largest micro batch that fits: {plan.max_micro_batch}"
+    capacity, largest = f"{plan.gpu_memory / GIB:g} GiB", f"largest micro batch that fits: {plan.max_micro_batch}"
     if plan.fits:
-        return (f"\nfits in {gpu_memory_gib:g} GiB: {_gib(plan.total)} GiB per GPU, headroom "
+        return (f"\nfits in {capacity}: {_gib(plan.total)} GiB per GPU, headroom "
                 f"{_gib(plan.gpu_memory - plan.total)} GiB; {largest}")
-    lines = [f"\ndoes not fit in {gpu_memory_gib:g} GiB: {_gib(plan.total)} GiB per GPU, "
+    lines = [f"\ndoes not fit in {capacity}: {_gib(plan.total)} GiB per GPU, "
              f"{_gib(plan.total - plan.gpu_memory)} GiB over; {largest}", "suggestions (GiB per GPU after the change):"]
-    for changes, after in _suggestions(cfg, plan, world_size, gpu_memory_gib):
+    for changes, after in _suggestions(cfg, plan, world_size):
         sets = " ".join(f"{k}={json.dumps(v)}" for k, v in changes.items())
         lines.append(f"  --set {sets:<48} {_gib(after.total):>8}  {'fits' if after.fits else 'still over'}")
     return "\n".join(lines)
 
 
-def _suggestions(cfg: Config, plan: Plan, world_size: int, gpu_memory_gib: float) -> list[tuple[dict, Plan]]:
+def _suggestions(cfg: Config, plan: Plan, world_size: int) -> list[tuple[dict, Plan]]:
     """Single changes that lower the memory per GPU, those that fit first."""
-    m, z, tp = cfg.model, cfg.zero, cfg.parallel.tp
+    m, z, t, tp = cfg.model, cfg.zero, cfg.train, cfg.parallel.tp
     candidates = [{"zero.stage": s} for s in range(z.stage + 1, 4)]
-    if 0 < plan.max_micro_batch < cfg.train.micro_batch_size:  # gradient accumulation keeps the global batch
-        candidates.insert(0, {"train.micro_batch_size": plan.max_micro_batch})
+    # a smaller micro batch that still divides the global batch (gradient accumulation makes up the rest)
+    smaller = [b for b in range(plan.max_micro_batch, 0, -1) if t.global_batch_size % (b * plan.dp) == 0]
+    if smaller and smaller[0] < t.micro_batch_size:
+        candidates.append({"train.micro_batch_size": smaller[0]})
     if m.activation_checkpointing is not True:
         candidates.append({"model.activation_checkpointing": True})
     if world_size % (2 * tp) == 0:
@@ -358,7 +359,7 @@ def _suggestions(cfg: Config, plan: Plan, world_size: int, gpu_memory_gib: float
     found = []
     for changes in candidates:
         try:
-            after = estimate(_variant(cfg, changes), world_size, gpu_memory_gib)
+            after = estimate(_variant(cfg, changes), world_size, plan.gpu_memory / GIB)
         except ConfigError:  # e.g. a TP size that does not divide the heads
             continue
         if after.total < plan.total:

@@ -5,7 +5,7 @@ import sys
 
 COMMANDS = {
     "prep": ("data_prep", "raw text to sharded Arrow datasets, tokenizers"),
-    "train": ("pretrain", "pretrain BERT, GPT-2 and ERNIE models"),
+    "train": ("pretrain train", "pretrain BERT, GPT-2 and ERNIE models"),
     "plan": ("pretrain plan", "memory per GPU before launch: does a config fit?"),
     "convert": ("checkpoints_tools", "consolidate, reshard, Hugging Face export/import"),
     "launch": ("launchers", "one rendezvous contract for every launcher"),

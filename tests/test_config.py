@@ -11,7 +11,7 @@ from pretrain.config import Config, ConfigError, load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
-TOP_KEYS = "seed, out_dir, precision, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie"
+TOP_KEYS = "seed, out_dir, precision, deepspeed_config, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie"
 OPTIMIZER_KEYS = "name, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, poly_power"
 
 

@@ -31,7 +31,8 @@ def _checkpoint(tmp_path, arch, tok_dir, nfkc=True):
     ckpt.mkdir(parents=True)
     C.save_model(str(ckpt), model.state_dict())
     C.copy_tokenizer(tok_dir, str(ckpt))
-    C.write_meta(str(ckpt), model=cfg, tp=1, step=7, extra={"nfkc": nfkc})
+    C.write_meta(str(ckpt), model=cfg, params=C.param_info({n: p.shape for n, p in model.named_parameters()}), step=7,
+                 extra={"nfkc": nfkc})
     C.mark_latest(str(tmp_path / "run"), ckpt.name)
     return model, cfg
 

@@ -71,9 +71,8 @@ def initialize(tp: int = 1, seed: int = 1234) -> None:
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(dev.backend())
-        else:  # one process, no launcher: DeepSpeed still reads the launcher's variables
-            for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-                os.environ.setdefault(k, v)
+        else:  # one process, no launcher (DeepSpeed still asks for the launcher's LOCAL_RANK)
+            os.environ.setdefault("LOCAL_RANK", "0")
             dist.init_process_group(dev.backend(), store=dist.HashStore(), rank=0, world_size=1)
     if torch.cuda.is_available():
         torch.cuda.set_device(dev.device())
