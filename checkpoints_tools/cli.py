@@ -1,4 +1,4 @@
-"""`python -m checkpoints_tools` (also `ptm convert`): to-hf, from-hf."""
+"""`python -m checkpoints_tools` (also `ptm convert`): consolidate, reshard, to-hf, from-hf."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +7,22 @@ import sys
 
 def parser() -> argparse.ArgumentParser:
     prog = sys.argv[0] if sys.argv[0].startswith("ptm ") else "python -m checkpoints_tools"
-    ap = argparse.ArgumentParser(prog=prog, description="Convert ptm checkpoints to and from Hugging Face format.")
+    ap = argparse.ArgumentParser(prog=prog, description="Consolidate and reshard ptm checkpoints of any layout; convert "
+                                                        "them to and from Hugging Face format.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    c = sub.add_parser("consolidate", help="any TP x DP x ZeRO checkpoint -> one full fp32 state (tp=1)",
+                       description="Join every ZeRO partition and TP shard into whole fp32 tensors (weights and, "
+                                   "unless --weights-only, the optimizer moments), in one process, reading the "
+                                   "shards memory-mapped. The result is a ptm checkpoint: train can resume from it "
+                                   "with any layout, and shards/param-tp00-dp000.safetensors is a plain state dict.")
+    r = sub.add_parser("reshard", help="any checkpoint -> the same with another tensor-parallel size",
+                       description="Rewrite a checkpoint as --tp tensor-parallel shards (no ZeRO partitioning); "
+                                   "training resumes from any layout anyway, this is for tools that expect one.")
+    for p in (c, r):
+        p.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
+        p.add_argument("--out", required=True, help="directory to write (must not hold a checkpoint)")
+        p.add_argument("--weights-only", action="store_true", help="leave out the optimizer moments and trainer state")
+    r.add_argument("--tp", type=int, required=True, help="tensor-parallel size of the output")
     t = sub.add_parser("to-hf", help="ptm checkpoint (or a run's out_dir) -> transformers model directory",
                        description="Write config.json, safetensors weights and the tokenizer, loadable with "
                                    "BertForPreTraining / GPT2LMHeadModel / ErnieForPreTraining and AutoTokenizer.")
@@ -28,7 +42,11 @@ def main(argv=None) -> None:
 
     a = parser().parse_args(argv)
     try:
-        if a.command == "to-hf":
+        if a.command in ("consolidate", "reshard"):
+            from checkpoints_tools.reshard import reshard
+
+            print(f"wrote {reshard(a.checkpoint, a.out, getattr(a, 'tp', 1), a.weights_only)}")
+        elif a.command == "to-hf":
             from checkpoints_tools.hf import to_hf
 
             print(f"wrote {to_hf(a.checkpoint, a.out, a.max_shard_size)}")

@@ -10,6 +10,7 @@ import json
 import logging
 
 import deepspeed
+from deepspeed.accelerator import get_accelerator
 
 from pretrain.config import Config, ConfigError
 from pretrain.optim import Lamb
@@ -85,10 +86,20 @@ def _merge(user: dict, ours: dict) -> dict:
     return out
 
 
+def _allow_half_on_cpu() -> None:
+    """DeepSpeed's CPU accelerator calls fp16 unsupported unless the CPU has oneDNN's fp16 instructions
+    (AVX512-FP16/AMX), but torch computes fp16 on any CPU (by conversion, slowly). The CPU path exists to test
+    the GPU program, so fp16 is allowed there; on GPUs DeepSpeed's own answer stands."""
+    accelerator = get_accelerator()
+    if accelerator.device_name() == "cpu":
+        accelerator.is_fp16_supported = lambda: True
+
+
 def build(cfg: Config, model, optimizer, scheduler):
     """A DeepSpeed engine over `model` (already on its device) with ptm's optimizer and LR scheduler. LAMB gets
     the engine's `Layout` so that its trust ratios are per whole parameter whatever the partitioning."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    _allow_half_on_cpu()
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            mpu=mcore.DeepSpeedMPU(), config=ds_config(cfg, mcore.dp_size()),
                                            dist_init_required=False)

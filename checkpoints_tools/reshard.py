@@ -1,0 +1,47 @@
+"""Consolidate or reshard a checkpoint of any layout (any TP size, DP size and ZeRO stage) without launching
+processes: pieces are read memory-mapped, one parameter at a time, and each output file holds one TP shard of
+one kind (weights, first moments, second moments), so memory stays around one model copy at most."""
+from __future__ import annotations
+
+import os
+import shutil
+
+from pretrain import checkpoint as C
+from pretrain.models.config import padded_vocab_size
+
+
+def reshard(src: str, out: str, tp: int = 1, weights_only: bool = False) -> str:
+    """Write `src` (a checkpoint or run directory) to `out` with `tp` tensor-parallel shards and no ZeRO
+    partitioning (tp=1: the consolidated form, whole tensors with their shapes). Returns `out`."""
+    ckpt = C.resolve(src)
+    pieces = C.Pieces(ckpt)
+    m = C.model_config(pieces.meta)
+    sizes = {"model.num_heads": m.num_heads, "model.ffn_hidden_size": m.ffn_hidden_size,
+             "the padded vocabulary": padded_vocab_size(m)}
+    odd = [f"{k}={v}" for k, v in sizes.items() if tp < 1 or v % tp]
+    if odd:
+        raise C.CheckpointError(f"cannot split this model into tp={tp} shards ({', '.join(odd)} not divisible); "
+                                f"choose a --tp that divides {', '.join(sizes)}")
+    if os.path.exists(os.path.join(out, "meta.json")):
+        raise C.CheckpointError(f"{out} already holds a checkpoint; choose another --out or remove it")
+    tmp = out.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    kinds = [k for k in C.KINDS if pieces.has(k) and (k == "param" or not weights_only)]
+    for kind in kinds:
+        for rank in range(tp):
+            C.write_pieces(tmp, kind, rank, 0, {f"{name}@0": pieces.shard(kind, name, rank, tp) for name in pieces.params})
+    for item in ("trainer.pt", "config.yaml", "tokenizer"):
+        path = os.path.join(ckpt, item)
+        if os.path.isdir(path):
+            shutil.copytree(path, os.path.join(tmp, item))
+        elif os.path.isfile(path) and (item != "trainer.pt" or not weights_only):
+            shutil.copy2(path, tmp)
+    meta = dict(pieces.meta, tp=tp, dp=1, zero_stage=0, resharded_from=os.path.abspath(ckpt))
+    C.write_meta(tmp, model=C.model_config(meta), params=meta.pop("params"), tp=tp, dp=1, step=meta.pop("step"),
+                 extra={k: v for k, v in meta.items() if k not in ("format", "version", "ptm_version", "tp", "dp",
+                                                                    "model")})
+    if os.path.isdir(out) and not os.listdir(out):
+        os.rmdir(out)
+    os.replace(tmp, out)
+    return out
+
