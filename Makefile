@@ -15,3 +15,4 @@ test: setup
 bench: setup
 	@bash scripts/setup.sh dev,hf,mpi,bench
 	$(PY) bench/prep_throughput.py
+	$(PY) bench/parallel_overhead.py

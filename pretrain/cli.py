@@ -14,6 +14,7 @@ def parser() -> argparse.ArgumentParser:
 
     prog = sys.argv[0] if sys.argv[0].split(" ")[0] == "ptm" else "python -m pretrain"
     ap = argparse.ArgumentParser(prog=prog, description="Pretrain BERT, GPT-2 and ERNIE models.")
+    ap.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # the deepspeed launcher adds it
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     t = sub.add_parser(
         "train", help="train (or resume) a model from a YAML config",

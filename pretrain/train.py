@@ -20,7 +20,7 @@ import torch.distributed as dist
 from data_prep.dataset import Corpus
 from pretrain import checkpoint as C
 from pretrain import device as dev
-from pretrain import engine, losses, optim
+from pretrain import engine, losses, optim, plan
 from pretrain.config import Config, ConfigError
 from pretrain.data.factory import build_sources
 from pretrain.data.loader import make_loader
@@ -104,6 +104,8 @@ class Trainer:
         self.engine = engine.build(cfg, model, self.optimizer, self.scheduler)
         self.model = model
         self.accumulation = self.engine.gradient_accumulation_steps()
+        self.flops_per_sample = plan.model_flops_per_sample(cfg.model, cfg.data.seq_len, plan.predicted_tokens(cfg))
+        self.device_name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
         self.step = self.consumed = 0
         self._built: dict = {}  # stage index -> (train, valid) sources
         if resume:
@@ -240,6 +242,12 @@ class Trainer:
 
     # ---- steps ---------------------------------------------------------------------------------------
 
+    def _utilisation(self, samples_per_s: float) -> dict[str, float]:
+        """Model TFLOP/s per device and, on a GPU with a known peak, MFU (docs/performance.md)."""
+        per_device = self.flops_per_sample * samples_per_s / self.world
+        utilisation = plan.mfu(per_device, self.device_name, self.cfg.precision)
+        return {"tflops": per_device / 1e12, **({"mfu": utilisation} if utilisation is not None else {})}
+
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
@@ -346,8 +354,8 @@ class Trainer:
             start = time.time()
             metrics = self.train_step(micro)
             dt = time.time() - start
-            metrics.update(samples_per_s=cfg.train.global_batch_size / dt, tokens_per_s=tokens_per_step / dt,
-                           memory_gib=dev.peak_memory_gib())
+            metrics.update(step_time_s=dt, samples_per_s=cfg.train.global_batch_size / dt, tokens_per_s=tokens_per_step / dt,
+                           memory_gib=dev.peak_memory_gib(), **self._utilisation(cfg.train.global_batch_size / dt))
             if writer:
                 for k, v in metrics.items():
                     writer.add_scalar(f"train/{k}", v, self.step)
@@ -377,6 +385,8 @@ class Trainer:
         summary = {"steps": self.step, "trained_steps": self.step - first, "seconds": round(elapsed, 1),
                    "samples": self.consumed, "checkpoint": final, **{k: round(v, 4) for k, v in last_eval.items()},
                    "tokens_per_s": round((self.step - first) * tokens_per_step / max(elapsed, 1e-9)),
+                   **{k: round(v, 4) for k, v in self._utilisation((self.step - first) * cfg.train.global_batch_size
+                                                                   / max(elapsed, 1e-9)).items()},
                    "skipped_steps": self.engine.skipped_steps, "peak_memory_gib": round(dev.peak_memory_gib(), 2),
                    "layout": {"tp": mcore.tp_size(), "dp": self.dp, "zero_stage": cfg.zero.stage,
                               "precision": cfg.precision}}

@@ -255,3 +255,30 @@ def test_a_nan_loss_stops_the_run_with_its_step_and_samples(dataset, tmp_path):
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "the loss is not finite at step 0 (samples 0 to 7)" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_torchrun_command_line_tp2_zero2_lamb(dataset, tmp_path):
+    """The README's command: `torchrun --nproc_per_node 4 -m pretrain train --config configs/bert-tiny.yaml --set
+    parallel.tp=2 zero.stage=2 optimizer.name=lamb` (plus a small data set-up); rank 0 alone prints the summary."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", f"--master_port={free_port()}",
+           "-m", "pretrain", "train", "--config", "configs/bert-tiny.yaml", "--set", "parallel.tp=2", "zero.stage=2",
+           "optimizer.name=lamb", *bert(dataset, "train.steps=3", "optimizer.warmup_steps=1")[1:], f"out_dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert summary["steps"] == 3 and summary["layout"] == {"tp": 2, "dp": 2, "zero_stage": 2, "precision": "fp32"}
+    meta = C.read_meta(C.resolve(str(tmp_path)))
+    assert (meta["tp"], meta["dp"], meta["zero_stage"]) == (2, 2, 2)
+
+
+def test_deepspeed_launcher_zero3(dataset, tmp_path):
+    """`deepspeed --num_gpus 2 --module pretrain train ...` (CPU processes here): the launcher's --local_rank is
+    accepted, ZeRO-3 over 2 data-parallel ranks trains and checkpoints."""
+    deepspeed = os.path.join(os.path.dirname(sys.executable), "deepspeed")
+    cmd = [deepspeed, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pretrain", "train",
+           "--config", "bert-tiny", "--set", "zero.stage=3", *bert(dataset, "train.steps=2", "optimizer.warmup_steps=1")[1:],
+           f"out_dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    meta = C.read_meta(C.resolve(str(tmp_path)))
+    assert (meta["step"], meta["tp"], meta["dp"], meta["zero_stage"]) == (2, 1, 2, 3)
