@@ -46,9 +46,9 @@ def step_seconds(args, name: str, overrides: list[str], work: str, data: str) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, default=2, help="processes per run (TP x DP); 2 on a 2-core box")
-    ap.add_argument("--steps", type=int, default=20, help="optimizer steps per run")
+    ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
     ap.add_argument("--config", default="bert-tiny", help="config preset or YAML file")
-    ap.add_argument("--set", dest="overrides", nargs="*", default=["train.global_batch_size=16",
+    ap.add_argument("--set", dest="overrides", nargs="*", default=["train.global_batch_size=16", "optimizer.warmup_steps=2",
                                                                      "train.micro_batch_size=4"],
                     help="extra config overrides for every run")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "ptm-bench-parallel"),
