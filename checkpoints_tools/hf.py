@@ -180,8 +180,9 @@ def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
     import_tokenizer(hf_dir, os.path.join(out, "tokenizer"))
     token_ids = {k: getattr(hf_cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                  if getattr(hf_cfg, k, None) is not None}
-    C.write_meta(out, model=cfg, params=C.param_info({k: v.shape for k, v in state.items()}), extra={"source": os.path.abspath(hf_dir), "initialised": initialised,
-                                              "nfkc": _uses_nfkc(hf_dir), "hf_token_ids": token_ids})
+    C.write_meta(out, model=cfg, params=C.param_info({k: v.shape for k, v in state.items()}),
+                 extra={"source": os.path.abspath(hf_dir), "initialised": initialised, "nfkc": _uses_nfkc(hf_dir),
+                        "hf_token_ids": token_ids})
     return out, initialised
 
 

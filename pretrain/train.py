@@ -122,11 +122,11 @@ class Trainer:
         if C.model_config(pieces.meta) != self.cfg.model:
             raise C.CheckpointError(f"{ckpt} holds a different model than the config's model section; use "
                                     "the checkpoint's config.yaml or another out_dir")
-        mismatched = [n for n, info in C.param_info(self.shapes, mcore.tp_size()).items()
-                      if pieces.params.get(n, info)["shape"] != info["shape"]]
-        if mismatched or set(pieces.params) != set(self.shapes):
-            raise C.CheckpointError(f"{ckpt} does not fit this model ({(mismatched or sorted(set(pieces.params) ^ set(self.shapes)))[:3]}); "
-                                    "use its config.yaml or another out_dir")
+        mine = C.param_info(self.shapes, mcore.tp_size())
+        odd = sorted(n for n in set(mine) | set(pieces.params) if mine.get(n) != pieces.params.get(n))
+        if odd:
+            raise C.CheckpointError(f"{ckpt} does not fit this model (parameters {odd[:3]} differ); use its config.yaml "
+                                    "or another out_dir")
         return _Resume(ckpt, pieces, mcore.tp_rank(), mcore.tp_size())
 
     def _restore(self, resume: _Resume) -> None:

@@ -34,12 +34,17 @@ def gpt2(dataset, *overrides):
             "train.eval_steps=2", "data.valid_fraction=0.02", "train.steps=4", "checkpoint.interval=0", *overrides]
 
 
-def launch(out, runs: dict, nproc: int = 4, check=True, timeout=900):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-           os.path.join(ROOT, "tests", "engine_worker.py"), str(out), json.dumps(runs)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode:
-        raise AssertionError(f"exit {proc.returncode}\n" + "\n".join(l for l in proc.stderr.splitlines() if "arning" not in l)[-12000:])
+def worker(out, runs: dict, nproc: int) -> list[str]:
+    """The torchrun command line of tests/engine_worker.py training `runs` into `out`."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+            os.path.join(ROOT, "tests", "engine_worker.py"), str(out), json.dumps(runs)]
+
+
+def launch(out, runs: dict, nproc: int = 4):
+    proc = subprocess.run(worker(out, runs, nproc), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if proc.returncode:
+        errors = "\n".join(line for line in proc.stderr.splitlines() if "arning" not in line)
+        raise AssertionError(f"exit {proc.returncode}\n{errors[-12000:]}")
     return proc
 
 
@@ -100,9 +105,7 @@ def bert(dataset, *overrides):
 
 
 def start(out, runs: dict, nproc: int):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-           os.path.join(ROOT, "tests", "engine_worker.py"), str(out), json.dumps(runs)]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(worker(out, runs, nproc), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
@@ -282,3 +285,38 @@ def test_deepspeed_launcher_zero3(dataset, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     meta = C.read_meta(C.resolve(str(tmp_path)))
     assert (meta["step"], meta["tp"], meta["dp"], meta["zero_stage"]) == (2, 1, 2, 3)
+
+
+def test_deepspeed_json_comes_from_the_yaml_and_a_users_json_must_agree(dataset, tmp_path):
+    from pretrain.config import ConfigError
+    from pretrain.engine import ds_config
+
+    cfg = config(bert(dataset, "zero.stage=3", "zero.offload=true", "precision=fp16", "train.grad_clip=0"))
+    ds = ds_config(cfg, dp=2)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 2, 2)
+    assert ds["gradient_clipping"] == 0 and ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"}}
+    assert ds["fp16"]["enabled"] and ds["fp16"]["initial_scale_power"] == 16 and not ds["bf16"]["enabled"]
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps({"zero_optimization": {"stage": 3, "overlap_comm": True}, "wall_clock_breakdown": False}))
+    cfg.deepspeed_config = str(user)
+    merged = ds_config(cfg, dp=2)
+    assert merged["zero_optimization"] == {"stage": 3, "overlap_comm": True, "offload_optimizer": {"device": "cpu"}}
+    user.write_text(json.dumps({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Adam"}}))
+    with pytest.raises(ConfigError) as e:
+        ds_config(cfg, dp=2)
+    assert "zero_optimization.stage=2 but the config gives 3" in str(e.value) and "optimizer is ptm's" in str(e.value)
+    user.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        ds_config(cfg, dp=2)
+
+
+def test_bf16_trains_with_bf16_weights_and_fp32_master_copies(dataset, tmp_path):
+    from pretrain.train import Trainer
+
+    trainer = Trainer(config(bert(dataset, "precision=bf16", "zero.stage=1", "train.steps=3", f"out_dir={tmp_path}")))
+    assert all(p.dtype == torch.bfloat16 for p in trainer.model.parameters())
+    assert all(master.dtype == torch.float32 for master, _ in trainer.engine.layout.tensors)
+    summary = trainer.fit()
+    assert summary["steps"] == 3 and summary["skipped_steps"] == 0
+    weights = C.load_full_model(C.resolve(str(tmp_path)))
+    assert all(torch.isfinite(w).all() and w.dtype == torch.float32 for w in weights.values())
