@@ -95,6 +95,19 @@ def _allow_half_on_cpu() -> None:
         accelerator.is_fp16_supported = lambda: True
 
 
+def _read_elsewhere(model):
+    """(module, parameter) pairs where a module's forward reads a parameter that another module owns; ZeRO-3
+    gathers a parameter only for its owner's forward unless told: the LM head reads the tied word embeddings, a
+    post-LN block passes its LayerNorms' weights to the fused residual + LayerNorm kernel."""
+    head = model if model.cfg.arch == "gpt2" else model.mlm
+    yield head, model.embeddings.word.weight
+    for block in model.blocks:
+        if not block.pre_ln:
+            for norm in (block.attn_norm, block.mlp_norm):
+                yield block, norm.weight
+                yield block, norm.bias
+
+
 def build(cfg: Config, model, optimizer, scheduler):
     """A DeepSpeed engine over `model` (already on its device) with ptm's optimizer and LR scheduler. LAMB gets
     the engine's `Layout` so that its trust ratios are per whole parameter whatever the partitioning."""
@@ -103,9 +116,9 @@ def build(cfg: Config, model, optimizer, scheduler):
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            mpu=mcore.DeepSpeedMPU(), config=ds_config(cfg, mcore.dp_size()),
                                            dist_init_required=False)
-    if cfg.zero.stage == 3:  # the LM head reads the word embeddings outside their module: fetch them there too
-        head = model if cfg.model.arch == "gpt2" else model.mlm
-        deepspeed.zero.register_external_parameter(head, model.embeddings.word.weight)
+    if cfg.zero.stage == 3:
+        for module, param in _read_elsewhere(model):
+            deepspeed.zero.register_external_parameter(module, param)
     engine.layout = Layout.of(engine)
     if isinstance(optimizer, Lamb):
         optimizer.layout = engine.layout

@@ -23,10 +23,10 @@ def vocab_parallel_argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(indices).gather(0, best[None])[0]
 
 
-def compute(model, batch: dict, arch: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The batch's total loss and detached metrics (per-task losses, accuracies)."""
+def compute(model, batch: dict, arch: str, tasks=()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The batch's total loss and detached metrics (per-task losses, accuracies); `tasks`: the ERNIE 2.0 stage's."""
     if "task" in batch:
-        return _ernie(model, batch)
+        return _ernie(model, batch, tasks)
     if arch == "gpt2":
         logits = model(batch["input_ids"])["logits"]
         loss = K.cross_entropy(logits, batch["labels"]).mean()
@@ -48,35 +48,38 @@ def compute(model, batch: dict, arch: str) -> tuple[torch.Tensor, dict[str, torc
     return loss, metrics
 
 
-def _ernie(model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """ERNIE 2.0: each task's mean loss over the samples of that task in the batch, summed."""
+def _ernie(model, batch: dict, tasks) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """ERNIE 2.0: each task's mean loss over the samples of that task in the batch, summed. Every head of the
+    stage's `tasks` runs on every rank, on no rows when the batch has none of its samples (then adding 0 x its
+    output), so that ranks make the same ZeRO-3 gathers and gradient reductions whatever their data."""
     from pretrain.data.ernie import TASKS
 
-    h = model.encode(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["task_type_ids"])
+    h = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["task_type_ids"],
+              hidden=True)["hidden"]
     total, metrics = h.new_zeros(()), {}
 
-    def add(name, logits, target):
+    def add(name, logits, target, loss_fn=lambda x, y: F.cross_entropy(x.float(), y), argmax=None):
         nonlocal total
-        loss = F.cross_entropy(logits.float(), target)
+        if not len(target):
+            total = total + logits.sum() * 0
+            return
+        loss = loss_fn(logits, target)
         total = total + loss
+        predicted = (argmax or (lambda x: x.argmax(-1)))(logits.detach())
         metrics[f"{name}_loss"] = loss.detach()
-        metrics[f"{name}_acc"] = (logits.argmax(-1) == target).float().mean()
+        metrics[f"{name}_acc"] = (predicted == target).float().mean()
 
-    masked = batch["labels"] != -100
-    if masked.any():
-        logits = model.lm_logits(h[masked])
-        target = batch["labels"][masked]
-        predicted = vocab_parallel_argmax(logits.detach())
-        mlm = K.cross_entropy(logits, target).mean()
-        total = total + mlm
-        metrics.update(mlm_loss=mlm.detach(), mlm_acc=(predicted == target).float().mean())
+    if "knowledge_masking" in tasks:
+        masked = batch["labels"] != -100
+        add("mlm", model.lm_logits(h[masked]), batch["labels"][masked],
+            loss_fn=lambda x, y: K.cross_entropy(x, y).mean(), argmax=vocab_parallel_argmax)
     for name, head in model.tasks.token.items():
-        rows = (batch["task"] == TASKS.index(name))[:, None] & (batch["token_labels"] != -100)
-        if rows.any():
+        if name in tasks:
+            rows = (batch["task"] == TASKS.index(name))[:, None] & (batch["token_labels"] != -100)
             add(name, head(h[rows]), batch["token_labels"][rows])
     pooled = model.pooled(h)
     for name, head in model.tasks.sequence.items():
-        rows = batch["task"] == TASKS.index(name)
-        if rows.any():
+        if name in tasks:
+            rows = batch["task"] == TASKS.index(name)
             add(name, head(pooled[rows]), batch["seq_label"][rows])
     return total, metrics

@@ -259,7 +259,7 @@ class Trainer:
         finite = torch.ones((), device=self.device)
         for i in range(self.accumulation):
             batch = self._to_device(next(micro_batches))
-            loss, metrics = losses.compute(self.engine, batch, self.cfg.model.arch)
+            loss, metrics = losses.compute(self.engine, batch, self.cfg.model.arch, self._tasks(self.step))
             finite = finite * torch.isfinite(loss.detach()).float()
             self.engine.backward(loss)
             if i == self.accumulation - 1:
@@ -284,6 +284,11 @@ class Trainer:
             raise FloatingPointError(f"the loss is not finite at step {self.step} (samples {self.consumed:,} to "
                                      f"{self.consumed + self.cfg.train.global_batch_size - 1:,}); the weights were "
                                      "not updated: lower optimizer.lr or check these samples")
+
+    def _tasks(self, step: int) -> tuple[str, ...]:
+        """The ERNIE 2.0 tasks of the stage that `step` is in."""
+        e = self.cfg.ernie
+        return tuple(e.stage_at(step).tasks) if self.cfg.data.objective == "ernie" else ()
 
     def _sources(self, step: int):
         """(train, valid) sample sources, built once per ERNIE stage (the stage that `step` is in decides the
@@ -317,7 +322,8 @@ class Trainer:
         data = self._loader(valid, 0, 0)
         n = 0
         for batch in data:
-            _, metrics = losses.compute(self.engine, self._to_device(batch), self.cfg.model.arch)
+            _, metrics = losses.compute(self.engine, self._to_device(batch), self.cfg.model.arch,
+                                        self._tasks(max(self.step - 1, 0)))
             if "mlm_acc" in metrics:  # what always answering the corpus's most frequent token would score
                 target = batch["labels"][batch["labels"] != -100]
                 metrics["mlm_unigram_acc"] = (target == self.most_frequent).float().mean()

@@ -322,3 +322,14 @@ def test_bf16_trains_with_bf16_weights_and_fp32_master_copies(dataset, tmp_path)
     assert summary["steps"] == 3 and summary["skipped_steps"] == 0
     weights = C.load_full_model(C.resolve(str(tmp_path)))
     assert all(torch.isfinite(w).all() and w.dtype == torch.float32 for w in weights.values())
+
+
+def test_ernie2_multitask_under_tp2_dp2_zero3(dataset, tmp_path):
+    """ERNIE 2.0's task heads see different tasks on different data-parallel ranks; under ZeRO-3 every rank still
+    makes the same parameter gathers (each head of the stage runs, on no rows if need be), through both stages."""
+    launch(tmp_path, {"ernie": ["ernie-tiny", f"data.path={dataset}", "data.num_workers=0", "data.seq_len=32",
+                                "model.max_position_embeddings=32", "data.valid_fraction=0.02", "parallel.tp=2",
+                                "zero.stage=3", "train.global_batch_size=8", "train.micro_batch_size=2"]})
+    summary = json.load(open(tmp_path / "ernie" / "summary.json"))
+    assert summary["steps"] == 8 and summary["layout"]["zero_stage"] == 3
+    assert {"valid_mlm_acc", "valid_sentence_reordering_acc", "valid_sentence_distance_acc"} <= summary.keys()

@@ -180,8 +180,11 @@ class Pretraining(nn.Module):
             x = _checkpoint(block, x, mask) if i in self.checkpointed and self.training else block(x, mask)
         return self.final_norm(x) if self.cfg.arch == "gpt2" else x
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, positions=None):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, positions=None,
+                hidden=False):
         h = self.encode(input_ids, attention_mask, token_type_ids, task_type_ids)
+        if hidden:  # ERNIE 2.0's losses run their heads on the hidden states
+            return {"hidden": h}
         if self.cfg.arch == "gpt2":
             return {"logits": self.lm_logits(h)}
         return {"logits": self.lm_logits(h if positions is None else h[positions]), "nsp_logits": self.nsp_logits(h)}
