@@ -88,6 +88,8 @@ def test_tp2_dp2_matches_one_process_for_every_zero_stage(dataset, tmp_path):
     assert all(d < 1e-5 for d in diffs.values()), diffs
     assert naive > 1e-3  # trust ratios over ZeRO partitions instead of parameters: visibly different weights
     assert max_rel_diff(weights(tmp_path / "lamb-ref"), weights(tmp_path / "adamw-ref")) > 1e-2  # a real difference
+    norms = [json.loads(line)["grad_norm"] for line in open(tmp_path / "lamb-z3" / "metrics.jsonl")]
+    assert min(norms) > 0.5  # every step was clipped (train.grad_clip=0.5): the clipping is part of what agrees
 
 
 def config(run: list):
@@ -178,7 +180,8 @@ def test_kill_during_a_save_resumes_the_previous_checkpoint(dataset, tmp_path):
 
 
 def test_layout_change_resume_consolidate_and_hf_export_from_tp2_dp2_zero3(dataset, tmp_path):
-    """A TP=2 x DP=2 ZeRO-3 checkpoint: consolidated by one process it is the same tensors; exported to HF its
+    """A TP=2 x DP=2 ZeRO-3 checkpoint: consolidated or resharded to TP=4 by one process it holds the same tensors
+    (weights and moments); exported to HF its
     logits are the training model's; resumed as TP=1 x DP=2 under ZeRO-1 the run ends where a single process that
     never changed layout does (weights and LAMB moments: the optimizer state survived the change)."""
     import transformers
@@ -197,6 +200,11 @@ def test_layout_change_resume_consolidate_and_hf_export_from_tp2_dp2_zero3(datas
     whole = load_file(tmp_path / "whole" / "shards" / "param-tp00-dp000.safetensors")
     full = C.load_full_model(ckpt)
     assert whole.keys() == {f"{k}@0" for k in full} and all(torch.equal(whole[f"{k}@0"], v) for k, v in full.items())
+
+    run_cli("checkpoints_tools", "reshard", tmp_path / "moved", "--tp", "4", "--out", tmp_path / "tp4")
+    tp4 = C.Pieces(str(tmp_path / "tp4"))
+    assert tp4.tp == 4 and len(os.listdir(tmp_path / "tp4" / "shards")) == 3 * 4
+    assert all(torch.equal(tp4.full("exp_avg", n), C.Pieces(ckpt).full("exp_avg", n)) for n in full)
 
     run_cli("checkpoints_tools", "to-hf", tmp_path / "moved", "--out", tmp_path / "hf")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
@@ -326,10 +334,12 @@ def test_bf16_trains_with_bf16_weights_and_fp32_master_copies(dataset, tmp_path)
 
 def test_ernie2_multitask_under_tp2_dp2_zero3(dataset, tmp_path):
     """ERNIE 2.0's task heads see different tasks on different data-parallel ranks; under ZeRO-3 every rank still
-    makes the same parameter gathers (each head of the stage runs, on no rows if need be), through both stages."""
+    makes the same parameter gathers (each head of the stage runs, on no rows if need be), through both stages, with
+    layer 1 recomputed in the backward pass (activation checkpointing gathers its parameters again)."""
     launch(tmp_path, {"ernie": ["ernie-tiny", f"data.path={dataset}", "data.num_workers=0", "data.seq_len=32",
                                 "model.max_position_embeddings=32", "data.valid_fraction=0.02", "parallel.tp=2",
-                                "zero.stage=3", "train.global_batch_size=8", "train.micro_batch_size=2"]})
+                                "zero.stage=3", "train.global_batch_size=8", "train.micro_batch_size=2",
+                                "model.activation_checkpointing=[1]"]})
     summary = json.load(open(tmp_path / "ernie" / "summary.json"))
     assert summary["steps"] == 8 and summary["layout"]["zero_stage"] == 3
     assert {"valid_mlm_acc", "valid_sentence_reordering_acc", "valid_sentence_distance_acc"} <= summary.keys()

@@ -10,7 +10,6 @@ from torch import nn
 from pretrain import config as C
 from pretrain import optim
 from pretrain.optim import AdamW, Lamb, Schedule, functional, param_groups
-from pretrain.optim.norms import clip_grad_norm_, grad_sum_of_squares
 
 
 def mlp():
@@ -192,38 +191,6 @@ def test_build_from_config():
 
 
 # -------------------------------------------------------------------------------------------- clipping
-
-def with_grads(seed=0):
-    model = mlp()
-    torch.manual_seed(seed)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p)
-    return model
-
-
-@pytest.mark.parametrize("max_norm", [0.5, 1e6])
-def test_clip_matches_torch(max_norm):
-    ours, ref = with_grads(), with_grads()
-    norm = clip_grad_norm_(ours.parameters(), max_norm)
-    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
-    torch.testing.assert_close(norm, ref_norm)
-    for p, q in zip(ours.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad)
-
-
-def test_clip_hook_adds_partial_sums_of_shards():
-    """Two 'ranks' each hold half the parameters; the hook adds the other half's partial sum (an all-reduce)."""
-    whole, sharded = with_grads(), with_grads()
-    total = clip_grad_norm_(whole.parameters(), 0.5)
-    params = list(sharded.parameters())
-    halves = params[:3], params[3:]
-    partial = [grad_sum_of_squares(list(h)) for h in halves]
-    for rank, half in enumerate(halves):
-        norm = clip_grad_norm_(half, 0.5, sum_squares=lambda ps, r=rank: grad_sum_of_squares(ps) + partial[1 - r])
-        torch.testing.assert_close(norm, total)
-    for p, q in zip(whole.parameters(), sharded.parameters()):
-        torch.testing.assert_close(p.grad, q.grad)
-
 
 # ------------------------------------------------------------------------------------------- schedules
 

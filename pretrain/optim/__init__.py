@@ -1,14 +1,13 @@
-"""ptm's optimizers (AdamW, LAMB), gradient clipping and learning-rate schedules, in plain torch.
+"""ptm's optimizers (AdamW, LAMB) and learning-rate schedules, in plain torch (clipping is DeepSpeed's).
 
     optimizer = optim.build(model, cfg.optimizer)
     scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(optimizer)
-    norm = optim.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
 """
 from __future__ import annotations
 
 from torch import nn
 
-from pretrain.optim.norms import clip_grad_norm_, grad_norm, grad_sum_of_squares, sum_of_squares
+from pretrain.optim.norms import sum_of_squares
 from pretrain.optim.optimizers import AdamW, Lamb, param_groups, trust_ratios
 from pretrain.optim.schedule import Schedule
 
@@ -22,5 +21,4 @@ def build(model: nn.Module, cfg) -> AdamW | Lamb:
                                 eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
-__all__ = ["OPTIMIZERS", "AdamW", "Lamb", "Schedule", "build", "clip_grad_norm_", "grad_norm", "grad_sum_of_squares",
-           "param_groups", "sum_of_squares", "trust_ratios"]
+__all__ = ["OPTIMIZERS", "AdamW", "Lamb", "Schedule", "build", "param_groups", "sum_of_squares", "trust_ratios"]
