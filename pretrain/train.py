@@ -132,7 +132,11 @@ class Trainer:
     def _restore(self, resume: _Resume) -> None:
         """Optimizer pieces, schedule, loss scale, counters and RNG from a checkpoint written by any layout;
         the weights were loaded into the model before DeepSpeed copied them."""
-        meta, trainer = resume.pieces.meta, torch.load(os.path.join(resume.ckpt, "trainer.pt"), weights_only=False)
+        path = os.path.join(resume.ckpt, "trainer.pt")
+        if not os.path.isfile(path):
+            raise C.CheckpointError(f"{resume.ckpt} holds weights only (no trainer.pt) and cannot be resumed; start "
+                                    "a new out_dir with checkpoint.init_from pointing at it")
+        meta, trainer = resume.pieces.meta, torch.load(path, weights_only=False)
         kinds = [k for k in C.KINDS if resume.pieces.has(k)]
         layout, state = self.engine.layout, self.optimizer.state
         places: dict[str, list] = {}
