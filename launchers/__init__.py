@@ -1,1 +1,1 @@
-"""ptm launchers (built by later issues)."""
+"""ptm launchers: one rendezvous contract (`launchers.rendezvous`) for torchrun, deepspeed and mpirun."""

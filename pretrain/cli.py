@@ -38,6 +38,7 @@ def main(argv=None) -> None:
 
         sys.exit(run(a))
     from data_prep import PrepError
+    from launchers.rendezvous import RendezvousError
     from pretrain.checkpoint import CheckpointError
     from pretrain.config import ConfigError, load
 
@@ -46,7 +47,7 @@ def main(argv=None) -> None:
         from pretrain.train import train
 
         summary = train(cfg)
-    except (ConfigError, CheckpointError, PrepError) as e:
+    except (ConfigError, CheckpointError, PrepError, RendezvousError) as e:
         lines = str(e).splitlines()
         print("\n".join(f"pretrain: error: {line}" for line in lines), file=sys.stderr)
         sys.exit(2)

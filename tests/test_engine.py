@@ -346,3 +346,35 @@ def test_ernie2_multitask_under_tp2_dp2_zero3(dataset, tmp_path):
     summary = json.load(open(tmp_path / "ernie" / "summary.json"))
     assert summary["steps"] == 8 and summary["layout"]["zero_stage"] == 3
     assert {"valid_mlm_acc", "valid_sentence_reordering_acc", "valid_sentence_distance_acc"} <= summary.keys()
+
+
+def test_rendezvous_contract():
+    from launchers.rendezvous import RendezvousError, export
+
+    env = {"RANK": "3", "WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}
+    assert export(env) == "torchrun/deepspeed" and env["RANK"] == "3"  # torch's variables win
+    assert export({}) is None and export({"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"}) is None
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    assert export(env) == "mpirun"
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("1", "2", "1", "127.0.0.1")
+    with pytest.raises(RendezvousError, match="MASTER_ADDR"):  # two nodes: where is rank 0?
+        export({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+
+
+def test_mpirun_trains_data_parallel(dataset, tmp_path):
+    """`mpirun -np 2 python -m pretrain train ...` (Open MPI): the ranks find each other through the rendezvous
+    contract and train as DP=2 under ZeRO-2; rank 0 alone prints the summary."""
+    import shutil
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None and os.environ.get("CI") != "true":
+        pytest.skip("Open MPI not installed (scripts/setup.sh installs it)")
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", f"MASTER_PORT={free_port()}",
+           sys.executable, "-m", "pretrain", "train", "--config", "bert-tiny", "--set", "zero.stage=2",
+           *bert(dataset, "train.steps=2", "optimizer.warmup_steps=1")[1:], f"out_dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count('"layout"') == 1
+    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert summary["layout"] == {"tp": 1, "dp": 2, "zero_stage": 2, "precision": "fp32"}

@@ -20,6 +20,7 @@ from megatron.core import tensor_parallel
 from megatron.core.model_parallel_config import ModelParallelConfig
 from megatron.core.tensor_parallel import random as mrandom
 
+from launchers import rendezvous
 from pretrain import device as dev
 
 MODEL_PARALLEL_RNG = "model-parallel-rng"
@@ -66,10 +67,10 @@ def seed_everything(seed: int) -> None:
 
 
 def initialize(tp: int = 1, seed: int = 1234) -> None:
-    """Process groups (torch.distributed from the launcher's environment, or a one-process group) and
-    megatron-core's TP x DP groups, then the seeds."""
+    """Process groups (torch.distributed from the launcher's environment: torchrun, deepspeed or mpirun; or a
+    one-process group) and megatron-core's TP x DP groups, then the seeds."""
     if not dist.is_initialized():
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if rendezvous.export():
             dist.init_process_group(dev.backend())
         else:  # one process, no launcher (DeepSpeed still asks for the launcher's LOCAL_RANK)
             os.environ.setdefault("LOCAL_RANK", "0")
