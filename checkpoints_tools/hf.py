@@ -141,7 +141,7 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     """Write a transformers model directory (config, safetensors weights, tokenizer) from a ptm checkpoint."""
     import transformers
 
-    ckpt = C.resolve(ckpt_or_run)
+    ckpt = C.check_complete(C.resolve(ckpt_or_run))
     meta = C.read_meta(ckpt)
     cfg = C.model_config(meta)
     tok_dir = os.path.join(ckpt, "tokenizer")
@@ -167,6 +167,10 @@ def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
     have and were initialised (base models such as BertModel or GPT2Model)."""
     import transformers
 
+    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+        what = "has no config.json" if os.path.isdir(hf_dir) else "is not a directory"
+        raise C.CheckpointError(f"{hf_dir} {what}: not a Hugging Face model directory; pass the directory that "
+                                "save_pretrained wrote (config.json, weights, tokenizer files)")
     hf_cfg = transformers.AutoConfig.from_pretrained(hf_dir)
     cfg = model_config_from_hf(hf_cfg)
     cls = getattr(transformers, _HF_CLASSES[cfg.arch])
@@ -180,10 +184,25 @@ def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
     import_tokenizer(hf_dir, os.path.join(out, "tokenizer"))
     token_ids = {k: getattr(hf_cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                  if getattr(hf_cfg, k, None) is not None}
-    C.write_meta(out, model=cfg, params=C.param_info({k: v.shape for k, v in state.items()}),
+    C.write_meta(out, model=cfg, params=_params(cfg, state),
                  extra={"source": os.path.abspath(hf_dir), "initialised": initialised, "nfkc": _uses_nfkc(hf_dir),
                         "hf_token_ids": token_ids})
     return out, initialised
+
+
+def _params(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, dict]:
+    """meta.json's `params` for whole tensors of a model shaped like `cfg`; which dimension tensor parallelism
+    splits comes from megatron-core's attributes on a tiny model of the same structure."""
+    import dataclasses
+
+    from pretrain.models.model import Pretraining
+    from pretrain.parallel import mcore
+
+    mcore.initialize(1, 0)
+    tiny = Pretraining(dataclasses.replace(cfg, vocab_size=8, vocab_pad_to=8, hidden_size=8, num_heads=1,
+                                           ffn_hidden_size=8, max_position_embeddings=8))
+    dims = {name: info["split_dim"] for name, info in C.param_info(tiny.named_parameters()).items()}
+    return {name: {"shape": list(t.shape), "split_dim": dims[name]} for name, t in state.items()}
 
 
 def _uses_nfkc(hf_dir: str) -> bool:

@@ -13,7 +13,7 @@ from pretrain.models.config import padded_vocab_size
 def reshard(src: str, out: str, tp: int = 1, weights_only: bool = False) -> str:
     """Write `src` (a checkpoint or run directory) to `out` with `tp` tensor-parallel shards and no ZeRO
     partitioning (tp=1: the consolidated form, whole tensors with their shapes). Returns `out`."""
-    ckpt = C.resolve(src)
+    ckpt = C.check_complete(C.resolve(src))
     pieces = C.Pieces(ckpt)
     m = C.model_config(pieces.meta)
     sizes = {"model.num_heads": m.num_heads, "model.ffn_hidden_size": m.ffn_hidden_size,

@@ -31,10 +31,10 @@ import pyarrow as pa
 from data_prep import PrepError
 from data_prep import text as T
 from data_prep.encode import DocEncoder
-from data_prep.shards import SHARD_SUFFIX, ShardWriter, sha256_file, write_table_atomic
+from data_prep.shards import SHARD_SUFFIX, ShardWriter, write_table_atomic
 from data_prep.sources import Fields, detect_format, expand_inputs, read_records
 from data_prep.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
-from ptm.files import write_json, write_text
+from ptm.files import sha256_file, write_json, write_text
 
 FORMAT_VERSION = 1
 PARTIAL = ".partial"
@@ -161,15 +161,23 @@ def _chunks(records, size_chars: int = 1 << 20, max_records: int = 256):
         yield chunk, meta
 
 
+def _unreadable(error: str) -> PrepError:
+    """The --on-error fail stop at an unreadable record; `error` names its file and line."""
+    return PrepError(f"{error}; fix the input or pass --on-error skip to skip such records")
+
+
 # ---- tokenizer ----------------------------------------------------------------------------------------
 
 def sample_sentences(files: list[str], opts: BuildOptions) -> list[str]:
-    """A uniform, seeded reservoir sample of at most `tokenizer_sample` sentences from all inputs."""
+    """A uniform, seeded reservoir sample of at most `tokenizer_sample` sentences from all inputs.
+    Unreadable records stop it with --on-error fail, before any training, and are left out with skip."""
     rng = random.Random(opts.seed)
     sample: list[str] = []
     seen = 0
     for r in read_records(files, 0, fmt=opts.format, fields=opts.fields, doc_boundary=opts.doc_boundary):
         if r.error:
+            if opts.on_error == "fail":
+                raise _unreadable(r.error)
             continue
         for s in T.split_sentences(T.normalize(r.text, opts.text)):
             s = s.strip()
@@ -320,7 +328,7 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
             for (kind, payload), (file_index, line, nchars, label) in zip(outcomes, meta):
                 if kind == "error":
                     if opts.on_error == "fail":
-                        raise PrepError(f"{payload}; fix the input or pass --on-error skip to skip such records")
+                        raise _unreadable(payload)
                     reason = payload.split(": ", 1)[1].split(" (")[0].split(";")[0]
                     stats["skipped"][reason] = stats["skipped"].get(reason, 0) + 1
                     if len(rejects) < MAX_REJECTS_PER_SHARD:

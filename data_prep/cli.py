@@ -96,6 +96,9 @@ def parser() -> argparse.ArgumentParser:
                                    "directory to build --tokenizer.")
     _input_options(t)
     t.add_argument("--out", required=True, help="directory for spm.model and ptm_tokenizer.json")
+    t.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+                   help="unreadable records (invalid UTF-8, malformed JSON, missing field): stop with the file "
+                        "and line (default), or leave them out of the sample")
     _tokenizer_options(t)
 
     f = sub.add_parser("finalize", help="check all partitions and write manifest.json",
@@ -146,7 +149,7 @@ def run(argv=None) -> int:
                             pair_field=a.pair_field, label_field=a.label_field,
                             doc_boundary=a.doc_boundary, text=_text_options(a), vocab_size=a.vocab_size,
                             model_type=a.model_type, num_unused=a.num_unused, tokenizer_sample=a.tokenizer_sample,
-                            seed=a.seed)
+                            seed=a.seed, on_error=a.on_error)
         tok = train_tokenizer(expand_inputs(a.inputs, a.format), opts, a.out)
         print(f"wrote {tok.kind} tokenizer ({tok.vocab_size} pieces) to {a.out}")
     elif a.command == "finalize":

@@ -17,9 +17,33 @@ from data_prep import PrepError
 _LIST_COLUMNS = ("input_ids", "sentence_starts", "word_start", "phrase_spans", "entity_spans")
 
 
+def _open_shard(directory: str, entry: dict) -> pa.RecordBatch:
+    """A shard's record batch, memory-mapped, after cheap checks against its manifest entry (file size,
+    Arrow IPC footer, row count); hashing every byte is left to `verify`."""
+    path = os.path.join(directory, entry["file"])
+
+    def damaged(problem: str) -> PrepError:
+        return PrepError(f"{path}: {problem}; the dataset is damaged: run `python -m data_prep verify {directory}` "
+                         "and rebuild it")
+
+    if not os.path.isfile(path):
+        raise damaged("missing")
+    size, expected = os.path.getsize(path), entry["bytes"]
+    if size != expected:
+        raise damaged(f"truncated ({size:,} of {expected:,} bytes)" if size < expected
+                      else f"{size:,} bytes, the manifest says {expected:,}")
+    try:
+        batch = pa.ipc.open_file(pa.memory_map(path)).get_batch(0)
+    except (pa.ArrowException, OSError) as e:
+        raise damaged(f"not a readable Arrow IPC file ({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+    if batch.num_rows != entry["num_documents"]:
+        raise damaged(f"{batch.num_rows:,} documents, the manifest says {entry['num_documents']:,}")
+    return batch
+
+
 class _Shard:
-    def __init__(self, path: str):
-        self.batch = pa.ipc.open_file(pa.memory_map(path)).get_batch(0)
+    def __init__(self, directory: str, entry: dict):
+        self.batch = _open_shard(directory, entry)
         self.offsets, self.values = {}, {}
         for name in _LIST_COLUMNS:
             col = self.batch.column(name)
@@ -42,7 +66,7 @@ class Corpus:
         with open(manifest) as f:
             self.manifest = json.load(f)
         self.path = path
-        self.shards = [_Shard(os.path.join(path, s["file"])) for s in self.manifest["shards"]]
+        self.shards = [_Shard(path, s) for s in self.manifest["shards"]]
         counts = [s.batch.num_rows for s in self.shards]
         self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 

@@ -5,13 +5,13 @@ Each shard holds one record batch, so a reader gets every column as one contiguo
 """
 from __future__ import annotations
 
-import hashlib
 import os
 
 import numpy as np
 import pyarrow as pa
 
 from data_prep.encode import EncodedDoc
+from ptm.files import sha256_file
 
 SHARD_SUFFIX = ".arrow"
 _FILE_OVERHEAD = 4096  # IPC magic, schema, footer and 64-byte buffer padding
@@ -50,14 +50,6 @@ def schema(vocab_size: int) -> pa.Schema:
         ("pair_start", pa.int32()),
         ("label", pa.int64()),
     ], metadata={"ptm.format": "ptm-arrow-v1"})
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _list_array(parts: list[np.ndarray], dtype: pa.DataType) -> pa.Array:

@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow as pa
 
 from data_prep.build import FORMAT_VERSION, MANIFEST, PARTIAL
-from data_prep.shards import SHARD_SUFFIX, schema, sha256_file
+from data_prep.shards import SHARD_SUFFIX, schema
+from ptm.files import sha256_file
 
 
 def _check_lists(name: str, off: np.ndarray, vals: np.ndarray, lengths: np.ndarray, spans: bool) -> str | None:

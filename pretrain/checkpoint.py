@@ -1,9 +1,12 @@
-"""ptm checkpoints: one directory per step, in a layout-free form, with a `latest` pointer written last.
+"""ptm checkpoints: one directory per step, in a layout-free form, with a `latest` pointer written last, and
+the manager that saves, finds, checks, restores and prunes them for the trainer.
 
     OUT_DIR/checkpoints/latest                 text: the name of the newest complete checkpoint
     OUT_DIR/checkpoints/step_00000100/
         meta.json                              format, step, model config, the layout it was written from
-                                               (tp, dp, zero stage), every parameter's full shape and split dim
+                                               (tp, dp, zero stage), every parameter's full shape and split dim,
+                                               what the run trained on (tokenizer, datasets, objective, seed) and
+                                               the size and sha256 of every other file (written last)
         shards/{kind}-tpTT-dpDDD.safetensors   pieces of fp32 tensors, kind = param | exp_avg | exp_avg_sq
         trainer.pt                             LR schedule, loss scaler, step, data position (when training)
         rng/rankRRRRR.pt                       each process's RNG states (when training)
@@ -14,7 +17,9 @@ A piece is stored under `NAME@START`: elements START.. of the flattened TP shard
 process writes the pieces it owns (its ZeRO partition of its TP shard), so saving needs no gathering and
 any layout can read any other: `Pieces` reassembles a whole parameter, or another TP size's shard of it.
 A consolidated checkpoint (tp=1, dp=1) holds every parameter as one piece `NAME@0` with its shape, and is
-readable by any safetensors tool.
+readable by any safetensors tool. Every file is flushed to disk before the directory gets its final name and
+before `latest` moves; a checkpoint whose files do not match meta.json is damaged, and resuming falls back to
+the newest complete one.
 """
 from __future__ import annotations
 
@@ -22,22 +27,23 @@ import dataclasses
 import functools
 import json
 import os
+import random
 import shutil
 
+import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from pretrain import device as dev
 from pretrain.models.config import ModelConfig
-from ptm.files import write_json, write_text
+from ptm.files import fsync_dir, sha256_file, write_json, write_text
 
 FORMAT = "ptm-checkpoint"
 VERSION = 2
 LATEST = "latest"
 KINDS = ("param", "exp_avg", "exp_avg_sq")  # weights (fp32 master copies) and the Adam/LAMB moments
-# the dimension megatron-core splits each tensor-parallel parameter along (everything else is replicated)
-SPLIT_DIM = {"attn.qkv.weight": 0, "attn.qkv.bias": 0, "mlp.fc1.weight": 0, "mlp.fc1.bias": 0,
-             "attn.out.weight": 1, "mlp.fc2.weight": 1, "embeddings.word.weight": 0, "mlm.bias": 0}
 
 
 class CheckpointError(Exception):
@@ -75,12 +81,32 @@ def shard_path(ckpt: str, kind: str, tp_rank: int, dp_rank: int) -> str:
     return os.path.join(ckpt, "shards", f"{kind}-tp{tp_rank:02d}-dp{dp_rank:03d}.safetensors")
 
 
-def write_pieces(ckpt: str, kind: str, tp_rank: int, dp_rank: int, pieces: dict[str, torch.Tensor]) -> None:
-    """One shard file of `NAME@START` pieces (fp32), written under a temporary name and renamed."""
+def write_pieces(ckpt: str, kind: str, tp_rank: int, dp_rank: int, pieces: dict[str, torch.Tensor]) -> str:
+    """One shard file of `NAME@START` pieces (fp32), written under a temporary name, flushed to disk and
+    renamed; returns its path."""
     path = shard_path(ckpt, kind, tp_rank, dp_rank)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     save_file({k: v.detach().float().contiguous().cpu() for k, v in pieces.items()}, path + ".tmp")
+    _fsync(path + ".tmp")
     os.replace(path + ".tmp", path)
+    return path
+
+
+def _fsync(path: str) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def file_records(ckpt: str, paths=None) -> dict[str, dict]:
+    """{path relative to `ckpt`: {"bytes", "sha256"}} of `paths` (default: every file but meta.json), each
+    flushed to disk first."""
+    if paths is None:
+        paths = [os.path.join(d, f) for d, _, files in os.walk(ckpt) for f in files if f != "meta.json"]
+    out = {}
+    for path in sorted(paths):
+        _fsync(path)
+        out[os.path.relpath(path, ckpt)] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+    return out
 
 
 def save_model(ckpt: str, state: dict[str, torch.Tensor]) -> None:
@@ -90,28 +116,62 @@ def save_model(ckpt: str, state: dict[str, torch.Tensor]) -> None:
 
 
 def write_meta(ckpt: str, *, model: ModelConfig, params: dict[str, dict], tp: int = 1, dp: int = 1,
-               step: int = 0, extra: dict | None = None) -> None:
-    """`params`: name -> {"shape": full shape, "split_dim": dim split over TP ranks or None}."""
+               step: int = 0, extra: dict | None = None, files: dict | None = None) -> None:
+    """meta.json, last: `params` is name -> {"shape": full shape, "split_dim": dim split over TP ranks or
+    None}; `files` the records of the other files (default: computed here from every file in `ckpt`)."""
     from ptm import __version__
 
     meta = {"format": FORMAT, "version": VERSION, "ptm_version": __version__, "step": step, "tp": tp, "dp": dp,
-            "model": dataclasses.asdict(model), "params": params, **(extra or {})}
+            "model": dataclasses.asdict(model), "params": params, **(extra or {}),
+            "files": file_records(ckpt) if files is None else files}
     write_json(os.path.join(ckpt, "meta.json"), meta)
+    for d, _, _ in os.walk(ckpt):
+        fsync_dir(d)
 
 
-def split_dim(name: str) -> int | None:
-    return next((d for suffix, d in SPLIT_DIM.items() if name.endswith(suffix)), None)
+def split_dim(param: torch.nn.Parameter) -> int | None:
+    """The dimension megatron-core's tensor-parallel layers split `param` along (None: replicated)."""
+    return param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
 
 
-def param_info(shapes: dict[str, tuple], tp: int = 1) -> dict[str, dict]:
-    """meta.json's `params` from the parameter shapes of TP rank 0 of `tp`."""
+def param_info(named_parameters, tp: int = 1) -> dict[str, dict]:
+    """meta.json's `params` from (name, parameter) pairs of TP rank 0 of `tp` (ZeRO-3 keeps the true shape in
+    `ds_shape`)."""
     info = {}
-    for name, shape in shapes.items():
-        shape, dim = list(shape), split_dim(name)
+    for name, p in named_parameters:
+        shape, dim = list(getattr(p, "ds_shape", p.shape)), split_dim(p)
         if dim is not None:
             shape[dim] *= tp
         info[name] = {"shape": shape, "split_dim": dim}
     return info
+
+
+def verify(ckpt: str, rank: int = 0, world: int = 1) -> str | None:
+    """What is wrong with `ckpt` (a one-line reason naming the file), or None when it is complete: meta.json
+    readable, every file it records present with its size, and (this rank's share `rank::world` of them)
+    its sha256."""
+    try:
+        meta = read_meta(ckpt)
+    except CheckpointError as e:
+        return str(e)
+    files = meta.get("files")
+    if files is None:  # written before ptm recorded files: each shard must at least open
+        folder = os.path.join(ckpt, "shards")
+        for f in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            try:
+                safe_open(os.path.join(folder, f), framework="pt")
+            except Exception as e:
+                return f"{os.path.join(folder, f)} is unreadable ({e})"
+        return None
+    for i, (rel, record) in enumerate(sorted(files.items())):
+        path = os.path.join(ckpt, rel)
+        if not os.path.isfile(path):
+            return f"{path} is missing"
+        if os.path.getsize(path) != record["bytes"]:
+            return f"{path} has {os.path.getsize(path)} bytes, meta.json records {record['bytes']} (truncated?)"
+        if i % world == rank and sha256_file(path) != record["sha256"]:
+            return f"{path} does not match its sha256 in meta.json (corrupted)"
+    return None
 
 
 def copy_tokenizer(src_dir: str, ckpt: str) -> None:
@@ -120,9 +180,18 @@ def copy_tokenizer(src_dir: str, ckpt: str) -> None:
         shutil.copytree(src_dir, dst, dirs_exist_ok=True)
 
 
+def check_complete(ckpt: str) -> str:
+    """`ckpt`, or CheckpointError naming the damaged file (for tools that read a checkpoint)."""
+    problem = verify(ckpt)
+    if problem:
+        raise CheckpointError(f"{problem}: the checkpoint is damaged; use another one (an earlier step_N)")
+    return ckpt
+
+
 def mark_latest(out_dir: str, name: str) -> None:
     """Point `latest` at a finished checkpoint (atomic rename: readers never see a partial pointer)."""
     write_text(os.path.join(out_dir, "checkpoints", LATEST), name + "\n")
+    fsync_dir(os.path.join(out_dir, "checkpoints"))
 
 
 class Pieces:
@@ -211,3 +280,252 @@ def load_model_shard(ckpt: str, tp_rank: int, tp: int, vocab_rows: int | None = 
             t = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], *t.shape[1:])])
         out[name] = t if info["split_dim"] is None else t.chunk(tp, dim=info["split_dim"])[tp_rank].contiguous()
     return out
+
+
+# ---- the trainer's checkpoints ----------------------------------------------------------------------------
+
+MODEL_SHAPE = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size",
+               "max_position_embeddings", "type_vocab_size", "task_type_vocab_size")
+NOT_IDENTITY = ("activation_checkpointing",)  # model settings that a resume may change (memory, not math)
+
+
+def run_identity(cfg, corpora) -> dict:
+    """What a run trains on, recorded in its checkpoints: tokenizer, vocabulary, objective, datasets, seed."""
+    import hashlib
+
+    def fingerprint(corpus) -> str:
+        shards = [(s["file"], s["sha256"]) for s in corpus.manifest["shards"]]
+        return hashlib.sha256(json.dumps(shards).encode()).hexdigest()
+
+    tokenizer = corpora[0].manifest["tokenizer"]
+    return {"tokenizer_sha256": tokenizer["sha256"], "vocab_size": corpora[0].vocab_size,
+            "objective": cfg.data.objective, "datasets": [fingerprint(c) for c in corpora], "seed": cfg.seed}
+
+
+def tokenizer_sha256(ckpt: str) -> str | None:
+    """The sha256 of the tokenizer stored with a checkpoint (None if it has none)."""
+    try:
+        with open(os.path.join(ckpt, "tokenizer", "ptm_tokenizer.json")) as f:
+            return json.load(f).get("sha256")
+    except OSError:
+        return None
+
+
+def resume_mismatches(ckpt: str, meta: dict, cfg, identity: dict) -> list[str]:
+    """Why this run cannot resume `ckpt` (empty when it can): another model, tokenizer, vocabulary, objective
+    or (unless checkpoint.allow_dataset_change) dataset."""
+    theirs, mine = meta.get("model", {}), dataclasses.asdict(cfg.model)
+    odd = [f"model.{k}={mine[k]!r} (checkpoint: {theirs.get(k)!r})" for k in mine
+           if k not in NOT_IDENTITY and theirs.get(k) != mine[k]]
+    run = meta.get("run", {})
+    if run.get("tokenizer_sha256") not in (None, identity["tokenizer_sha256"]):
+        odd.append(f"tokenizer sha256 {identity['tokenizer_sha256'][:12]} (checkpoint: {run['tokenizer_sha256'][:12]})")
+    if run.get("vocab_size") not in (None, identity["vocab_size"]):
+        odd.append(f"vocabulary size {identity['vocab_size']} (checkpoint: {run['vocab_size']})")
+    if run.get("objective") not in (None, identity["objective"]):
+        odd.append(f"data.objective={identity['objective']} (checkpoint: {run['objective']})")
+    if odd:
+        return [f"{ckpt} was trained differently: {'; '.join(odd)}; resume with its config.yaml and data, or use "
+                "another out_dir"]
+    if run.get("datasets") not in (None, identity["datasets"]) and not cfg.checkpoint.allow_dataset_change:
+        return [f"{ckpt} was trained on other data than data.path={cfg.data.path}; set "
+                "checkpoint.allow_dataset_change=true to continue on this data on purpose, or use the original data"]
+    return []
+
+
+def adopt_model_shape(cfg, ckpt: str) -> list[str]:
+    """checkpoint.init_from: model sizes the config left unset come from the checkpoint; those it set must
+    agree. Returns the keys taken; raises CheckpointError listing each disagreement with both values."""
+    theirs = read_meta(ckpt)["model"]
+    explicit = getattr(cfg, "explicit", frozenset())
+    odd, taken = [], []
+    for key in MODEL_SHAPE:
+        mine = getattr(cfg.model, key)
+        if theirs.get(key) == mine or key == "vocab_size" and not mine:
+            continue
+        if f"model.{key}" in explicit:
+            odd.append(f"model.{key}={mine} (checkpoint: {theirs.get(key)})")
+        else:
+            setattr(cfg.model, key, theirs[key])
+            taken.append(key)
+    if odd:
+        raise CheckpointError(f"checkpoint.init_from={ckpt} holds another model: {'; '.join(odd)}; remove these "
+                              "keys from the config to take the checkpoint's, or init from another checkpoint")
+    return taken
+
+
+class Checkpoints:
+    """A training run's checkpoints under OUT_DIR/checkpoints: find the newest complete one (falling back from
+    a damaged `latest`), save, restore any layout's into this one, prune. Every rank calls every method: they
+    are collective. `log` prints a line (on rank 0)."""
+
+    def __init__(self, out_dir: str, keep: int, log=print):
+        self.out_dir, self.root, self.keep, self.log = out_dir, os.path.join(out_dir, "checkpoints"), keep, log
+
+    # ---- finding -----------------------------------------------------------------------------------------
+
+    def _names(self) -> list[str]:
+        """Checkpoint names, `latest`'s first, then the others newest first."""
+        steps = sorted((d for d in os.listdir(self.root) if d.startswith("step_")), reverse=True) \
+            if os.path.isdir(self.root) else []
+        try:
+            with open(os.path.join(self.root, LATEST)) as f:
+                latest = [f.read().strip()]
+        except OSError:
+            latest = []
+        return list(dict.fromkeys(latest + steps))
+
+    def newest_complete(self) -> str | None:
+        """The checkpoint to resume: `latest` if it is complete, else the newest complete one (with a warning
+        that says which and why); None when the run has none; an error when every one is damaged."""
+        problems, damaged = [], []
+        for name in self._names():
+            ckpt = os.path.join(self.root, name)
+            problem = self._verify(ckpt)
+            if problem is None:
+                if problems:
+                    self._set_aside(damaged, name)
+                    self.log(f"warning: {'; '.join(problems)}: resuming from {ckpt} instead"
+                             + (f" ({', '.join(damaged)} renamed damaged-*)" if damaged else ""))
+                return ckpt
+            problems.append(f"{name} is damaged ({problem})")
+            damaged += [name] if os.path.isdir(ckpt) else []
+        if problems:
+            raise CheckpointError(f"no complete checkpoint in {self.root}: {'; '.join(problems)}; restore them or "
+                                  "train into a new out_dir")
+        return None
+
+    def _set_aside(self, damaged: list[str], good: str) -> None:
+        """Rename damaged checkpoints to damaged-NAME (kept for inspection, never resumed or pruned) and point
+        `latest` at the one resumed."""
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            for name in damaged:
+                os.replace(os.path.join(self.root, name), os.path.join(self.root, f"damaged-{name}"))
+            mark_latest(self.out_dir, good)
+        if dist.is_initialized():
+            dist.barrier()
+
+    def _verify(self, ckpt: str) -> str | None:
+        """`verify` with the hashing shared among the ranks; every rank gets the same answer."""
+        if not os.path.isdir(ckpt):
+            return "missing"
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if world > 1 else 0
+        mine = verify(ckpt, rank, world)
+        if world == 1:
+            return mine
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        return next((p for p in every if p), None)
+
+    # ---- saving ------------------------------------------------------------------------------------------
+
+    def save(self, step: int, trainer_state: dict, engine, optimizer, *, tp_rank: int, dp_rank: int, meta: dict,
+             config_yaml: str, tokenizer_dir: str) -> str:
+        """Write step_N: each process its own pieces (no gathering) and RNG states, rank 0 the rest; renamed
+        into place when every file is on disk, then `latest` is pointed at it and old ones are pruned.
+        `meta`: write_meta's keyword arguments (model, params, tp, dp, step, extra)."""
+        from pretrain.parallel.layout import engine_counters, loss_scale_state
+
+        name = f"step_{step:08d}"
+        final, tmp = os.path.join(self.root, name), os.path.join(self.root, f".{name}.tmp")
+        rank0 = dist.get_rank() == 0
+        if rank0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(os.path.join(tmp, "rng"))
+        dist.barrier()
+        layout, state, written = engine.layout, optimizer.state, []
+        if layout.owner:
+            for kind in KINDS:
+                pieces = {f"{s.name}@{s.start}": (master if kind == "param" else state[master][kind]
+                                                  ).reshape(-1)[s.offset:s.offset + s.length]
+                          for master, segments in layout.tensors if kind == "param" or state[master]
+                          for s in segments}
+                if pieces:
+                    written.append(write_pieces(tmp, kind, tp_rank, dp_rank if layout.partitioned else 0, pieces))
+        rng = os.path.join(tmp, "rng", f"rank{dist.get_rank():05d}.pt")
+        torch.save(_rng_states(), rng)
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, file_records(tmp, [*written, rng]))
+        if rank0:
+            steps = [s["step"] for s in state.values() if s]
+            torch.save({**trainer_state, "optimizer_steps": steps[0] if steps else 0,
+                        "loss_scaler": loss_scale_state(engine.optimizer),
+                        "engine": engine_counters(engine)}, os.path.join(tmp, "trainer.pt"))
+            copy_tokenizer(tokenizer_dir, tmp)
+            write_text(os.path.join(tmp, "config.yaml"), config_yaml)
+            files = {k: v for records in every for k, v in records.items()}
+            own = [os.path.join(d, f) for d, _, fs in os.walk(tmp) for f in fs]
+            files.update(file_records(tmp, [p for p in own if os.path.relpath(p, tmp) not in files]))
+            write_meta(tmp, **meta, files=files)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)  # complete checkpoints only ever appear under their final name
+            fsync_dir(self.root)
+            mark_latest(self.out_dir, name)
+            self.prune()
+        dist.barrier()
+        return final
+
+    def prune(self) -> None:
+        """Keep the newest `keep` checkpoints (all when 0), and always the one `latest` names."""
+        names = sorted(d for d in os.listdir(self.root) if d.startswith("step_"))
+        latest = self._names()[:1]
+        for old in names[:-self.keep] if self.keep else []:
+            if old not in latest:
+                shutil.rmtree(os.path.join(self.root, old))
+
+    # ---- restoring ---------------------------------------------------------------------------------------
+
+    def restore(self, ckpt: str, engine, optimizer, scheduler, *, tp_rank: int, tp: int, same_layout: bool) -> dict:
+        """Optimizer pieces, schedule, loss scale, DeepSpeed's counters and (for the same layout) every RNG
+        stream from a checkpoint written by any layout; the weights were loaded into the model before DeepSpeed
+        copied them. Returns trainer.pt (step, consumed samples, ...)."""
+        from pretrain.parallel.layout import restore_engine_counters, restore_loss_scale
+
+        path = os.path.join(ckpt, "trainer.pt")
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{ckpt} holds weights only (no trainer.pt) and cannot be resumed; start a new "
+                                  "out_dir with checkpoint.init_from pointing at it")
+        pieces, trainer = Pieces(ckpt), torch.load(path, weights_only=False)
+        kinds = [k for k in KINDS if pieces.has(k)]
+        layout, state = engine.layout, optimizer.state
+        places: dict[str, list] = {}
+        for master, segments in layout.tensors:
+            if "exp_avg" in kinds:
+                state[master].update(step=trainer["optimizer_steps"], exp_avg=torch.zeros_like(master),
+                                     exp_avg_sq=torch.zeros_like(master))
+            for s in segments:
+                places.setdefault(s.name, []).append((master, s))
+        with torch.no_grad():
+            for name, where in places.items():
+                for kind in kinds:
+                    src = pieces.shard(kind, name, tp_rank, tp).reshape(-1)
+                    for master, s in where:
+                        dst = master if kind == "param" else state[master][kind]
+                        dst.view(-1)[s.offset:s.offset + s.length].copy_(src[s.start:s.start + s.length])
+        scheduler.load_state_dict(trainer["scheduler"])
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+            group["lr"] = lr
+        restore_loss_scale(engine.optimizer, trainer["loss_scaler"])
+        restore_engine_counters(engine, trainer["engine"])
+        rng = os.path.join(ckpt, "rng", f"rank{dist.get_rank():05d}.pt")
+        if same_layout and os.path.isfile(rng):
+            _set_rng_states(torch.load(rng, weights_only=False))
+            trainer["rng_restored"] = True
+        return trainer
+
+
+def _rng_states() -> dict:
+    from pretrain.parallel import mcore
+
+    return {"torch": dev.rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "tracker": mcore.rng_tracker().get_states()}
+
+
+def _set_rng_states(rng: dict) -> None:
+    from pretrain.parallel import mcore
+
+    dev.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    mcore.rng_tracker().set_states(rng["tracker"])

@@ -41,18 +41,26 @@ def main(argv=None) -> None:
     from launchers.rendezvous import RendezvousError
     from pretrain.checkpoint import CheckpointError
     from pretrain.config import ConfigError, load
+    from pretrain.device import DeviceError
 
+    rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", 0))))
     try:
         cfg = load(a.config, a.overrides)
         from pretrain.train import train
 
         summary = train(cfg)
-    except (ConfigError, CheckpointError, PrepError, RendezvousError) as e:
-        lines = str(e).splitlines()
-        print("\n".join(f"pretrain: error: {line}" for line in lines), file=sys.stderr)
+    except DeviceError as e:  # this rank's own problem: every rank says it, naming itself
+        import socket
+
+        print(f"pretrain: error: rank {rank} on {socket.gethostname()}: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (ConfigError, CheckpointError, PrepError, RendezvousError) as e:  # the same on every rank: said once
+        if rank == 0:
+            print("\n".join(f"pretrain: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         sys.exit(2)
     except FloatingPointError as e:
-        print(f"pretrain: error: {e}", file=sys.stderr)
+        if rank == 0:
+            print(f"pretrain: error: {e}", file=sys.stderr)
         sys.exit(3)
-    if int(os.environ.get("RANK", 0)) == 0:
+    if rank == 0:
         print(json.dumps(summary, indent=2))

@@ -23,8 +23,19 @@ import yaml
 from pretrain.models.config import ARCHS, ModelConfig
 from pretrain.objectives.masking import KNOWLEDGE_LEVELS as _KNOWLEDGE_UNITS
 
-PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+def _presets_dir() -> str:
+    """The preset YAMLs: ptm/presets once installed from a wheel, configs/ in a source tree (editable installs too)."""
+    from importlib.resources import files
+
+    installed = files("ptm") / "presets"
+    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    return str(installed) if installed.is_dir() else source
+
+
+PRESETS_DIR = _presets_dir()
 PRECISIONS = ("fp32", "bf16", "fp16")
+GRAD_ACCUM_DTYPES = ("fp32", "bf16")
 OPTIMIZERS = ("adamw", "lamb")
 SCHEDULES = ("linear", "poly", "cosine", "constant")
 OBJECTIVES = {
@@ -93,6 +104,8 @@ class DataConfig:
     max_predictions_per_seq: int = _opt(0, "most masked tokens per sequence; 0: ceil(mask_prob * seq_len)")
     masking: str = _opt("token", " | ".join(MASKINGS))
     short_seq_prob: float = _opt(0.1, "probability of a shorter sequence (BERT's short_seq_prob)")
+    pack_documents: bool = _opt(True, "clm: concatenate documents into full windows (Megatron); false: a window never "
+                                      "crosses a document's end and the last one is padded")
     valid_fraction: float = _opt(0.001, "fraction of documents held out for evaluation")
     num_workers: int = _opt(2, "data loader worker processes per rank")
 
@@ -110,6 +123,8 @@ class TrainConfig:
     log_interval: int = _opt(10, "steps between log lines")
     eval_interval: int = _opt(1000, "steps between evaluations; 0: never")
     eval_steps: int = _opt(10, "batches per evaluation")
+    deterministic: bool = _opt(False, "deterministic kernels (torch.use_deterministic_algorithms): bit-identical resume "
+                                      "on GPUs too, at some speed; CPU runs are deterministic anyway")
 
 
 @dataclass
@@ -133,7 +148,10 @@ class OptimizerConfig:
 class CheckpointConfig:
     interval: int = _opt(1000, "steps between checkpoints (one is always written at the end); 0: only at the end")
     keep: int = _opt(3, "newest checkpoints kept in out_dir; 0: all")
-    init_from: str = _opt("", "start from these weights (a ptm checkpoint, e.g. from `ptm convert from-hf`)")
+    init_from: str = _opt("", "start from these weights (a ptm checkpoint, e.g. from `ptm convert from-hf`); model "
+                              "sizes the config leaves unset are taken from it")
+    allow_dataset_change: bool = _opt(False, "resume on another dataset (same tokenizer) on purpose; otherwise a resume "
+                                             "refuses a checkpoint trained on other data")
 
 
 @dataclass
@@ -193,6 +211,8 @@ class Config:
     seed: int = _opt(1234, "random seed: weights, data order, dropout")
     out_dir: str = _opt("runs/default", "run directory: checkpoints, logs and the resolved config")
     precision: str = _opt("fp32", "fp32 | bf16 | fp16 (mixed precision keeps fp32 master weights)")
+    grad_accum_dtype: str = _opt("fp32", "with precision=bf16: accumulate and reduce gradients in fp32 (needs "
+                                         "zero.stage >= 1) or bf16 (DeepSpeed's only choice at zero.stage=0)")
     deepspeed_config: str = _opt("", "a DeepSpeed JSON of your own: keys this config also sets must agree with it, "
                                      "the others (bucket sizes, overlap_comm, ...) are used as given")
     model: ModelConfig = _section(ModelConfig)
@@ -235,7 +255,19 @@ def load(path: str, overrides: typing.Iterable[str] = ()) -> Config:
     raw = _read(_resolve(path, os.getcwd()), ())
     for item in overrides:
         _override(raw, item)
-    return _build(Config, raw, "")
+    cfg = _build(Config, raw, "")
+    cfg.explicit = frozenset(_dotted(raw))  # keys a file or override gave (the rest are the defaults)
+    return cfg
+
+
+def _dotted(raw: dict, cls=None, prefix: str = ""):
+    """The dotted keys of a raw config mapping, down to the sections' values."""
+    hints = _hints(cls or Config)
+    for key, value in raw.items():
+        if dataclasses.is_dataclass(hints.get(key)) and isinstance(value, dict):
+            yield from _dotted(value, hints[key], f"{prefix}{key}.")
+        else:
+            yield prefix + key
 
 
 def _resolve(name: str, relative_to: str) -> str:
@@ -461,7 +493,7 @@ _NON_NEGATIVE = ("model.vocab_size", "model.type_vocab_size", "model.task_type_v
 _UNIT = {"[0, 1)": lambda x: 0 <= x < 1, "(0, 1)": lambda x: 0 < x < 1, "[0, 1]": lambda x: 0 <= x <= 1}
 _FRACTIONS = {"model.hidden_dropout": "[0, 1)", "model.attention_dropout": "[0, 1)", "data.mask_prob": "(0, 1)",
               "data.short_seq_prob": "[0, 1]", "data.valid_fraction": "[0, 1)"}
-_CHOICES = {"precision": PRECISIONS, "model.arch": ARCHS, "data.objective": tuple(OBJECTIVES),
+_CHOICES = {"precision": PRECISIONS, "grad_accum_dtype": GRAD_ACCUM_DTYPES, "model.arch": ARCHS, "data.objective": tuple(OBJECTIVES),
             "data.masking": tuple(MASKINGS), "optimizer.name": OPTIMIZERS, "optimizer.schedule": SCHEDULES,
             "zero.stage": (0, 1, 2, 3)}
 
@@ -537,8 +569,13 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(o.warmup(t.steps) <= t.steps, f"optimizer.warmup_steps={o.warmup_steps} is longer than "
                                               f"train.steps={t.steps}; shorten the warmup")
     errors.need(o.min_lr <= o.lr, f"optimizer.min_lr={o.min_lr} exceeds optimizer.lr={o.lr}; lower optimizer.min_lr")
+    errors.need(d.pack_documents or d.objective == "clm",
+                f"data.pack_documents=false applies to data.objective=clm, not {d.objective}; remove it")
     errors.need(not cfg.zero.offload or cfg.zero.stage >= 1,
                 "zero.offload needs ZeRO; set zero.stage=1 (or higher) or zero.offload=false")
+    errors.need(cfg.precision != "bf16" or cfg.grad_accum_dtype == "bf16" or cfg.zero.stage >= 1,
+                "precision=bf16 with grad_accum_dtype=fp32 needs ZeRO (DeepSpeed accumulates bf16 gradients in bf16 at "
+                "zero.stage=0); set zero.stage=1 or grad_accum_dtype=bf16")
     _ernie_errors(cfg, errors)
     return errors
 
@@ -572,6 +609,9 @@ def _ernie_errors(cfg: Config, errors: _Problems) -> None:
                                     f"raise it or drop the task")
             errors.need(task not in USER_LABELED or e.task_data.get(task),
                         f"{where}.tasks: {task} needs labelled data; set ernie.task_data.{task}=PATH")
+        dropped = [t for t in (e.stages[i - 1].tasks if i else {}) if t not in stage.tasks]
+        errors.need(not dropped, f"{where}.tasks drops {', '.join(dropped)} of the stage before; ERNIE 2.0's continual "
+                                 f"multi-task learning keeps training earlier tasks: add them (a small weight will do)")
     total = sum(s.steps for s in e.stages)
     errors.need(not e.stages or total == cfg.train.steps,
                 f"ernie.stages add up to {total} steps but train.steps={cfg.train.steps}; make them equal")

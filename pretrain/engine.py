@@ -15,7 +15,7 @@ from deepspeed.accelerator import get_accelerator
 from pretrain.config import Config, ConfigError
 from pretrain.optim import Lamb
 from pretrain.parallel import mcore
-from pretrain.parallel.layout import Layout
+from pretrain.parallel.layout import Layout, undo_construction_step
 
 NEVER = 2 ** 31 - 1  # DeepSpeed's own step prints: ptm logs instead
 OURS = ("optimizer", "scheduler")  # ptm builds these; a user JSON may not
@@ -40,6 +40,8 @@ def ds_config(cfg: Config, dp: int) -> dict:
                  "initial_scale_power": f.initial_scale_power, "loss_scale_window": f.loss_scale_window,
                  "hysteresis": f.hysteresis, "min_loss_scale": f.min_loss_scale},
         "bf16": {"enabled": cfg.precision == "bf16"},
+        # bf16 accumulates (and reduces) gradients in bf16 unless told; fp32 takes BF16_Optimizer at ZeRO-1
+        "data_types": {"grad_accum_dtype": cfg.grad_accum_dtype if cfg.precision == "bf16" else None},
         "steps_per_print": NEVER,
         "wall_clock_breakdown": False,
     }
@@ -119,6 +121,7 @@ def build(cfg: Config, model, optimizer, scheduler):
     if cfg.zero.stage == 3:
         for module, param in _read_elsewhere(model):
             deepspeed.zero.register_external_parameter(module, param)
+    undo_construction_step(engine)
     engine.layout = Layout.of(engine)
     if isinstance(optimizer, Lamb):
         optimizer.layout = engine.layout

@@ -1,12 +1,37 @@
-"""Pretraining losses and metrics for a batch: masked LM + NSP/SOP (BERT, ERNIE), causal LM (GPT-2)."""
+"""Pretraining losses that do not depend on how the global batch is split.
+
+Every objective is made of terms (masked tokens, predicted tokens, classified sequences, ERNIE 2.0 task
+tokens or pairs). A term's loss is the sum of its per-element losses divided by the number of its elements in
+the whole global batch, counted over every micro-batch and data-parallel rank before the backward pass
+(Megatron's per-token loss, Hugging Face's `num_items_in_batch`). The objective is the sum of its terms, so a
+task missing from one rank's micro-batch changes nothing, and any TP x DP x micro-batch split of the same
+global batch gives the same gradient.
+
+    counts = global_counts([elements(b, arch, tasks) for b in batches], dp_group)   # before any backward
+    terms = compute(model, batch, arch, tasks)                                     # per micro-batch
+    loss = objective(terms, counts)
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from pretrain import device as dev
 from pretrain import kernels as K
 from pretrain.parallel import mcore
+
+
+@dataclass
+class Term:
+    """One loss term of a micro-batch: the summed loss of its elements (with grad), how many elements there
+    are, and how many were predicted right (None: not tracked)."""
+
+    loss: torch.Tensor
+    count: torch.Tensor
+    correct: torch.Tensor | None = None
 
 
 def vocab_parallel_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -23,63 +48,134 @@ def vocab_parallel_argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(indices).gather(0, best[None])[0]
 
 
-def compute(model, batch: dict, arch: str, tasks=()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The batch's total loss and detached metrics (per-task losses, accuracies); `tasks`: the ERNIE 2.0 stage's."""
+def _selections(batch: dict, arch: str, tasks=()) -> dict[str, torch.Tensor]:
+    """Each term's elements as a boolean mask over the batch (tokens [b, s] or sequences [b]), in a fixed
+    order that is the same on every rank; `tasks`: the ERNIE 2.0 stage's."""
     if "task" in batch:
-        return _ernie(model, batch, tasks)
+        from pretrain.data.ernie import TASKS
+        from pretrain.models.ernie_heads import SEQUENCE_TASKS, TOKEN_TASKS
+
+        out = {"mlm": batch["labels"] != -100} if "knowledge_masking" in tasks else {}
+        for name in TOKEN_TASKS:
+            if name in tasks:
+                out[name] = (batch["task"] == TASKS.index(name))[:, None] & (batch["token_labels"] != -100)
+        for name in [*SEQUENCE_TASKS, "discourse_relation", "ir_relevance"]:
+            if name in tasks:
+                out[name] = batch["task"] == TASKS.index(name)
+        return out
+    if arch == "gpt2":
+        return {"lm": batch["labels"] != -100}
+    out = {"mlm": batch["labels"] != -100}
+    if "next_sentence_label" in batch:
+        out["nsp"] = batch["next_sentence_label"] != -100
+    return out
+
+
+def elements(batch: dict, arch: str, tasks=()) -> dict[str, torch.Tensor]:
+    """The number of elements of each term in a micro-batch, from its labels alone (no forward pass)."""
+    return {name: mask.sum() for name, mask in _selections(batch, arch, tasks).items()}
+
+
+def global_counts(per_batch: list[dict[str, torch.Tensor]], group) -> dict[str, torch.Tensor]:
+    """Each term's elements in the whole global batch: summed over this rank's micro-batches, then over the
+    data-parallel ranks of `group`."""
+    names = list(per_batch[0])
+    counts = torch.stack([torch.stack([b[n] for b in per_batch]).sum() for n in names]).double()
+    dev.all_reduce(counts, group)
+    return dict(zip(names, counts))
+
+
+def objective(terms: dict[str, Term], counts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The sum of the terms, each divided by its global element count (0 for a term with no elements)."""
+    return sum(t.loss / counts[name].clamp(min=1).to(t.loss.dtype) for name, t in terms.items())
+
+
+def compute(model, batch: dict, arch: str, tasks=()) -> dict[str, Term]:
+    """The batch's loss terms (summed, not averaged); `tasks`: the ERNIE 2.0 stage's."""
+    select = _selections(batch, arch, tasks)
+    if "task" in batch:
+        return _ernie(model, batch, select)
     if arch == "gpt2":
         logits = model(batch["input_ids"])["logits"]
-        loss = K.cross_entropy(logits, batch["labels"]).mean()
-        return loss, {"lm_loss": loss.detach()}
-    labels = batch["labels"]
-    positions = labels != -100
+        return {"lm": Term(K.cross_entropy(logits, batch["labels"]).sum(), select["lm"].sum())}
+    masked = select["mlm"]
     out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch.get("task_type_ids"),
-                positions=positions)
-    target = labels[positions]
-    predicted = vocab_parallel_argmax(out["logits"].detach())
-    mlm = K.cross_entropy(out["logits"], target).mean()
-    metrics = {"mlm_loss": mlm.detach(), "mlm_acc": (predicted == target).float().mean()}
-    loss = mlm
-    if "next_sentence_label" in batch:
-        nsp = F.cross_entropy(out["nsp_logits"], batch["next_sentence_label"])
-        metrics["nsp_loss"] = nsp.detach()
-        metrics["nsp_acc"] = (out["nsp_logits"].argmax(-1) == batch["next_sentence_label"]).float().mean()
-        loss = loss + nsp
-    return loss, metrics
+                positions=masked)
+    terms = {"mlm": _token_term(out["logits"], batch["labels"][masked])}
+    if "nsp" in select:
+        terms["nsp"] = _class_term(out["nsp_logits"], batch["next_sentence_label"])
+    return terms
 
 
-def _ernie(model, batch: dict, tasks) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """ERNIE 2.0: each task's mean loss over the samples of that task in the batch, summed. Every head of the
-    stage's `tasks` runs on every rank, on no rows when the batch has none of its samples (then adding 0 x its
-    output), so that ranks make the same ZeRO-3 gathers and gradient reductions whatever their data."""
-    from pretrain.data.ernie import TASKS
+def _token_term(logits: torch.Tensor, target: torch.Tensor) -> Term:
+    """Masked/causal LM over vocab-parallel logits of the selected tokens."""
+    correct = (vocab_parallel_argmax(logits.detach()) == target).sum() if len(target) else target.new_zeros(())
+    return Term(K.cross_entropy(logits, target).sum(), target.new_tensor(len(target)), correct)
 
+
+def _class_term(logits: torch.Tensor, target: torch.Tensor) -> Term:
+    """A classification head's cross-entropy, in fp32 whatever the model's precision."""
+    return Term(F.cross_entropy(logits.float(), target, reduction="sum"), target.new_tensor(len(target)),
+                (logits.detach().argmax(-1) == target).sum())
+
+
+def _ernie(model, batch: dict, select: dict[str, torch.Tensor]) -> dict[str, Term]:
+    """ERNIE 2.0: one term per task of the stage. Every head of the stage runs on every rank, on no rows when
+    the batch has none of its samples, so that ranks make the same ZeRO-3 gathers and gradient reductions
+    whatever their data."""
     h = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["task_type_ids"],
               hidden=True)["hidden"]
-    total, metrics = h.new_zeros(()), {}
-
-    def add(name, logits, target, loss_fn=lambda x, y: F.cross_entropy(x.float(), y), argmax=None):
-        nonlocal total
-        if not len(target):
-            total = total + logits.sum() * 0
-            return
-        loss = loss_fn(logits, target)
-        total = total + loss
-        predicted = (argmax or (lambda x: x.argmax(-1)))(logits.detach())
-        metrics[f"{name}_loss"] = loss.detach()
-        metrics[f"{name}_acc"] = (predicted == target).float().mean()
-
-    if "knowledge_masking" in tasks:
-        masked = batch["labels"] != -100
-        add("mlm", model.lm_logits(h[masked]), batch["labels"][masked],
-            loss_fn=lambda x, y: K.cross_entropy(x, y).mean(), argmax=vocab_parallel_argmax)
+    terms = {}
+    if "mlm" in select:
+        masked = select["mlm"]
+        terms["mlm"] = _token_term(model.lm_logits(h[masked]), batch["labels"][masked])
     for name, head in model.tasks.token.items():
-        if name in tasks:
-            rows = (batch["task"] == TASKS.index(name))[:, None] & (batch["token_labels"] != -100)
-            add(name, head(h[rows]), batch["token_labels"][rows])
+        if name in select:
+            rows = select[name]
+            terms[name] = _class_term(head(h[rows]), batch["token_labels"][rows])
     pooled = model.pooled(h)
     for name, head in model.tasks.sequence.items():
-        if name in tasks:
-            rows = batch["task"] == TASKS.index(name)
-            add(name, head(pooled[rows]), batch["seq_label"][rows])
-    return total, metrics
+        if name in select:
+            rows = select[name]
+            terms[name] = _class_term(head(pooled[rows]), batch["seq_label"][rows])
+    return terms
+
+
+class Tally:
+    """Loss sums, element counts and correct predictions per term, added up over micro-batches and then
+    over the data-parallel ranks: the metrics are global means, like the loss."""
+
+    def __init__(self):
+        self.sums: dict[str, list[float]] = {}
+
+    def add(self, terms: dict[str, Term], extra: dict[str, tuple[float, float]] | None = None) -> None:
+        """Add a micro-batch's terms, and `extra` {name: (hits, count)} ratios (e.g. a baseline accuracy)."""
+        for name, t in terms.items():
+            row = self.sums.setdefault(name, [0.0, 0.0, 0.0 if t.correct is not None else float("nan")])
+            row[0] += float(t.loss.detach())
+            row[1] += float(t.count)
+            row[2] += float(t.correct) if t.correct is not None else 0.0
+        for name, (hits, count) in (extra or {}).items():
+            row = self.sums.setdefault(name, [float("nan"), 0.0, 0.0])
+            row[1] += count
+            row[2] += hits
+
+    def metrics(self, group) -> dict[str, float]:
+        """`{term}_loss` and `{term}_acc` over everything added on every rank of `group`, and `loss`, the
+        objective (the sum of the terms' means)."""
+        names = sorted(self.sums)
+        if not names:
+            return {}
+        sums = torch.tensor([self.sums[n] for n in names], dtype=torch.float64)
+        dev.all_reduce(sums, group)
+        out, total = {}, 0.0
+        for name, (loss, count, correct) in zip(names, sums.tolist()):
+            if count == 0:
+                continue
+            if loss == loss:  # not NaN: a loss term
+                out[f"{name}_loss"] = loss / count
+                total += loss / count
+            if correct == correct:
+                out[f"{name}_acc"] = correct / count
+        out["loss"] = total
+        return out

@@ -34,13 +34,19 @@ STATE_BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
 MOMENT_BYTES = 8
 OFFLOAD_BYTES = 16  # per parameter of a ZeRO-Offload shard in CPU memory: fp32 weights, fp32 gradients, moments
 
-# dense peak FLOPs/s of one GPU (no sparsity), first name match wins. fp32 is plain FP32: ptm leaves TF32
-# matmuls off (with them an A100 peaks at 156e12, an H100 SXM at 495e12). V100 has no bf16 tensor cores.
+# dense peak FLOPs/s of one GPU (no sparsity), from NVIDIA's data sheets; the first name that occurs in
+# torch.cuda.get_device_name() wins, so variants come before their family ("Tesla V100S-PCIE-32GB",
+# "Tesla V100-PCIE-16GB", "Tesla V100-SXM2-32GB"; "NVIDIA H100 NVL", "NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3").
+# fp32 is plain FP32: ptm leaves TF32 matmuls off (with them an A100 peaks at 156e12, an H100 SXM at 495e12).
+# V100 has no bf16 tensor cores.
 PEAK_FLOPS = (
+    ("H100 NVL", {"bf16": 835e12, "fp16": 835e12, "fp32": 60e12}),
     ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
     ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
     ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
     ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
+    ("V100S", {"fp16": 130e12, "fp32": 16.4e12}),
+    ("V100-PCIE", {"fp16": 112e12, "fp32": 14e12}),
     ("V100", {"fp16": 125e12, "fp32": 15.7e12}),
 )
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
-import shutil
 import sys
 import time
 
@@ -27,9 +25,8 @@ from pretrain.data.loader import make_loader
 from pretrain.models.ernie_heads import ErnieTaskHeads
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
-from ptm.files import write_text
-
-ENGINE_COUNTERS = ("global_steps", "global_samples", "skipped_steps", "micro_steps")  # DeepSpeed's own
+from pretrain.parallel.layout import loss_scale
+from ptm.files import write_json, write_text
 
 
 def _log(msg: str) -> None:
@@ -52,52 +49,47 @@ def _datasets(cfg: Config) -> list[Corpus]:
     return corpora
 
 
-def _mean_over(metrics: dict[str, float], group) -> dict[str, float]:
-    """Each metric averaged over the ranks of `group` that have it (ERNIE tasks may be missing from a batch)."""
-    if dist.get_world_size(group) == 1:
-        return metrics
-    every = [None] * dist.get_world_size(group)
-    dist.all_gather_object(every, metrics, group=group)
-    keys = sorted({k for m in every for k in m})
-    return {k: sum(m[k] for m in every if k in m) / sum(k in m for m in every) for k in keys}
-
-
-class _Resume:
-    """A checkpoint being resumed: its pieces and this process's TP position."""
-
-    def __init__(self, ckpt: str, pieces: C.Pieces, tp_rank: int, tp: int):
-        self.ckpt, self.pieces, self.tp_rank, self.tp = ckpt, pieces, tp_rank, tp
-
-    def shard(self, kind: str, name: str) -> torch.Tensor:
-        return self.pieces.shard(kind, name, self.tp_rank, self.tp)
-
-    def shards(self, kind: str) -> dict[str, torch.Tensor]:
-        return {name: self.shard(kind, name) for name in self.pieces.params}
-
-
 class Trainer:
     """One process of a (possibly single-process) DeepSpeed run: `Trainer(cfg).fit()` on every rank."""
 
     def __init__(self, cfg: Config):
+        world = mcore.init_processes()
+        if world % cfg.parallel.tp:
+            raise ConfigError(f"parallel.tp={cfg.parallel.tp} does not divide the {world} processes launched; launch "
+                              f"a multiple of {cfg.parallel.tp} processes or set parallel.tp to a divisor of {world}")
+        self.checkpoints = C.Checkpoints(cfg.out_dir, cfg.checkpoint.keep, log=_log)
+        self.resume = self.checkpoints.newest_complete()
+        meta = C.read_meta(self.resume) if self.resume else None
+        seed = (meta or {}).get("run", {}).get("seed", cfg.seed)
+        if seed != cfg.seed:
+            _log(f"seed {seed} from {self.resume} (the config says {cfg.seed}): a resumed run keeps its seed")
+            cfg.seed = seed
+        if cfg.checkpoint.init_from and not self.resume:
+            init = C.resolve(cfg.checkpoint.init_from)
+            taken = C.adopt_model_shape(cfg, init)
+            if taken:
+                _log(f"model sizes from {init}: " + ", ".join(f"{k}={getattr(cfg.model, k)}" for k in taken))
+        cfg.validate(dp=world // cfg.parallel.tp)
+        dev.check_precision(cfg.precision)
+        dev.deterministic(cfg.train.deterministic)
         mcore.initialize(cfg.parallel.tp, cfg.seed)
-        self.world, self.dp, self.dp_rank = dist.get_world_size(), mcore.dp_size(), mcore.dp_rank()
-        cfg.validate(dp=self.dp)
+        self.world, self.dp, self.dp_rank = world, mcore.dp_size(), mcore.dp_rank()
         self.cfg = cfg
         self.rank0 = dist.get_rank() == 0
         self.device = dev.device()
         self.corpora = _datasets(cfg)
+        self.identity = C.run_identity(cfg, self.corpora)
         sample = self.corpora[0].shards[0].values["input_ids"][:10_000_000]
         self.most_frequent = int(np.bincount(sample, minlength=cfg.model.vocab_size).argmax())
         model = Pretraining(cfg.model)
         if cfg.data.objective == "ernie":
             labelled = {task: Corpus(path).manifest["num_labels"] for task, path in cfg.ernie.task_data.items()}
             model.tasks = ErnieTaskHeads(cfg.model.hidden_size, cfg.model.init_std, labelled)
-        self.shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-        resume = self._checkpoint_to_resume()
-        if resume:
-            model.load_state_dict(resume.shards("param"), strict=False)
+        self.params = C.param_info(model.named_parameters(), mcore.tp_size())
+        if self.resume:
+            self._load_resumed(model, meta)
         elif cfg.checkpoint.init_from:
-            self._init_from(model, cfg.checkpoint.init_from)
+            self._init_from(model, init)
         model.to(self.device)
         self.optimizer = optim.build(model, cfg.optimizer)
         self.scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(self.optimizer)
@@ -107,78 +99,46 @@ class Trainer:
         self.flops_per_sample = plan.model_flops_per_sample(cfg.model, cfg.data.seq_len, plan.predicted_tokens(cfg))
         self.device_name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
         self.step = self.consumed = 0
+        self.resumed_from = None
         self._built: dict = {}  # stage index -> (train, valid) sources
-        if resume:
-            self._restore(resume)
+        if self.resume:
+            self._restore(meta)
 
     # ---- checkpoints ---------------------------------------------------------------------------------
 
-    def _checkpoint_to_resume(self) -> _Resume | None:
-        try:
-            ckpt = C.resolve(self.cfg.out_dir)
-        except C.CheckpointError:
-            return None
-        pieces = C.Pieces(ckpt)
-        if C.model_config(pieces.meta) != self.cfg.model:
-            raise C.CheckpointError(f"{ckpt} holds a different model than the config's model section; use "
-                                    "the checkpoint's config.yaml or another out_dir")
-        mine = C.param_info(self.shapes, mcore.tp_size())
-        odd = sorted(n for n in set(mine) | set(pieces.params) if mine.get(n) != pieces.params.get(n))
-        if odd:
-            raise C.CheckpointError(f"{ckpt} does not fit this model (parameters {odd[:3]} differ); use its config.yaml "
-                                    "or another out_dir")
-        return _Resume(ckpt, pieces, mcore.tp_rank(), mcore.tp_size())
+    def _load_resumed(self, model, meta: dict) -> None:
+        """Refuse a checkpoint of another model, tokenizer, objective or dataset; else load its weights."""
+        problems = C.resume_mismatches(self.resume, meta, self.cfg, self.identity)
+        if not problems and meta["params"] != self.params:
+            odd = sorted(n for n in set(self.params) | set(meta["params"]) if self.params.get(n) != meta["params"].get(n))
+            problems = [f"{self.resume} does not fit this model (parameters {odd[:3]} differ); use its config.yaml "
+                        "or another out_dir"]
+        if problems:
+            raise C.CheckpointError("\n".join(problems))
+        pieces = C.Pieces(self.resume)
+        model.load_state_dict({n: pieces.shard("param", n, mcore.tp_rank(), mcore.tp_size()) for n in pieces.params},
+                              strict=False)
 
-    def _restore(self, resume: _Resume) -> None:
-        """Optimizer pieces, schedule, loss scale, counters and RNG from a checkpoint written by any layout;
-        the weights were loaded into the model before DeepSpeed copied them."""
-        path = os.path.join(resume.ckpt, "trainer.pt")
-        if not os.path.isfile(path):
-            raise C.CheckpointError(f"{resume.ckpt} holds weights only (no trainer.pt) and cannot be resumed; start "
-                                    "a new out_dir with checkpoint.init_from pointing at it")
-        meta, trainer = resume.pieces.meta, torch.load(path, weights_only=False)
-        kinds = [k for k in C.KINDS if resume.pieces.has(k)]
-        layout, state = self.engine.layout, self.optimizer.state
-        places: dict[str, list] = {}
-        for master, segments in layout.tensors:
-            if "exp_avg" in kinds and not state[master]:
-                state[master].update(step=trainer["optimizer_steps"], exp_avg=torch.zeros_like(master),
-                                     exp_avg_sq=torch.zeros_like(master))
-            for s in segments:
-                places.setdefault(s.name, []).append((master, s))
-        with torch.no_grad():
-            for name, where in places.items():
-                for kind in kinds:
-                    src = resume.shard(kind, name).reshape(-1)
-                    for master, s in where:
-                        dst = master if kind == "param" else state[master][kind]
-                        dst.view(-1)[s.offset:s.offset + s.length].copy_(src[s.start:s.start + s.length])
-        self.scheduler.load_state_dict(trainer["scheduler"])
-        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
-            group["lr"] = lr
-        scaler = getattr(self.engine.optimizer, "loss_scaler", None)
-        for k, v in (trainer["loss_scaler"] if scaler is not None else {}).items():
-            setattr(scaler, k, v)
-        for k, v in trainer["engine"].items():
-            setattr(self.engine, k, v)
-        self.step, self.consumed = trainer["step"], trainer["consumed"]
+    def _restore(self, meta: dict) -> None:
         same = meta["tp"] == mcore.tp_size() and meta["dp"] == self.dp
-        rng = os.path.join(resume.ckpt, "rng", f"rank{dist.get_rank():05d}.pt")
-        if same and os.path.isfile(rng):
-            rng = torch.load(rng, weights_only=False)
-            dev.set_rng_state(rng["torch"])
-            np.random.set_state(rng["numpy"])
-            random.setstate(rng["python"])
-            mcore.rng_tracker().set_states(rng["tracker"])
-        else:
+        trainer = self.checkpoints.restore(self.resume, self.engine, self.optimizer, self.scheduler,
+                                           tp_rank=mcore.tp_rank(), tp=mcore.tp_size(), same_layout=same)
+        self.step, self.consumed = trainer["step"], trainer["consumed"]
+        self.resumed_from = {"step": self.step, "samples": self.consumed, "checkpoint": self.resume}
+        if not trainer.get("rng_restored"):
             mcore.seed_everything(self.cfg.seed + self.step)
             _log(f"the layout changed (tp {meta['tp']} -> {mcore.tp_size()}, dp {meta['dp']} -> {self.dp}): "
                  "dropout streams re-seeded")
-        _log(f"resumed from {resume.ckpt} at step {self.step} ({self.consumed:,} samples consumed; written by "
-             f"tp={meta['tp']} dp={meta['dp']} zero={meta['zero_stage']})")
+        _log(f"resumed from step {self.step} (samples {self.consumed:,}) of {self.resume}, written by "
+             f"tp={meta['tp']} dp={meta['dp']} zero={meta.get('zero_stage')}")
 
-    def _init_from(self, model, path: str) -> None:
-        ckpt = C.resolve(path)
+    def _init_from(self, model, ckpt: str) -> None:
+        """Weights from a checkpoint of a model of this shape, trained with the dataset's tokenizer."""
+        theirs, mine = C.tokenizer_sha256(ckpt), self.identity["tokenizer_sha256"]
+        if theirs not in (None, mine):
+            raise C.CheckpointError(f"checkpoint.init_from={ckpt} has another tokenizer (sha256 {theirs[:12]}) than "
+                                    f"data.path (sha256 {mine[:12]}); build the dataset with --tokenizer "
+                                    f"{os.path.join(ckpt, 'tokenizer')}")
         state = C.load_model_shard(ckpt, mcore.tp_rank(), self.cfg.parallel.tp,
                                    vocab_rows=model.embeddings.word.weight.shape[0] * self.cfg.parallel.tp)
         missing, unexpected = model.load_state_dict(state, strict=False)
@@ -189,60 +149,14 @@ class Trainer:
         _log(f"initialised weights from {ckpt}")
 
     def save(self) -> str:
-        """Write step_N: each process its own pieces (no gathering), rank 0 the rest; renamed into place when
-        complete, then `latest` is pointed at it."""
-        cfg = self.cfg
-        name = f"step_{self.step:08d}"
-        root = os.path.join(cfg.out_dir, "checkpoints")
-        final, tmp = os.path.join(root, name), os.path.join(root, f".{name}.tmp")
-        if self.rank0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(os.path.join(tmp, "rng"))
-        dist.barrier()
-        layout, state = self.engine.layout, self.optimizer.state
-        if layout.owner:
-            for kind in C.KINDS:
-                pieces = {f"{s.name}@{s.start}": (master if kind == "param" else state[master][kind]
-                                                  ).reshape(-1)[s.offset:s.offset + s.length]
-                          for master, segments in layout.tensors if kind == "param" or state[master]
-                          for s in segments}
-                if pieces:
-                    C.write_pieces(tmp, kind, mcore.tp_rank(), self.dp_rank if layout.partitioned else 0, pieces)
-        torch.save({"torch": dev.rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                    "tracker": mcore.rng_tracker().get_states()},
-                   os.path.join(tmp, "rng", f"rank{dist.get_rank():05d}.pt"))
-        dist.barrier()
-        if self.rank0:
-            self._save_rank0(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)  # complete checkpoints only ever appear under their final name
-            C.mark_latest(cfg.out_dir, name)
-            self._prune(root)
-        dist.barrier()
-        return final
-
-    def _save_rank0(self, tmp: str) -> None:
         cfg, corpus = self.cfg, self.corpora[0]
-        scaler = getattr(self.engine.optimizer, "loss_scaler", None)
-        steps = [s["step"] for s in self.optimizer.state.values() if s]
-        torch.save({"scheduler": self.scheduler.state_dict(), "step": self.step, "consumed": self.consumed,
-                    "optimizer_steps": steps[0] if steps else 0,
-                    "loss_scaler": {k: v for k, v in vars(scaler).items() if isinstance(v, (bool, int, float))}
-                    if scaler is not None else {},
-                    "engine": {k: getattr(self.engine, k) for k in ENGINE_COUNTERS}},
-                   os.path.join(tmp, "trainer.pt"))
-        C.copy_tokenizer(os.path.join(corpus.path, "tokenizer"), tmp)
-        write_text(os.path.join(tmp, "config.yaml"), cfg.to_yaml())
-        C.write_meta(tmp, model=cfg.model, params=C.param_info(self.shapes, mcore.tp_size()), tp=mcore.tp_size(),
-                     dp=self.dp, step=self.step,
-                     extra={"zero_stage": cfg.zero.stage, "precision": cfg.precision, "consumed_samples": self.consumed,
-                            "nfkc": corpus.manifest["options"]["text"]["nfkc"]})
-
-    def _prune(self, root: str) -> None:
-        keep = self.cfg.checkpoint.keep
-        steps = sorted(d for d in os.listdir(root) if d.startswith("step_"))
-        for old in steps[:-keep] if keep else []:
-            shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+        meta = {"model": cfg.model, "params": self.params, "tp": mcore.tp_size(), "dp": self.dp, "step": self.step,
+                "extra": {"zero_stage": cfg.zero.stage, "precision": cfg.precision, "consumed_samples": self.consumed,
+                          "nfkc": corpus.manifest["options"]["text"]["nfkc"], "run": self.identity}}
+        return self.checkpoints.save(self.step, {"scheduler": self.scheduler.state_dict(), "step": self.step,
+                                                 "consumed": self.consumed}, self.engine, self.optimizer,
+                                     tp_rank=mcore.tp_rank(), dp_rank=self.dp_rank, meta=meta,
+                                     config_yaml=cfg.to_yaml(), tokenizer_dir=os.path.join(corpus.path, "tokenizer"))
 
     # ---- steps ---------------------------------------------------------------------------------------
 
@@ -256,31 +170,38 @@ class Trainer:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def train_step(self, micro_batches) -> dict:
-        """One optimizer step over `accumulation` micro-batches. A non-finite loss on any rank stops every
-        rank before the optimizer runs (fp16 gradient overflows are DeepSpeed's: the step is skipped)."""
+        """One optimizer step over `accumulation` micro-batches. Each loss term is divided by its element count
+        in the whole global batch (all micro-batches of all data-parallel ranks, counted first), times what
+        DeepSpeed divides by (accumulation steps, data-parallel ranks), so the gradient is the same for any
+        split of the batch. A non-finite loss on any rank stops every rank before the optimizer runs (fp16
+        gradient overflows are DeepSpeed's: the step is skipped)."""
         self.engine.train()
-        sums: dict[str, float] = {}
-        finite = torch.ones((), device=self.device)
-        for i in range(self.accumulation):
-            batch = self._to_device(next(micro_batches))
-            loss, metrics = losses.compute(self.engine, batch, self.cfg.model.arch, self._tasks(self.step))
+        tasks = self._tasks(self.step)
+        batches = [self._to_device(next(micro_batches)) for _ in range(self.accumulation)]
+        counts = losses.global_counts([losses.elements(b, self.cfg.model.arch, tasks) for b in batches],
+                                      mcore.dp_group())
+        tally, finite = losses.Tally(), torch.ones((), device=self.device)
+        for i, batch in enumerate(batches):
+            terms = losses.compute(self.engine, batch, self.cfg.model.arch, tasks)
+            loss = losses.objective(terms, counts) * (self.accumulation * self.dp)
             finite = finite * torch.isfinite(loss.detach()).float()
             self.engine.backward(loss)
             if i == self.accumulation - 1:
                 self._stop_unless_finite(finite)
             self.engine.step()
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) / self.accumulation
+            tally.add(terms)
         self.step += 1
         self.consumed += self.cfg.train.global_batch_size
-        sums = _mean_over(sums, mcore.dp_group())
+        metrics = tally.metrics(mcore.dp_group())
         norm = self.engine.get_global_grad_norm()
         if norm is not None:
-            sums["grad_norm"] = float(norm)
-        sums["lr"] = self.scheduler.get_last_lr()[0]
+            metrics["grad_norm"] = float(norm)
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        if self.cfg.ernie.stages:
+            metrics["stage"] = self.cfg.ernie.stage_index(self.step - 1) + 1
         if self.cfg.precision == "fp16":
-            sums.update(loss_scale=self.engine.optimizer.loss_scaler.cur_scale, skipped_steps=self.engine.skipped_steps)
-        return sums
+            metrics.update(loss_scale=loss_scale(self.engine.optimizer), skipped_steps=self.engine.skipped_steps)
+        return metrics
 
     def _stop_unless_finite(self, finite: torch.Tensor) -> None:
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
@@ -317,37 +238,35 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Metrics over `eval_steps` validation batches on every data-parallel rank, averaged."""
+        """Metrics over `eval_steps` validation batches on every data-parallel rank: global means (sums over
+        every batch and rank, divided by the element counts), for the tasks of the stage the last step was in."""
         self.engine.eval()
-        sums: dict[str, float] = {}
-        _, valid = self._sources(max(self.step - 1, 0))
+        step = max(self.step - 1, 0)
+        _, valid = self._sources(step)
         if valid is None:
             return {}
-        data = self._loader(valid, 0, 0)
-        n = 0
-        for batch in data:
-            _, metrics = losses.compute(self.engine, self._to_device(batch), self.cfg.model.arch,
-                                        self._tasks(max(self.step - 1, 0)))
-            if "mlm_acc" in metrics:  # what always answering the corpus's most frequent token would score
-                target = batch["labels"][batch["labels"] != -100]
-                metrics["mlm_unigram_acc"] = (target == self.most_frequent).float().mean()
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-            n += 1
+        tally = losses.Tally()
+        for n, batch in enumerate(self._loader(valid, 0, 0)):
             if n == self.cfg.train.eval_steps:
                 break
-        out = {f"valid_{k}": v for k, v in _mean_over({k: v / max(n, 1) for k, v in sums.items()},
-                                                         mcore.dp_group()).items()}
+            terms = losses.compute(self.engine, self._to_device(batch), self.cfg.model.arch, self._tasks(step))
+            baseline = {}
+            if "mlm" in terms and terms["mlm"].correct is not None:  # always answering the most frequent token
+                target = batch["labels"][batch["labels"] != -100]
+                baseline["mlm_unigram"] = (float((target == self.most_frequent).sum()), float(len(target)))
+            tally.add(terms, baseline)
+        out = {f"valid_{k}": v for k, v in tally.metrics(mcore.dp_group()).items()}
         if "valid_lm_loss" in out:
             out["valid_ppl"] = math.exp(min(out["valid_lm_loss"], 50))
+        if self.cfg.ernie.stages:
+            out["valid_stage"] = self.cfg.ernie.stage_index(step) + 1
         return out
 
     def fit(self) -> dict:
         cfg = self.cfg
         os.makedirs(cfg.out_dir, exist_ok=True)
         if self.rank0:
-            with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
-                f.write(cfg.to_yaml())
+            write_text(os.path.join(cfg.out_dir, "config.yaml"), cfg.to_yaml())
         writer = _tensorboard(cfg.out_dir) if self.rank0 else None
         stage = cfg.ernie.stage_index(self.step)
         micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
@@ -383,16 +302,18 @@ class Trainer:
                 if writer:
                     for k, v in last_eval.items():
                         writer.add_scalar(f"valid/{k[6:]}", v, self.step)
+                    _append_jsonl(os.path.join(cfg.out_dir, "valid.jsonl"), history[-1])
                 _log(f"step {self.step}: " + _fmt(last_eval, tuple(last_eval)))
             if cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and self.step < cfg.train.steps:
                 self.save()
         if bar is not None:
             bar.close()
-        final = self.save()
+        final = self.save() if self.step != first or not self.resume else self.resume
         if not last_eval or history[-1]["step"] != self.step:
             last_eval = self.evaluate()
         elapsed = time.time() - t0
-        summary = {"steps": self.step, "trained_steps": self.step - first, "seconds": round(elapsed, 1),
+        summary = {"steps": self.step, "trained_steps": self.step - first, "resumed_from": self.resumed_from,
+                   "seconds": round(elapsed, 1),
                    "samples": self.consumed, "checkpoint": final, **{k: round(v, 4) for k, v in last_eval.items()},
                    "tokens_per_s": round((self.step - first) * tokens_per_step / max(elapsed, 1e-9)),
                    **{k: round(v, 4) for k, v in self._utilisation((self.step - first) * cfg.train.global_batch_size
@@ -403,9 +324,13 @@ class Trainer:
         if writer:
             writer.close()
         if self.rank0:
-            with open(os.path.join(cfg.out_dir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=2)
+            write_json(os.path.join(cfg.out_dir, "summary.json"), summary)
         return summary
+
+    def close(self) -> None:
+        """Release DeepSpeed's hooks and buffers (ZeRO-3 partitioning, offload), so that another Trainer in this
+        process starts clean."""
+        self.engine.destroy()
 
 
 def _append_jsonl(path: str, row: dict) -> None:
@@ -431,4 +356,12 @@ def _tensorboard(out_dir: str):
 
 
 def train(cfg: Config) -> dict:
-    return Trainer(cfg).fit()
+    """Train (or resume) `cfg` in this process, then leave the process group."""
+    try:
+        trainer = Trainer(cfg)
+        try:
+            return trainer.fit()
+        finally:
+            trainer.close()
+    finally:
+        mcore.shutdown()

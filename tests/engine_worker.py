@@ -1,18 +1,56 @@
 """Run under torchrun (or alone): train several tiny configs one after another in the same process group, each
-into OUT/NAME, so that tests compare layouts without paying process start-up for each.
+into OUT/NAME, so that tests compare layouts without paying process start-up for each. Rank 0 writes
+OUT/NAME/facts.json: DeepSpeed's optimizer wrapper, every optimizer state's step count, the loss scale.
 
     torchrun --nproc_per_node 4 tests/engine_worker.py OUT '{"NAME": ["CONFIG", "key=value", ...], ...}'
+
+A NAME ending in -naive runs LAMB as if unaware of ZeRO (trust ratios of whole partitions, DeepSpeed #490). For
+one ending in -resume, the checkpoint its run wrote at checkpoint.interval is copied to OUT/NAME-again, and a
+run with another seed (which the checkpoint must override) resumes it there and trains to the end.
 """
 import json
+import shutil
 import sys
 
+import torch
+import torch.distributed as dist
+
 from pretrain.config import load
+from pretrain.parallel.layout import loss_scale
 from pretrain.train import Trainer
+
+
+def facts(trainer: Trainer) -> dict:
+    steps = sorted({int(s["step"]) for s in trainer.optimizer.state.values() if s})
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, steps)
+    return {"wrapper": type(trainer.engine.optimizer).__name__, "optimizer_steps": sorted({s for r in every for s in r}),
+            "loss_scale": loss_scale(trainer.engine.optimizer), "skipped_steps": trainer.engine.skipped_steps,
+            "deterministic": torch.are_deterministic_algorithms_enabled()}
+
 
 if __name__ == "__main__":
     out, runs = sys.argv[1], json.loads(sys.argv[2])
-    for name, overrides in runs.items():
-        trainer = Trainer(load(overrides[0], [*overrides[1:], f"out_dir={out}/{name}"]))
-        if name.endswith("-naive"):  # LAMB as if unaware of ZeRO: trust ratios of whole partitions (DeepSpeed #490)
+
+    def train(name: str, overrides: list, *more: str) -> None:
+        trainer = Trainer(load(overrides[0], [*overrides[1:], f"out_dir={out}/{name}", *more]))
+        if name.endswith("-naive"):
             trainer.optimizer.layout = None
         trainer.fit()
+        record = facts(trainer)
+        trainer.close()
+        if dist.get_rank() == 0:
+            with open(f"{out}/{name}/facts.json", "w") as f:
+                json.dump(record, f)
+
+    for name, overrides in runs.items():
+        train(name, overrides)
+        if name.endswith("-resume"):
+            cfg = load(overrides[0], overrides[1:])
+            middle = f"step_{cfg.checkpoint.interval:08d}"
+            if dist.get_rank() == 0:
+                shutil.copytree(f"{out}/{name}/checkpoints/{middle}", f"{out}/{name}-again/checkpoints/{middle}")
+                with open(f"{out}/{name}-again/checkpoints/latest", "w") as f:
+                    f.write(middle)
+            dist.barrier()
+            train(f"{name}-again", overrides, f"seed={cfg.seed + 1}")

@@ -1,5 +1,7 @@
-"""Small helpers for dataset tests."""
+"""Small helpers for dataset tests (bench/index_build.py uses `wikipedia_like_shapes` too)."""
 from __future__ import annotations
+
+import numpy as np
 
 from data_prep.build import BuildOptions, build
 from data_prep.dataset import Corpus
@@ -17,3 +19,16 @@ def contents(path) -> list[tuple]:
     """Every document's stored arrays, in order, as plain tuples (shard layout does not matter)."""
     c = Corpus(str(path))
     return [tuple(getattr(c, col)(i).tolist() for col in COLUMNS) for i in range(len(c))]
+
+
+def wikipedia_like_shapes(seed: int = 0):
+    """Fake lengths of ~100M tokens shaped like a Wikipedia shard set (120,000 documents, lognormal sentence
+    counts, geometric sentence lengths): (sentence offsets per document, sentence starts within their document,
+    sentence lengths, document lengths), as index maps take them from a dataset."""
+    g = np.random.default_rng(seed)
+    counts = np.maximum(1, g.lognormal(3, 1, 120_000).astype(np.int64))
+    lengths = np.maximum(1, g.geometric(1 / 25, counts.sum()))
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    local = (starts - np.repeat(starts[offsets[:-1]], counts)).astype(np.int32)
+    return offsets, local, lengths, np.add.reduceat(lengths, offsets[:-1])

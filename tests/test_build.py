@@ -10,6 +10,7 @@ import time
 import pytest
 
 from conftest import ROOT, run_cli, write_jsonl
+from data_prep import PrepError
 from helpers import contents, quick_build
 
 
@@ -70,8 +71,8 @@ def test_partitions_as_separate_jobs_then_finalize(three_files, sp_model, refere
 @pytest.mark.distributed
 def test_mpirun_builds_partitions_per_rank(three_files, sp_model, reference, tmp_path):
     mpirun = shutil.which("mpirun")
-    if mpirun is None and os.environ.get("CI") != "true":
-        pytest.skip("Open MPI not installed (scripts/setup.sh installs it)")
+    if mpirun is None:
+        pytest.skip("Open MPI (mpirun) not installed (scripts/setup.sh installs it)")
     cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m", "data_prep", "build",
            *three_files, "--out", str(tmp_path / "ds"), "--tokenizer", sp_model, "--no-progress"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -138,6 +139,39 @@ def test_verify_catches_damage(small, sp_model, tmp_path):
     assert f"INVALID: {m['shards'][2]['file']}: missing" in proc.stdout
 
 
+def test_damaged_shard_is_one_line_when_opened(small, sp_model, tmp_path):
+    from data_prep.dataset import Corpus
+
+    m = quick_build([small["path"]], tmp_path / "ds", tokenizer=sp_model, shard_size=64 << 10)
+    name, size, docs = (m["shards"][1][k] for k in ("file", "bytes", "num_documents"))
+
+    def truncate(d):
+        (d / name).write_bytes((d / name).read_bytes()[:-100])
+
+    def overwrite(d):
+        (d / name).write_bytes(b"x" * size)
+
+    def recount(d):
+        manifest = json.load(open(d / "manifest.json"))
+        manifest["shards"][1]["num_documents"] += 1
+        (d / "manifest.json").write_text(json.dumps(manifest))
+
+    for damage, problem in ((truncate, f"truncated ({size - 100:,} of {size:,} bytes)"),
+                            (overwrite, "not a readable Arrow IPC file"),
+                            (recount, f"{docs:,} documents, the manifest says {docs + 1:,}")):
+        d = tmp_path / damage.__name__
+        shutil.copytree(tmp_path / "ds", d)
+        damage(d)
+        with pytest.raises(PrepError) as e:
+            Corpus(str(d))
+        msg = str(e.value)
+        assert msg.startswith(f"{d / name}: {problem}") and f"python -m data_prep verify {d}" in msg, msg
+        assert "\n" not in msg
+        check = run_cli("data_prep", "verify", d, check=False)
+        assert check.returncode == 1 and f"INVALID: {name}: " in check.stdout
+    assert f"{tmp_path / 'recount' / name}: " in _error("inspect", tmp_path / "recount")
+
+
 def test_rebuild_is_a_no_op_and_other_options_need_overwrite(small, sp_model, tmp_path):
     out = tmp_path / "ds"
     args = ["data_prep", "build", small["path"], "--out", out, "--tokenizer", sp_model, "--no-progress"]
@@ -196,6 +230,19 @@ def test_bad_records_skipped_are_counted_and_listed(sp_model, tmp_path):
     assert m["stats"]["skipped"] == {"invalid UTF-8": 2, "malformed JSON": 1, "non-string field": 1}
     rejects = (tmp_path / "ds" / "rejects.txt").read_text().splitlines()
     assert [r.split(": ")[0] for r in rejects] == [f"{src}:2", f"{src}:3", f"{src}:5", f"{txt}:3"]
+
+
+def test_bad_record_fails_before_training_a_tokenizer(small, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    lines = open(small["path"], encoding="utf-8").readlines()
+    bad.write_text("".join(lines[:1] + ['{"text": "broken\n'] + lines[1:]), encoding="utf-8")
+    out = tmp_path / "ds"
+    with pytest.raises(PrepError) as e:
+        quick_build([bad], out, vocab_size=3000, num_unused=10)
+    assert f"{bad}:2: malformed JSON" in str(e.value) and "--on-error skip" in str(e.value)
+    assert not (out / "tokenizer").exists() and not list(out.rglob("*.model"))
+    msg = _error("train-tokenizer", bad, "--out", tmp_path / "tok", "--vocab-size", 3000)
+    assert f"{bad}:2: malformed JSON" in msg and not (tmp_path / "tok").exists()
 
 
 @pytest.mark.distributed

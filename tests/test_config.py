@@ -11,7 +11,7 @@ from pretrain.config import Config, ConfigError, load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
-TOP_KEYS = "seed, out_dir, precision, deepspeed_config, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie"
+TOP_KEYS = "seed, out_dir, precision, grad_accum_dtype, deepspeed_config, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie"
 OPTIMIZER_KEYS = "name, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, poly_power"
 
 
@@ -182,6 +182,8 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["model.task_type_vocab_size=3"], 1, "model.task_type_vocab_size=3 needs model.arch=ernie"),
     (["model.type_vocab_size=0"], 1, "data.objective=mlm_nsp pairs two segments but model.type_vocab_size=0"),
     (["ernie.stages=[{steps: 300, tasks: {capitalization: 1}}]"], 1, "ernie.stages is set but data.objective=mlm_nsp"),
+    (["precision=bf16", "zero.stage=0"], 1, "precision=bf16 with grad_accum_dtype=fp32 needs ZeRO"),
+    (["data.pack_documents=false"], 1, "data.pack_documents=false applies to data.objective=clm, not mlm_nsp"),
 ])
 def test_validation_errors(overrides, dp, expected):
     lines = problems(overrides, dp)
@@ -203,6 +205,8 @@ def test_validation_errors(overrides, dp, expected):
     (["ernie.task_data.capitalization=x"], ("ernie.task_data.capitalization: only discourse_relation and "
                                            "ir_relevance take a dataset")),
     (["train.steps=10"], "ernie.stages add up to 8 steps but train.steps=10; make them equal"),
+    (["ernie.stages=[{steps: 4, tasks: {capitalization: 1}}, {steps: 4, tasks: {sentence_distance: 1}}]"],
+     "ernie.stages[1].tasks drops capitalization of the stage before"),
 ])
 def test_ernie_validation_errors(overrides, expected):
     lines = problems(overrides, preset="ernie-tiny")

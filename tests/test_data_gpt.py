@@ -28,6 +28,32 @@ def stream(corpus, docs):
     return np.concatenate([np.r_[corpus.tokens(int(d)), eod] for d in docs]).astype(np.int64)
 
 
+def test_unpacked_windows_hold_each_document_once_padded_at_its_end(dataset):
+    """pack=False: every document (and its end-of-document token) is predicted exactly once, in windows that never
+    cross into another document; padding carries labels -100, so samples predict different numbers of tokens."""
+    corpus = Corpus(dataset)
+    ds = GPTDataset(dataset, SEQ, seed=7, pack=False)
+    pad, eod = corpus.special_ids["pad"], corpus.special_ids["eod"]
+    lengths = corpus.doc_lengths()
+    assert len(ds) == int((-(-lengths // SEQ)).sum())
+    predicted = {}
+    e = ds.epoch_index(0)
+    assert sorted(e.shuffle.tolist()) == list(range(len(ds)))
+    for i in range(len(ds)):
+        s = ds.sample(0, i)
+        pos, offset = (int(x) for x in e.windows[e.shuffle[i]])
+        doc = np.r_[corpus.tokens(int(ds.docs[pos])), eod]
+        n = int((s["labels"] != -100).sum())
+        assert np.array_equal(s["labels"][:n], doc[offset + 1:offset + 1 + n])
+        assert np.array_equal(s["input_ids"][:n], doc[offset:offset + n])
+        assert (s["labels"][n:] == -100).all() and (s["input_ids"][n + 1:] == pad).all()
+        predicted.setdefault(pos, []).append((offset, n))
+    for pos, parts in predicted.items():  # the windows of a document tile it: every token after the first once
+        assert sum(n for _, n in parts) == lengths[ds.docs[pos]]
+    counts = [int((ds.sample(0, i)["labels"] != -100).sum()) for i in range(50)]
+    assert len(set(counts)) > 1
+
+
 def test_windows_reproduce_the_concatenated_token_stream(dataset):
     corpus = Corpus(dataset)
     ds = GPTDataset(dataset, SEQ, seed=7)

@@ -1,9 +1,9 @@
-"""Index builders against straightforward loops, the .npy cache, the split, blending, and build speed."""
-import time
+"""Index builders against straightforward loops, the .npy cache, the split, blending, and a 100M-token scale."""
 
 import numpy as np
 import pytest
 
+from helpers import wikipedia_like_shapes
 from pretrain.data.indexes import (IndexCache, Stream, blend, chain, packed_chunks, pair_chunks, quotas,
                                    sentence_table, shuffle, split_documents, windows)
 
@@ -164,29 +164,22 @@ def test_index_cache_falls_back_to_cache_dir(tmp_path):
     assert np.array_equal(a, b) and not isinstance(b.base, np.memmap)
 
 
-def test_indexes_over_100m_tokens_build_in_seconds():
-    """Fake document and sentence lengths for ~100M tokens (the shapes of a Wikipedia-sized shard set)."""
-    g = np.random.default_rng(0)
-    counts = np.maximum(1, g.lognormal(3, 1, 120_000).astype(np.int64))
-    lengths = np.maximum(1, g.geometric(1 / 25, counts.sum()))
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    local = (starts - np.repeat(starts[offsets[:-1]], counts)).astype(np.int32)
-    doc_lengths = np.add.reduceat(lengths, offsets[:-1])
+def test_indexes_over_100m_tokens():
+    """Fake document and sentence lengths for ~100M tokens (the shapes of a Wikipedia-sized shard set): the
+    maps still cover their input exactly (build times: bench/index_build.py)."""
+    offsets, local, lengths, doc_lengths = wikipedia_like_shapes()
+    counts = np.diff(offsets)
     assert 90e6 < doc_lengths.sum() < 110e6
-    timings = {}
-    for name, build in [
-        ("sentence table", lambda: sentence_table(offsets, local, doc_lengths, np.arange(len(counts)))),
-        ("BERT pairs, seq 128", lambda: pair_chunks(table, 125, 0.1, seed=1)),
-        ("RoBERTa full sentences, seq 128", lambda: packed_chunks(table, 126)),
-        ("GPT order + windows, seq 1024",
-         lambda: windows(doc_lengths[shuffle(len(counts), Stream.DOC_ORDER, 1, 0)], 1024)),
-        ("shuffle of 1M samples", lambda: shuffle(1_000_000, Stream.SHUFFLE, 1, 0)),
-    ]:
-        start = time.perf_counter()
-        result = build()
-        timings[name] = time.perf_counter() - start
-        if name == "sentence table":
-            table = result
-    print({k: round(v, 2) for k, v in timings.items()})
-    assert max(timings.values()) < 3.0, timings
+    table = sentence_table(offsets, local, doc_lengths, np.arange(len(counts)))
+    assert np.array_equal(table[0], np.repeat(np.arange(len(counts)), counts))
+    assert np.array_equal(table[2] - table[1], lengths)
+    lo, hi, _ = pair_chunks(table, 125, 0.1, seed=1).T
+    assert (np.diff(lo) > 0).all() and (hi > lo).all() and np.array_equal(table[0, lo], table[0, hi - 1])
+    packed = packed_chunks(table, 126)
+    assert packed[0, 0] == 0 and np.array_equal(packed[1:, 0], packed[:-1, 1]) and packed[-1, 1] == len(lengths)
+    order = shuffle(len(counts), Stream.DOC_ORDER, 1, 0)
+    w = windows(doc_lengths[order], 1024)
+    assert len(w) == (doc_lengths.sum() + len(counts) - 1) // 1024
+    assert (w[:, 1] >= 0).all() and (w[:, 1] <= doc_lengths[order][w[:, 0]]).all()
+    samples = shuffle(1_000_000, Stream.SHUFFLE, 1, 0)
+    assert samples.dtype == np.uint32 and np.array_equal(np.sort(samples), np.arange(1_000_000))

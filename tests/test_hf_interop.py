@@ -12,7 +12,7 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="transformers not installed (scripts/setup.sh installs it)")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,7 +31,7 @@ def _checkpoint(tmp_path, arch, tok_dir, nfkc=True):
     ckpt.mkdir(parents=True)
     C.save_model(str(ckpt), model.state_dict())
     C.copy_tokenizer(tok_dir, str(ckpt))
-    C.write_meta(str(ckpt), model=cfg, params=C.param_info({n: p.shape for n, p in model.named_parameters()}), step=7,
+    C.write_meta(str(ckpt), model=cfg, params=C.param_info(model.named_parameters()), step=7,
                  extra={"nfkc": nfkc})
     C.mark_latest(str(tmp_path / "run"), ckpt.name)
     return model, cfg
@@ -123,3 +123,14 @@ def test_bad_checkpoint_path_is_one_clear_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("checkpoints_tools: error: ")
     assert "neither a ptm checkpoint" in proc.stderr
+
+
+def test_from_hf_without_config_is_one_clear_line(tmp_path):
+    src = tmp_path / "weights_only"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes(b"not a model")
+    proc = run_cli("checkpoints_tools", "from-hf", src, "--out", tmp_path / "ckpt", check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"checkpoints_tools: error: {src} has no config.json")
+    assert "save_pretrained" in lines[0] and not (tmp_path / "ckpt").exists()

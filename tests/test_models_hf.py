@@ -10,7 +10,7 @@ from pretrain.models.config import ModelConfig
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="transformers not installed (scripts/setup.sh installs it)")
 V, H, L, HEADS, S, B = 99, 32, 2, 4, 16, 3
 
 

@@ -113,6 +113,8 @@ def test_peak_flops_and_mfu():
     assert peak_flops("NVIDIA A100-PCIE-40GB", "fp32") == 19.5e12  # plain FP32: ptm leaves TF32 off
     assert peak_flops("NVIDIA H100 80GB HBM3", "fp16") == 989e12 == peak_flops("NVIDIA H200", "bf16")
     assert peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12 and peak_flops("Tesla V100-SXM2-32GB", "fp16") == 125e12
+    assert peak_flops("NVIDIA H100 NVL", "bf16") == 835e12  # not the H100 SXM's 989e12
+    assert peak_flops("Tesla V100-PCIE-32GB", "fp16") == 112e12 and peak_flops("Tesla V100S-PCIE-32GB", "fp16") == 130e12
     assert peak_flops("Tesla V100-SXM2-32GB", "bf16") is None and peak_flops("cpu", "fp32") is None
     assert mfu(156e12, "NVIDIA A100-SXM4-40GB", "bf16") == 0.5 and mfu(1e12, "cpu", "bf16") is None
 

@@ -12,10 +12,8 @@ from pretrain.config import load
 
 
 @pytest.fixture(scope="module")
-def dataset(small, sp_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("train") / "ds"
-    quick_build([small["path"]], out, tokenizer=sp_model)
-    return str(out)
+def dataset(train_data):
+    return train_data
 
 
 def _cfg(dataset, *overrides, preset="bert-tiny"):
@@ -31,8 +29,8 @@ def test_resume_is_exact(dataset, tmp_path):
     from pretrain import checkpoint as C
     from pretrain.train import Trainer
 
-    def cfg(out):
-        return _cfg(dataset, f"out_dir={out}", "train.steps=6", "checkpoint.interval=0")
+    def cfg(out, *more):
+        return _cfg(dataset, f"out_dir={out}", "train.steps=6", "checkpoint.interval=0", *more)
 
     straight = Trainer(cfg(tmp_path / "a")).fit()
     first = Trainer(cfg(tmp_path / "b"))
@@ -40,8 +38,8 @@ def test_resume_is_exact(dataset, tmp_path):
     for _ in range(3):
         first.train_step(micro)
     first.save()  # ...and the process dies here
-    resumed = Trainer(cfg(tmp_path / "b")).fit()
-    assert resumed["trained_steps"] == 3 and straight["trained_steps"] == 6
+    resumed = Trainer(cfg(tmp_path / "b", "seed=99")).fit()  # the checkpoint's seed wins
+    assert resumed["trained_steps"] == 3 and straight["trained_steps"] == 6 and resumed["resumed_from"]["step"] == 3
     ckpt = [C.Pieces(str(tmp_path / run / "checkpoints" / "step_00000006")) for run in ("a", "b")]
     for kind in C.KINDS:  # weights and both moments, bit for bit
         assert all(torch.equal(ckpt[0].full(kind, n), ckpt[1].full(kind, n)) for n in ckpt[0].params)
@@ -74,14 +72,21 @@ def test_gpt2_tiny_trains_and_reports_perplexity(dataset, tmp_path):
     assert json.load(open(tmp_path / "summary.json"))["steps"] == 4
 
 
-def test_ernie2_two_stage_schedule(dataset, tmp_path):
-    """Each stage's samples come from its tasks; every task's head trains; the stage-2 tasks are evaluated."""
+def test_ernie2_schedule_switches_tasks_at_the_stage_boundaries(dataset, tmp_path):
+    """Three stages, each adding a task and keeping the earlier ones (continual multi-task learning): each stage's
+    samples come from its tasks; the tasks in the loss change at each boundary; a task's head receives gradient in
+    exactly the steps of the stages that include it; each evaluation reports the stage of its step and its tasks."""
     from pretrain.data.ernie import TASKS
     from pretrain.data.factory import build_sources
-    from pretrain.train import train
+    from pretrain.train import Trainer
 
-    cfg = load("ernie-tiny", [f"data.path={dataset}", f"out_dir={tmp_path}", "data.num_workers=0",
-                              "data.seq_len=32", "model.max_position_embeddings=32", "data.valid_fraction=0.02"])
+    stages = [{"knowledge_masking": 1, "capitalization": 1},
+              {"knowledge_masking": 1, "capitalization": 1, "sentence_reordering": 1},
+              {"knowledge_masking": 1, "capitalization": 1, "sentence_reordering": 1, "sentence_distance": 1}]
+    cfg = load("ernie-tiny", [f"data.path={dataset}", f"out_dir={tmp_path}", "data.num_workers=0", "data.seq_len=32",
+                              "model.max_position_embeddings=32", "data.valid_fraction=0.02", "train.steps=6",
+                              "train.global_batch_size=16", "train.micro_batch_size=8", "train.eval_interval=1",
+                              "ernie.stages=" + json.dumps([{"steps": 2, "tasks": t} for t in stages])])
     for stage in cfg.ernie.stages:
         source, _ = build_sources(cfg.data, cfg.seed, tasks=stage.tasks)
         samples = [source.sample(0, i) for i in range(min(200, len(source)))]
@@ -92,9 +97,26 @@ def test_ernie2_two_stage_schedule(dataset, tmp_path):
             assert ((s["token_labels"] != -100).any()) <= (task in ("capitalization", "token_document_relation"))
             assert (int(s["seq_label"]) != -100) == (task in ("sentence_reordering", "sentence_distance"))
             assert (s["task_type_ids"] == (1 if task.startswith("sentence") else 0)).all()
-    summary = train(cfg)
-    for task in ("mlm", "sentence_reordering", "sentence_distance"):
-        assert f"valid_{task}_acc" in summary, summary
+    trainer = Trainer(cfg)
+    heads = {**trainer.model.tasks.token, **trainer.model.tasks.sequence, "knowledge_masking": trainer.model.mlm.dense}
+    graded = {name: set() for name in heads}
+    for name, head in heads.items():
+        head.weight.register_hook(lambda grad, name=name: graded[name].add(trainer.step))
+    trainer.fit()
+    in_stage = {name: {step for step in range(6) if name in stages[step // 2]} for name in heads}
+    assert graded == in_stage
+    term = {"mlm": "knowledge_masking"}
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    for i, stage in enumerate(stages):
+        mine = [r for r in rows if r["stage"] == i + 1]
+        assert [r["step"] for r in mine] == [2 * i + 1, 2 * i + 2]
+        seen = {term.get(k[:-5], k[:-5]) for r in mine for k in r if k.endswith("_loss")}
+        assert seen == set(stage), (i, seen)
+    evaluations = [json.loads(line) for line in open(tmp_path / "valid.jsonl")]
+    assert [e["valid_stage"] for e in evaluations] == [1, 1, 2, 2, 3, 3]
+    for e in evaluations:
+        tasks = {term.get(k[6:-4], k[6:-4]) for k in e if k.endswith("_acc") and "unigram" not in k}
+        assert tasks == set(stages[e["valid_stage"] - 1]), e
 
 
 def test_ernie1_knowledge_masking_stages(dataset, tmp_path):

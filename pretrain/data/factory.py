@@ -33,7 +33,7 @@ def build_sources(data, seed: int, *, cache_dir: str | None = None, knowledge_le
             raise ValueError(f"{path}: data.valid_fraction={data.valid_fraction} holds out no document; "
                              "raise it, or set it to 0 to train without validation")
         if data.objective == "clm":
-            return GPTDataset(path, data.seq_len, seed=seed, docs=docs, cache_dir=cache_dir)
+            return GPTDataset(path, data.seq_len, seed=seed, docs=docs, cache_dir=cache_dir, pack=data.pack_documents)
         masker = Masker(corpus.special_ids, corpus.vocab_size,
                         strategy="knowledge" if data.objective == "ernie" else data.masking, mask_prob=data.mask_prob,
                         max_predictions=data.max_predictions_per_seq or math.ceil(data.mask_prob * data.seq_len),

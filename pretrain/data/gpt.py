@@ -1,16 +1,22 @@
-"""GPT-2 causal-LM samples: packed documents cut into fixed windows (Megatron's GPTDataset).
+"""GPT-2 causal-LM samples: packed documents cut into fixed windows (Megatron's GPTDataset), or each
+document on its own, padded.
 
-Each epoch puts the documents in a seeded order, follows each with the end-of-document token and cuts
-the stream into windows of seq_len + 1 tokens that overlap by one (window i starts at token i * seq_len);
-the windows are then read in a seeded shuffled order. Sample: input_ids = window[:-1], labels = window[1:].
+Packed (default): each epoch puts the documents in a seeded order, follows each with the end-of-document
+token and cuts the stream into windows of seq_len + 1 tokens that overlap by one (window i starts at token
+i * seq_len); the windows are then read in a seeded shuffled order. Sample: input_ids = window[:-1],
+labels = window[1:].
+Unpacked (`pack=False`): a window never crosses a document's end: a document and its end-of-document token
+are cut into windows that start every seq_len tokens, the last one padded ([PAD] inputs, labels -100), so
+samples carry different numbers of predicted tokens.
 """
 from __future__ import annotations
 
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
 
-from pretrain.data.indexes import Stream, shuffle, windows
+from pretrain.data.indexes import Stream, document_windows, shuffle, windows
 from pretrain.data.source import CorpusSource
 
 
@@ -21,14 +27,16 @@ class GPTEpoch(NamedTuple):
 
 
 class GPTDataset(CorpusSource):
-    """Windows of seq_len + 1 tokens over documents `docs` (default: all) of the dataset at `path`."""
+    """Windows of seq_len + 1 tokens over documents `docs` (default: all) of the dataset at `path`; packed
+    across documents unless `pack` is False."""
 
-    def __init__(self, path: str, seq_len: int, *, seed: int = 1234, docs=None, cache_dir: str | None = None):
+    def __init__(self, path: str, seq_len: int, *, seed: int = 1234, docs=None, cache_dir: str | None = None,
+                 pack: bool = True):
         super().__init__(path, seed=seed, docs=docs, cache_dir=cache_dir)
-        self.seq_len = seq_len
-        self.eod = self.corpus.special_ids["eod"]
+        self.seq_len, self.pack = seq_len, pack
+        self.eod, self.pad = self.corpus.special_ids["eod"], self.corpus.special_ids["pad"]
         stream = int(self._lengths().sum()) + len(self.docs)
-        self._len = (stream - 1) // seq_len
+        self._len = (stream - 1) // seq_len if pack else len(self._documents)
         if self._len < 1:
             raise ValueError(f"{path}: {stream} tokens (with end-of-document tokens) do not fill one window "
                              f"of {seq_len + 1}")
@@ -39,7 +47,17 @@ class GPTDataset(CorpusSource):
     def _lengths(self) -> np.ndarray:
         return self.corpus.doc_lengths()[self.docs]
 
+    @cached_property
+    def _documents(self) -> np.ndarray:
+        """Unpacked: (n, 2) [document position, offset] of every window, in document order."""
+        return self.index("gpt-doc-windows", lambda: document_windows(self._lengths(), self.seq_len),
+                          seq_len=self.seq_len)
+
     def _build_epoch(self, epoch: int) -> GPTEpoch:
+        if not self.pack:
+            return GPTEpoch(np.arange(len(self.docs)), self._documents,
+                            self.index("gpt-shuffle", lambda: shuffle(len(self), Stream.SHUFFLE, self.seed, epoch),
+                                       seed=self.seed, epoch=epoch, n=len(self)))
         order = self.index("gpt-order", lambda: shuffle(len(self.docs), Stream.DOC_ORDER, self.seed, epoch),
                            seed=self.seed, epoch=epoch)
         return GPTEpoch(order,
@@ -52,6 +70,15 @@ class GPTDataset(CorpusSource):
         e = self.epoch_index(epoch)
         pos, offset = (int(x) for x in e.windows[e.shuffle[index]])
         out = np.empty(self.seq_len + 1, dtype=np.int64)
+        if not self.pack:
+            tokens = self.corpus.tokens(int(self.docs[e.order[pos]]))[offset:offset + len(out)]
+            out[:len(tokens)] = tokens
+            out[len(tokens):] = self.pad
+            if len(tokens) < len(out):
+                out[len(tokens)] = self.eod
+            labels = out[1:].copy()
+            labels[len(tokens):] = -100  # after the end-of-document token
+            return {"input_ids": out[:-1], "labels": labels}
         filled = 0
         while filled < len(out):
             tokens = self.corpus.tokens(int(self.docs[e.order[pos]]))[offset:offset + len(out) - filled]

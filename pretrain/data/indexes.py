@@ -125,6 +125,17 @@ def windows(lengths: np.ndarray, seq_len: int) -> np.ndarray:
     return np.stack([doc, first - (ends[doc] - lengths[doc] - 1)], axis=1)
 
 
+def document_windows(lengths: np.ndarray, seq_len: int) -> np.ndarray:
+    """GPT sample index without packing: each document followed by its end-of-document token on its own,
+    cut into windows that start every seq_len tokens while a next token is left to predict. Returns (n, 2)
+    int64 [document position, offset in the document]."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    counts = -(-lengths // seq_len)  # windows starting at 0, seq_len, ... below the document's length
+    doc = np.repeat(np.arange(len(lengths)), counts)
+    first = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.stack([doc, first * seq_len], axis=1)
+
+
 def sentence_table(offsets: np.ndarray, starts: np.ndarray, lengths: np.ndarray, docs: np.ndarray) -> np.ndarray:
     """The sentences of documents `docs`, in that order, from the ragged `sentence_starts` column (`offsets`
     into `starts`, per corpus document) and the documents' lengths: (3, S) int32 rows [document position in

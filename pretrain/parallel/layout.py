@@ -3,7 +3,8 @@
 DeepSpeed hands the client optimizer fp32 tensors that are not the model's parameters:
 
 * ZeRO 0, fp32: the parameters themselves; fp16/bf16: one fp32 master copy per parameter;
-* ZeRO 1/2: per param group, this rank's equal slice of the group's parameters flattened end to end;
+* ZeRO 1/2: per param group, this rank's equal slice of the group's parameters flattened end to end
+  (bf16 with fp32 gradient accumulation at ZeRO-1: DeepSpeed's BF16_Optimizer, flattened in group order);
 * ZeRO 3: per sub-group, this rank's slice of every parameter (each parameter is split on its own),
   concatenated.
 
@@ -11,6 +12,9 @@ A `Layout` maps those tensors back to named parameters as `Segment`s. With it, L
 parameter's sums of squares over the pieces (all-reduced over the data-parallel group when ZeRO partitions,
 over the tensor-parallel group for parameters megatron-core splits) before taking per-parameter trust
 ratios, and checkpoints are written as named pieces that any other layout can read back.
+
+This is the one module that reads DeepSpeed's private optimizer state (also the loss scaler's, and the
+construction step of its unfused mixed-precision wrapper): a DeepSpeed upgrade touches only this file.
 """
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
+from pretrain import device as dev
 from pretrain.optim.optimizers import trust_ratios
 from pretrain.parallel import mcore
 
@@ -57,6 +63,8 @@ class Layout:
         model, opt = engine.module, engine.optimizer
         name = {id(p): n for n, p in model.named_parameters()}
         stage = engine.zero_optimization_stage()
+        if isinstance(opt, BF16_Optimizer):
+            return cls(model, _bf16(opt, name), partitioned=True)
         if stage == 3:
             return cls(model, _stage3(opt, name), partitioned=True)
         if stage in (1, 2):
@@ -79,12 +87,11 @@ class Layout:
             flat = v.reshape(-1)
             for s in self.segments(t):
                 sums[self.index[s.name]] += flat[s.offset:s.offset + s.length].float().square().sum()
-        if self.partitioned and mcore.dp_size() > 1:
-            dist.all_reduce(sums, group=mcore.dp_group())
+        if self.partitioned:
+            dev.all_reduce(sums, mcore.dp_group())
         if mcore.tp_size() > 1:
             split = self.split.to(sums.device)
-            parts = sums * split
-            dist.all_reduce(parts, group=mcore.tp_group())
+            parts = dev.all_reduce(sums * split, mcore.tp_group())
             sums = torch.where(split, parts, sums)
         return sums
 
@@ -98,6 +105,58 @@ class Layout:
                 r[s.offset:s.offset + s.length] = ratio[self.index[s.name]]
             out.append(r.view_as(t))
         return out
+
+
+def undo_construction_step(engine) -> None:
+    """DeepSpeed's unfused fp16/bf16 wrapper (ZeRO-0) calls the optimizer's step() once with zero gradients while
+    it is built, so AdamW/LAMB would start at step 1 with one weight-decay step applied to the fp32 masters.
+    Undo it: no optimizer state, masters equal to the weights again (they were copied from them)."""
+    opt = engine.optimizer
+    if engine.zero_optimization_stage() or not hasattr(opt, "fp32_groups"):
+        return
+    opt.optimizer.state.clear()
+    with torch.no_grad():
+        for master, p in zip(_flat(opt.fp32_groups), _flat(opt.fp16_groups)):
+            master.copy_(p.float())
+
+
+def _scaler(opt):
+    """The object that holds the dynamic loss scale: ZeRO's `loss_scaler`, the fp16/bf16 wrappers'
+    `loss_scale_config`; None without loss scaling."""
+    return getattr(opt, "loss_scaler", None) or getattr(opt, "loss_scale_config", None)
+
+
+def loss_scale(opt) -> float:
+    """The current loss scale (1 without loss scaling)."""
+    scaler = _scaler(opt)
+    return float(scaler.cur_scale) if scaler is not None else 1.0
+
+
+def loss_scale_state(opt) -> dict:
+    """The loss scaler's counters and settings (scale, iteration, last overflow, hysteresis), for checkpoints."""
+    scaler = _scaler(opt)
+    return {k: v for k, v in vars(scaler).items() if isinstance(v, (bool, int, float)) or v is None} if scaler else {}
+
+
+def restore_loss_scale(opt, state: dict) -> None:
+    scaler = _scaler(opt)
+    for k, v in state.items() if scaler is not None else ():
+        if hasattr(scaler, k):
+            setattr(scaler, k, v)
+
+
+def engine_counters(engine) -> dict:
+    """DeepSpeed's step and sample counters, for checkpoints."""
+    return {k: getattr(engine, k) for k in ("global_steps", "global_samples", "skipped_steps")}
+
+
+def restore_engine_counters(engine, counters: dict) -> None:
+    """Counters from a checkpoint of any layout; micro_steps (which decides the accumulation boundaries) counts
+    this layout's micro-batches per step."""
+    for k, v in counters.items():
+        if k != "micro_steps":  # checkpoints before this version saved it too
+            setattr(engine, k, v)
+    engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
 
 
 def _flat(groups):
@@ -117,6 +176,22 @@ def _stage1_2(opt, name) -> list[tuple[torch.Tensor, list[Segment]]]:
             begin, end = max(lo, at), min(hi, at + p.numel())
             if begin < end:
                 segments.append(Segment(name[id(p)], begin - at, begin - lo, end - begin))
+        out.append((master, segments))
+    return out
+
+
+def _bf16(opt, name) -> list[tuple[torch.Tensor, list[Segment]]]:
+    """BF16_Optimizer: group i is flattened in `bf16_groups[i]` order; this rank owns the equal slice
+    `fp32_groups_flat_partition[i]` at rank * its size."""
+    out = []
+    for i, master in enumerate(opt.fp32_groups_flat_partition):
+        rank = dist.get_rank(group=opt.real_dp_process_group[i])
+        lo, hi, at, segments = rank * master.numel(), (rank + 1) * master.numel(), 0, []
+        for p in opt.bf16_groups[i]:
+            begin, end = max(lo, at), min(hi, at + p.numel())
+            if begin < end:
+                segments.append(Segment(name[id(p)], begin - at, begin - lo, end - begin))
+            at += p.numel()
         out.append((master, segments))
     return out
 

@@ -66,21 +66,40 @@ def seed_everything(seed: int) -> None:
     mrandom._CUDA_RNG_STATE_TRACKER.add(MODEL_PARALLEL_RNG, seed + 2718 + ps.get_tensor_model_parallel_rank())
 
 
-def initialize(tp: int = 1, seed: int = 1234) -> None:
-    """Process groups (torch.distributed from the launcher's environment: torchrun, deepspeed or mpirun; or a
-    one-process group) and megatron-core's TP x DP groups, then the seeds."""
+def init_processes() -> int:
+    """The process group, from the launcher's environment (torchrun, deepspeed, mpirun, srun) or a
+    one-process group without a launcher; returns the world size. On CUDA the group is bound to this
+    process's GPU (`device_id`, after `set_device`)."""
     if not dist.is_initialized():
-        if rendezvous.export():
-            dist.init_process_group(dev.backend())
-        else:  # one process, no launcher (DeepSpeed still asks for the launcher's LOCAL_RANK)
-            os.environ.setdefault("LOCAL_RANK", "0")
-            dist.init_process_group(dev.backend(), store=dist.HashStore(), rank=0, world_size=1)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(dev.device())
+        kind = rendezvous.export()
+        os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asks for the launcher's LOCAL_RANK
+        bound = {}
+        if torch.cuda.is_available():
+            torch.cuda.set_device(dev.device())
+            bound = {"device_id": dev.device()}
+        if kind:
+            dist.init_process_group(dev.backend(), **bound)
+        else:
+            dist.init_process_group(dev.backend(), store=dist.HashStore(), rank=0, world_size=1, **bound)
+    return dist.get_world_size()
+
+
+def initialize(tp: int = 1, seed: int = 1234) -> None:
+    """Process groups (see `init_processes`) and megatron-core's TP x DP groups, then the seeds."""
+    init_processes()
+    if ps.model_parallel_is_initialized() and tp_size() != tp:
+        ps.destroy_model_parallel()
+    if not ps.model_parallel_is_initialized():  # groups (and their threads) are made once per TP size
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    seed_everything(seed)
+
+
+def shutdown() -> None:
+    """Destroy megatron-core's groups and the process group (NCCL warns at exit otherwise)."""
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp)
-    seed_everything(seed)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def model_parallel_config(params_dtype: torch.dtype = torch.float32) -> ModelParallelConfig:

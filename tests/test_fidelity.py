@@ -1,0 +1,125 @@
+"""The same global batch trains the same model whatever the layout, for every objective: BERT (mlm_nsp, whole-word
+masking, padded samples), ERNIE 2.0 (two tasks of one stage) and GPT-2 (unpacked documents, padded windows), under
+TP=2 x DP=2 with ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
+
+Every loss is a sum over its elements divided by their count in the whole global batch (pretrain/losses.py); with
+per-micro-batch means the BERT differences were up to 1.4e-1. The one-process references run under ZeRO-1: DeepSpeed
+computes the clipping norm in fp64 under ZeRO 1-3 but per tensor in fp32 under ZeRO-0, and torch's fp32 norm on
+CPU is off by up to 1e-4 on large tensors (the word-embedding gradient), so a ZeRO-0 reference differs from every
+ZeRO>=1 run, one process included, by more than the layouts do. Dropout is off (its streams are per rank)."""
+import json
+
+import pytest
+
+from runs import config, launch, losses_by_step, max_rel_diff, weights
+
+pytestmark = pytest.mark.distributed
+
+COMMON = ["data.num_workers=0", "data.seq_len=32", "model.max_position_embeddings=32", "model.hidden_dropout=0",
+          "model.attention_dropout=0", "train.global_batch_size=8", "train.micro_batch_size=2", "train.grad_clip=0.5",
+          "optimizer.warmup_steps=1", "optimizer.lr=0.01", "train.eval_interval=0", "data.valid_fraction=0.02",
+          "train.steps=4", "checkpoint.interval=0"]
+MODELS = {  # preset, overrides, heads, the loss that every objective logs first
+    "bert": (["bert-tiny", "data.objective=mlm_nsp", "data.masking=whole_word", "data.short_seq_prob=0.5"], 2, "mlm_loss"),
+    "ernie": (["ernie-tiny", "ernie.stages=[{steps: 4, tasks: {knowledge_masking: 1, sentence_distance: 1}}]"], 2,
+              "mlm_loss"),
+    "gpt2": (["gpt2-tiny", "model.num_heads=4", "data.pack_documents=false"], 4, "lm_loss"),
+}
+STAGES = (1, 2, 3)
+OPTIMIZERS = ("lamb", "adamw")
+
+
+def run(model: str, data: str, *overrides: str) -> list:
+    preset, *settings = MODELS[model][0]
+    return [preset, f"data.path={data}", *COMMON, *settings, *overrides]
+
+
+@pytest.fixture(scope="module")
+def trained(train_data, tmp_path_factory):
+    """Every run of this module, in three launches (1, 2 and 4 processes); returns their directory."""
+    out = tmp_path_factory.mktemp("fidelity")
+    one = {f"{m}-{opt}-ref": run(m, train_data, f"optimizer.name={opt}", "zero.stage=1") for m in MODELS
+           for opt in OPTIMIZERS}
+    one.update({f"{m}-mb8": run(m, train_data, "optimizer.name=lamb", "zero.stage=1", "train.micro_batch_size=8")
+                for m in MODELS})
+    one.update({f"gpt2-{opt}-z0ref": run("gpt2", train_data, f"optimizer.name={opt}", "zero.stage=0")
+                for opt in OPTIMIZERS})
+    launch(out, one, nproc=1)
+    launch(out, {f"{m}-dp2": run(m, train_data, "optimizer.name=lamb", "zero.stage=1") for m in MODELS}, nproc=2)
+    four = {f"{m}-{opt}-z{stage}": run(m, train_data, f"optimizer.name={opt}", "parallel.tp=2", f"zero.stage={stage}")
+            for m in MODELS for opt in OPTIMIZERS for stage in STAGES}
+    four.update({f"gpt2-{opt}-z0": run("gpt2", train_data, f"optimizer.name={opt}", "parallel.tp=2", "zero.stage=0")
+                 for opt in OPTIMIZERS})
+    four.update({f"gpt2-lamb-z{stage}offload": run("gpt2", train_data, "optimizer.name=lamb", "parallel.tp=2",
+                                                    f"zero.stage={stage}", "zero.offload=true") for stage in (2, 3)})
+    four["gpt2-lamb-z2-naive"] = run("gpt2", train_data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2")
+    launch(out, four, nproc=4)
+    return out
+
+
+def diff(trained, model: str, a: str, b: str) -> float:
+    d = max_rel_diff(weights(trained / f"{model}-{a}"), weights(trained / f"{model}-{b}"), MODELS[model][1])
+    print(f"{model}: {a} vs {b}: max relative weight difference {d:.2e}")
+    return d
+
+
+def test_the_batches_have_what_makes_normalisation_matter(train_data):
+    """BERT and GPT-2 samples carry different numbers of predicted tokens (padding, masking); ERNIE micro-batches of
+    2 miss one of the stage's tasks."""
+    from pretrain.data.factory import build_sources
+
+    for model in MODELS:
+        cfg = config(run(model, train_data))
+        tasks = cfg.ernie.stages[0].tasks if cfg.ernie.stages else None
+        source, _ = build_sources(cfg.data, cfg.seed, tasks=tasks)
+        samples = [source.sample(0, i) for i in range(32)]
+        counts = [int((s["labels"] != -100).sum()) for s in samples]
+        assert len(set(counts)) > 1, model
+        if model == "bert":
+            assert min(int(s["attention_mask"].sum()) for s in samples) < cfg.data.seq_len
+        if model == "ernie":
+            pairs = [{int(s["task"]) for s in samples[i:i + 2]} for i in range(0, 32, 2)]
+            assert any(len(p) == 1 for p in pairs)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tp2_dp2_under_zero_1_2_3_matches_one_process(trained, model):
+    for opt in OPTIMIZERS:
+        for stage in STAGES:
+            assert diff(trained, model, f"{opt}-z{stage}", f"{opt}-ref") < 1e-5
+    assert diff(trained, model, "lamb-ref", "adamw-ref") > 1e-2  # the comparisons can tell optimizers apart
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_micro_batch_8_equals_four_accumulated_micro_batches_of_2(trained, model):
+    assert diff(trained, model, "mb8", "lamb-ref") < 1e-5
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_dp2_equals_dp1_with_the_same_micro_batch(trained, model):
+    assert diff(trained, model, "dp2", "lamb-ref") < 1e-5
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_logged_loss_is_the_global_mean(trained, model):
+    """Step 1 starts from the same weights everywhere, so every layout logs the same loss (a mean of per-micro-batch
+    means would not); later steps agree as closely as the weights."""
+    key = MODELS[model][2]
+    ref = losses_by_step(trained / f"{model}-lamb-ref", key)
+    for other in ("mb8", "dp2", "lamb-z3"):
+        got = losses_by_step(trained / f"{model}-{other}", key)
+        assert got[1] == pytest.approx(ref[1], rel=1e-6) and got[4] == pytest.approx(ref[4], rel=1e-4), other
+
+
+def test_gpt2_zero0_offload_and_a_partition_unaware_lamb(trained):
+    """ZeRO-0 against a ZeRO-0 reference (both clip with DeepSpeed's fp32 norms), the optimizer offloaded to CPU
+    memory under ZeRO-2/3; a LAMB that takes trust ratios over ZeRO's flat partitions instead of parameters visibly
+    differs."""
+    for opt in OPTIMIZERS:
+        assert diff(trained, "gpt2", f"{opt}-z0", f"{opt}-z0ref") < 1e-5
+    for stage in (2, 3):
+        assert diff(trained, "gpt2", f"lamb-z{stage}offload", "lamb-ref") < 1e-5
+    assert diff(trained, "gpt2", "lamb-z2-naive", "lamb-ref") > 1e-3
+    norms = [json.loads(line)["grad_norm"] for line in open(trained / "gpt2-lamb-z3" / "metrics.jsonl")]
+    assert min(norms) > 0.5  # every step was clipped (train.grad_clip=0.5): the clipping is part of what agrees
+
