@@ -53,10 +53,11 @@ class Trainer:
     """One process of a (possibly single-process) DeepSpeed run: `Trainer(cfg).fit()` on every rank."""
 
     def __init__(self, cfg: Config):
-        world = mcore.init_processes()
-        if world % cfg.parallel.tp:
+        world = mcore.launched_world_size()
+        if world % cfg.parallel.tp:  # before any process group is built
             raise ConfigError(f"parallel.tp={cfg.parallel.tp} does not divide the {world} processes launched; launch "
                               f"a multiple of {cfg.parallel.tp} processes or set parallel.tp to a divisor of {world}")
+        mcore.init_processes()
         self.checkpoints = C.Checkpoints(cfg.out_dir, cfg.checkpoint.keep, log=_log)
         self.resume = self.checkpoints.newest_complete()
         meta = C.read_meta(self.resume) if self.resume else None

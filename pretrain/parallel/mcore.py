@@ -66,6 +66,13 @@ def seed_everything(seed: int) -> None:
     mrandom._CUDA_RNG_STATE_TRACKER.add(MODEL_PARALLEL_RNG, seed + 2718 + ps.get_tensor_model_parallel_rank())
 
 
+def launched_world_size() -> int:
+    """How many processes the launcher started (1 without one), before any process group exists."""
+    if dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ["WORLD_SIZE"]) if rendezvous.export() else 1
+
+
 def init_processes() -> int:
     """The process group, from the launcher's environment (torchrun, deepspeed, mpirun, srun) or a
     one-process group without a launcher; returns the world size. On CUDA the group is bound to this
