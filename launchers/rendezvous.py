@@ -1,35 +1,169 @@
-"""Who am I in the job: one contract for every launcher. torchrun and the deepspeed launcher set RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT themselves; under Open MPI (`mpirun`) the rank comes from
-its OMPI_COMM_WORLD_* variables and is exported under torch's names, so that `torch.distributed`'s `env://`
-rendezvous and DeepSpeed see the same thing whoever started the processes.
+"""Who am I in the job: one contract for every launcher. Whatever started the processes, the rank, local rank,
+world size, node count and the master's address and port end up in torch's variables (RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT), so that `torch.distributed`'s `env://`
+rendezvous and DeepSpeed see the same thing:
 
-MASTER_ADDR defaults to 127.0.0.1 when every rank runs on one node; across nodes it must be given (the first
-host of the job). MASTER_PORT defaults to 29500.
+    torchrun, the deepspeed launcher (pdsh, --no_ssh)   set torch's variables themselves: they win
+    mpirun / mpiexec, Open MPI                           OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}
+    mpiexec, MPICH / Intel MPI (hydra)                   PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+    srun (also the deepspeed launcher's slurm backend)   SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS,
+                                                         SLURM_STEP_NUM_NODES, SLURM_NODEID, SLURM_STEP_NODELIST
+
+Under MPI on one node MASTER_ADDR defaults to 127.0.0.1; across nodes it must be given (mpirun -x). Under srun
+the master is the first host of the step's node list (`scontrol show hostnames`), at its Slurm NodeAddr when
+the name does not resolve, and the port is derived from the job id, so every task computes the same one.
 """
 from __future__ import annotations
 
 import os
+import re
+import socket
+import subprocess
+from dataclasses import asdict, dataclass
 
 DEFAULT_PORT = "29500"
 
 
 class RendezvousError(RuntimeError):
-    """The environment does not say enough to join the job; the message names what to set."""
+    """The environment does not say enough to join the job, or says contradictory things; the message names the
+    variable and the fix."""
+
+
+@dataclass
+class Rendezvous:
+    """What the launcher told this process."""
+
+    launcher: str
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    nodes: int
+    node_rank: int
+    master_addr: str
+    master_port: str
+
+
+def detect(environ=os.environ) -> Rendezvous | None:
+    """The launcher that started this process and what it says; None for a single process that none started."""
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return _torch(environ)
+    if environ.get("OMPI_COMM_WORLD_SIZE"):
+        return _mpi(environ, "mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
+    if environ.get("PMI_SIZE") and environ.get("PMI_RANK"):
+        return _mpi(environ, "mpiexec (MPICH/Intel MPI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+                    "MPI_LOCALNRANKS")
+    if environ.get("SLURM_STEP_ID") and environ.get("SLURM_PROCID") and environ.get("SLURM_STEP_NUM_TASKS"):
+        return _srun(environ)
+    return None
 
 
 def export(environ=os.environ) -> str | None:
-    """Fill RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT from the launcher that started this process;
-    returns its name, or None for a single process that no launcher started. torch's own variables win."""
-    if "RANK" in environ and "WORLD_SIZE" in environ:
-        return "torchrun/deepspeed"
-    size = environ.get("OMPI_COMM_WORLD_SIZE")
-    if size is None or int(size) == 1:
+    """Fill torch's variables from the launcher that started this process; returns its name, or None for a
+    single process that no launcher started."""
+    found = detect(environ)
+    if found is None or found.world_size == 1 and found.launcher != "torchrun/deepspeed":
         return None
-    if "MASTER_ADDR" not in environ and environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") != size:
-        raise RendezvousError(f"started by mpirun with {size} processes on several nodes, but MASTER_ADDR is not "
+    environ.update(RANK=str(found.rank), LOCAL_RANK=str(found.local_rank), WORLD_SIZE=str(found.world_size),
+                   LOCAL_WORLD_SIZE=str(found.local_world_size), NODE_RANK=str(found.node_rank),
+                   MASTER_ADDR=found.master_addr, MASTER_PORT=found.master_port)
+    return found.launcher
+
+
+def _int(environ, name: str, default: str | None = None) -> int:
+    value = environ.get(name, default)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise RendezvousError(f"{name}={value!r} is not a whole number; check how the job was launched") from None
+
+
+def _torch(environ) -> Rendezvous:
+    size = _int(environ, "WORLD_SIZE")
+    local_size = _int(environ, "LOCAL_WORLD_SIZE", str(size))
+    return Rendezvous("torchrun/deepspeed", _int(environ, "RANK"), _int(environ, "LOCAL_RANK", "0"), size,
+                      local_size, -(-size // max(local_size, 1)), _int(environ, "NODE_RANK", environ.get("GROUP_RANK", "0")),
+                      environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT", DEFAULT_PORT))
+
+
+def _mpi(environ, name: str, rank: str, size: str, local_rank: str, local_size: str) -> Rendezvous:
+    world, local = _int(environ, size), _int(environ, local_size, environ[size])
+    if world % local:
+        raise RendezvousError(f"{name}: {local_size}={local} does not divide {size}={world}: the nodes run different "
+                              "numbers of processes; start the same number per node (e.g. mpirun --map-by ppr:N:node)")
+    nodes = world // local
+    if nodes > 1 and "MASTER_ADDR" not in environ:
+        raise RendezvousError(f"started by {name} with {world} processes on {nodes} nodes, but MASTER_ADDR is not "
                               "set; run mpirun -x MASTER_ADDR=<first host> -x MASTER_PORT=<port> ...")
-    environ.update(RANK=environ["OMPI_COMM_WORLD_RANK"], WORLD_SIZE=size,
-                   LOCAL_RANK=environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
-    environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    environ.setdefault("MASTER_PORT", DEFAULT_PORT)
-    return "mpirun"
+    r = _int(environ, rank)
+    return Rendezvous(name, r, _int(environ, local_rank, "0"), world, local, nodes, r // local,
+                      environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT", DEFAULT_PORT))
+
+
+def tasks_per_node(spec: str) -> list[int]:
+    """Slurm's SLURM_TASKS_PER_NODE ("2(x3),1") as one count per node ([2, 2, 2, 1])."""
+    counts = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise RendezvousError(f"SLURM_TASKS_PER_NODE={spec!r} is not in Slurm's format")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def _srun(environ) -> Rendezvous:
+    world, nodes = _int(environ, "SLURM_STEP_NUM_TASKS"), _int(environ, "SLURM_STEP_NUM_NODES", "1")
+    per_node = tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE", environ.get("SLURM_TASKS_PER_NODE", str(world))))
+    if len(set(per_node)) > 1:
+        raise RendezvousError(f"srun started {per_node} tasks on its {len(per_node)} nodes (SLURM_STEP_TASKS_PER_NODE="
+                              f"{environ.get('SLURM_STEP_TASKS_PER_NODE')}); every node needs the same number: submit "
+                              "with --ntasks-per-node")
+    if "MASTER_ADDR" in environ:
+        addr = environ["MASTER_ADDR"]
+    else:
+        nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+        if not nodelist:
+            raise RendezvousError("srun did not set SLURM_STEP_NODELIST; set MASTER_ADDR to the first node's address")
+        addr = node_address(hostnames(nodelist)[0])
+    port = environ.get("MASTER_PORT") or str(job_port(environ))
+    return Rendezvous("srun", _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_LOCALID", "0"), world,
+                      per_node[0], nodes, _int(environ, "SLURM_NODEID", "0"), addr, port)
+
+
+def job_port(environ=os.environ) -> int:
+    """A port every task of a Slurm job derives alike from the job id (20000-39999)."""
+    return 20000 + _int(environ, "SLURM_JOB_ID", "0") % 20000
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """Slurm's compressed host list ("n[1-3,7]") expanded by `scontrol show hostnames`."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise RendezvousError(f"cannot expand the Slurm node list {nodelist!r} with scontrol ({e}); set MASTER_ADDR to "
+                              "the first node's address") from None
+    return out.stdout.split()
+
+
+def node_address(name: str) -> str:
+    """A node's address: its name when that resolves, else the NodeAddr Slurm knows it by."""
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["scontrol", "show", "node", name], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        out = ""
+    m = re.search(r"NodeAddr=(\S+)", out)
+    if not m:
+        raise RendezvousError(f"node {name} does not resolve and Slurm has no NodeAddr for it; set MASTER_ADDR")
+    return m.group(1)
+
+
+def describe(environ=os.environ) -> dict:
+    """What `ptm launch env` prints: the detected launcher and torch's variables, or why there are none."""
+    found = detect(environ)
+    return {"launcher": None, "world_size": 1} if found is None else asdict(found)

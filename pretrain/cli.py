@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 
 
@@ -28,7 +29,26 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="memory per GPU before launch: does a config fit, largest micro batch",
                        description=plan.DESCRIPTION)
     plan.add_arguments(p)
+    r = sub.add_parser("report", help="a run's loss, learning-rate and throughput curves as a PNG, and its summary",
+                       description="Plot RUN_DIR/metrics.jsonl and valid.jsonl (training and validation losses, "
+                                   "learning rate, tokens/s, gradient norm) into one PNG; print summary.json.")
+    r.add_argument("run_dir", help="a training out_dir")
+    r.add_argument("--out", help="PNG to write (default: RUN_DIR/report.png)")
     return ap
+
+
+def _rank() -> int:
+    """This process's rank as its launcher says it (before or after the process group exists)."""
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
+
+
+def _lost_contact(e: RuntimeError, dist_error: type) -> bool:
+    """A failed collective or rendezvous: a rank died, stalled past parallel.timeout_s, or cannot be reached
+    (torch raises DistError; gloo reports timeouts and closed peers as RuntimeErrors of its own)."""
+    return isinstance(e, dist_error) or any(k in str(e) for k in ("gloo", "NCCL", "c10d", "Connection closed by peer"))
 
 
 def main(argv=None) -> None:
@@ -37,30 +57,56 @@ def main(argv=None) -> None:
         from pretrain.plan import run
 
         sys.exit(run(a))
+    if a.command == "report":
+        from pretrain.report import report
+
+        try:
+            print(f"wrote {report(a.run_dir, a.out)}")
+        except FileNotFoundError as e:
+            sys.exit(f"pretrain: error: {e}")
+        summary = os.path.join(a.run_dir, "summary.json")
+        if os.path.isfile(summary):
+            print(open(summary).read())
+        return
+    from pretrain import signals
+
+    signals.watch()  # before the slow imports: a stop signal during start-up is kept for the first step
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d's retry warnings carry C++ stacks; errors stay
+    import torch
+
     from data_prep import PrepError
     from launchers.rendezvous import RendezvousError
     from pretrain.checkpoint import CheckpointError
     from pretrain.config import ConfigError, load
     from pretrain.device import DeviceError
+    from pretrain.train import PREEMPTED, Preempted, train
 
-    rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", 0))))
     try:
-        cfg = load(a.config, a.overrides)
-        from pretrain.train import train
-
-        summary = train(cfg)
+        summary = train(load(a.config, a.overrides))
+        signals.ignore()
     except DeviceError as e:  # this rank's own problem: every rank says it, naming itself
-        import socket
-
-        print(f"pretrain: error: rank {rank} on {socket.gethostname()}: {e}", file=sys.stderr)
+        print(f"pretrain: error: rank {_rank()} on {socket.gethostname()}: {e}", file=sys.stderr)
         sys.exit(2)
     except (ConfigError, CheckpointError, PrepError, RendezvousError) as e:  # the same on every rank: said once
-        if rank == 0:
+        if _rank() == 0:
             print("\n".join(f"pretrain: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         sys.exit(2)
     except FloatingPointError as e:
-        if rank == 0:
+        if _rank() == 0:
             print(f"pretrain: error: {e}", file=sys.stderr)
         sys.exit(3)
-    if rank == 0:
+    except Preempted as e:
+        signals.ignore()
+        if _rank() == 0:
+            print(f"pretrain: {e}", file=sys.stderr)
+        sys.exit(PREEMPTED)
+    except RuntimeError as e:
+        if not _lost_contact(e, torch.distributed.DistError):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"pretrain: error: rank {_rank()} on {socket.gethostname()} lost contact with the other ranks ({first}); "
+              "the launcher's log names the rank that failed; resubmit to resume from the last checkpoint",
+              file=sys.stderr)
+        sys.exit(4)
+    if _rank() == 0:
         print(json.dumps(summary, indent=2))

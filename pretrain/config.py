@@ -157,6 +157,8 @@ class CheckpointConfig:
 @dataclass
 class ParallelConfig:
     tp: int = _opt(1, "tensor-parallel size (megatron-core); data-parallel size = world size / tp")
+    timeout_s: int = _opt(600, "a rank that cannot reach the master, or a collective that stalls, ends the job after "
+                               "this many seconds (naming rank and host) instead of hanging until the time limit")
 
 
 @dataclass
@@ -484,7 +486,8 @@ def describe() -> str:
 _POSITIVE = ("model.vocab_pad_to", "model.hidden_size", "model.num_layers", "model.num_heads", "model.ffn_hidden_size",
              "model.max_position_embeddings", "model.init_std", "model.layer_norm_eps", "data.seq_len",
              "train.steps", "train.global_batch_size", "train.micro_batch_size", "train.log_interval",
-             "train.eval_steps", "optimizer.lr", "optimizer.eps", "parallel.tp", "fp16.loss_scale_window",
+             "train.eval_steps", "optimizer.lr", "optimizer.eps", "parallel.tp", "parallel.timeout_s",
+             "fp16.loss_scale_window",
              "fp16.hysteresis", "fp16.min_loss_scale")
 _NON_NEGATIVE = ("model.vocab_size", "model.type_vocab_size", "model.task_type_vocab_size",
                  "data.max_predictions_per_seq", "data.num_workers", "train.grad_clip", "train.eval_interval",

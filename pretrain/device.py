@@ -13,10 +13,13 @@ class DeviceError(RuntimeError):
 
 def device() -> torch.device:
     """This process's device: cuda:LOCAL_RANK when CUDA is available (CUDA_VISIBLE_DEVICES decides which GPUs
-    that is), else cpu. More ranks per node than visible GPUs is refused rather than sharing a GPU."""
+    that is; under srun --gpus-per-task each task sees only its own, cuda:0), else cpu. More ranks per node than
+    visible GPUs is refused rather than sharing a GPU."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
     local, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+    if os.environ.get("SLURM_GPUS_PER_TASK", "").isdigit() and count == int(os.environ["SLURM_GPUS_PER_TASK"]):
+        return torch.device("cuda", 0)
     if local >= count:
         raise DeviceError(f"LOCAL_RANK={local} but this node has {count} visible GPU(s) "
                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); start at most "

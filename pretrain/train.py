@@ -18,7 +18,7 @@ import torch.distributed as dist
 from data_prep.dataset import Corpus
 from pretrain import checkpoint as C
 from pretrain import device as dev
-from pretrain import engine, losses, optim, plan
+from pretrain import engine, losses, optim, plan, signals
 from pretrain.config import Config, ConfigError
 from pretrain.data.factory import build_sources
 from pretrain.data.loader import make_loader
@@ -27,6 +27,13 @@ from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
 from pretrain.parallel.layout import loss_scale
 from ptm.files import write_json, write_text
+
+
+PREEMPTED = 75  # the exit status of a run stopped by a signal after checkpointing (EX_TEMPFAIL: requeue and resume)
+
+
+class Preempted(Exception):
+    """A stop signal reached a rank: every rank checkpointed at the same step boundary."""
 
 
 def _log(msg: str) -> None:
@@ -57,7 +64,7 @@ class Trainer:
         if world % cfg.parallel.tp:  # before any process group is built
             raise ConfigError(f"parallel.tp={cfg.parallel.tp} does not divide the {world} processes launched; launch "
                               f"a multiple of {cfg.parallel.tp} processes or set parallel.tp to a divisor of {world}")
-        mcore.init_processes()
+        mcore.init_processes(cfg.parallel.timeout_s)
         self.checkpoints = C.Checkpoints(cfg.out_dir, cfg.checkpoint.keep, log=_log)
         self.resume = self.checkpoints.newest_complete()
         meta = C.read_meta(self.resume) if self.resume else None
@@ -73,7 +80,7 @@ class Trainer:
         cfg.validate(dp=world // cfg.parallel.tp)
         dev.check_precision(cfg.precision)
         dev.deterministic(cfg.train.deterministic)
-        mcore.initialize(cfg.parallel.tp, cfg.seed)
+        mcore.initialize(cfg.parallel.tp, cfg.seed, cfg.parallel.timeout_s)
         self.world, self.dp, self.dp_rank = world, mcore.dp_size(), mcore.dp_rank()
         self.cfg = cfg
         self.rank0 = dist.get_rank() == 0
@@ -263,7 +270,21 @@ class Trainer:
             out["valid_stage"] = self.cfg.ernie.stage_index(step) + 1
         return out
 
+    def _stop_agreed(self) -> bool:
+        """Whether any rank got a stop signal: all ranks learn it at the same step boundary."""
+        flag = torch.tensor([1.0 if signals.received else 0.0], device=self.device)
+        return bool(dev.all_reduce(flag, op=dist.ReduceOp.MAX).item())
+
     def fit(self) -> dict:
+        """Train to train.steps. SIGUSR1 or SIGTERM (a warning before the time limit, scancel, preemption) makes
+        every rank finish its step, checkpoint there and raise Preempted."""
+        previous = signals.watch()
+        try:
+            return self._fit()
+        finally:
+            signals.restore(previous)
+
+    def _fit(self) -> dict:
         cfg = self.cfg
         os.makedirs(cfg.out_dir, exist_ok=True)
         if self.rank0:
@@ -275,6 +296,13 @@ class Trainer:
         bar = _bar(cfg.train.steps, self.step) if self.rank0 else None
         t0, first, last_eval, history = time.time(), self.step, {}, []
         while self.step < cfg.train.steps:
+            if self._stop_agreed():
+                final = self.save()
+                for done in (bar, writer):
+                    if done is not None:
+                        done.close()
+                raise Preempted(f"stopped by {signals.received or 'a signal to another rank'} at step {self.step}: "
+                                f"{final} written; exit {PREEMPTED}: requeue or resubmit the job to resume")
             if cfg.ernie.stage_index(self.step) != stage:  # ERNIE 2.0: the next stage's tasks join
                 stage = cfg.ernie.stage_index(self.step)
                 micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)

@@ -1,7 +1,8 @@
-"""A real Slurm controller and compute node on loopback, for tests (Debian's slurmctld/slurmd, run as root).
+"""A real Slurm cluster on loopback for tests: one controller and two simulated compute nodes n1, n2 (Debian's
+slurmctld and one slurmd per node, each on its own port of 127.0.0.1, run as root).
 
-`SlurmCluster(tmpdir).start()` writes a slurm.conf, starts both daemons and waits for the node to be
-idle; `.env` carries SLURM_CONF for sbatch/squeue; `.stop()` cancels jobs and stops the daemons.
+`SlurmCluster(tmpdir).start()` writes a slurm.conf, starts the daemons and waits for the nodes to be idle;
+`.env` carries SLURM_CONF for sbatch/squeue; `.stop()` cancels jobs and stops the daemons.
 """
 from __future__ import annotations
 
@@ -31,17 +32,19 @@ MailProg=/bin/true
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool-%n
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
+SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/slurmctld.log
-SlurmdLogFile={d}/slurmd.log
+SlurmdLogFile={d}/slurmd-%n.log
 KillWait=5
 InactiveLimit=0
 MinJobAge=300
-NodeName={host} NodeAddr=127.0.0.1 CPUs=8 RealMemory=8000 State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=60 State=UP
+JobRequeue=1
+{nodes}
+PartitionName=debug Nodes={names} Default=YES MaxTime=60 State=UP
 """
+NODE = "NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=8 RealMemory=8000 State=UNKNOWN"
 
 
 def _free_port() -> int:
@@ -51,8 +54,8 @@ def _free_port() -> int:
 
 
 class SlurmCluster:
-    def __init__(self, directory: str):
-        self.dir = directory
+    def __init__(self, directory: str, nodes: int = 2):
+        self.dir, self.nodes = directory, [f"n{i + 1}" for i in range(nodes)]
         self.conf = os.path.join(directory, "slurm.conf")
         self.env = {**os.environ, "SLURM_CONF": self.conf}
 
@@ -61,28 +64,32 @@ class SlurmCluster:
         return all(shutil.which(b) for b in ("slurmctld", "slurmd", "sbatch", "sinfo")) and os.geteuid() == 0
 
     def start(self, timeout: float = 60) -> "SlurmCluster":
-        for sub in ("state", "spool"):
-            os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
+        os.makedirs(os.path.join(self.dir, "state"), exist_ok=True)
+        host = socket.gethostname().split(".")[0]
+        for name in self.nodes:
+            os.makedirs(os.path.join(self.dir, f"spool-{name}"), exist_ok=True)
+        nodes = "\n".join(NODE.format(name=n, host=host, port=_free_port()) for n in self.nodes)
         with open(self.conf, "w") as f:
-            f.write(CONF.format(host=socket.gethostname().split(".")[0], d=self.dir, ctld_port=_free_port(),
-                                d_port=_free_port()))
+            f.write(CONF.format(host=host, d=self.dir, ctld_port=_free_port(), d_port=_free_port(), nodes=nodes,
+                                names=",".join(self.nodes)))
         subprocess.run(["slurmctld", "-f", self.conf, "-i"], check=True, env=self.env)
-        subprocess.run(["slurmd", "-f", self.conf], check=True, env=self.env)
+        for name in self.nodes:
+            subprocess.run(["slurmd", "-f", self.conf, "-N", name], check=True, env=self.env)
         deadline = time.time() + timeout
         while time.time() < deadline:
-            out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env)
-            if out.stdout.strip() == "idle":
+            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, env=self.env)
+            if out.stdout.split() == ["idle"] * len(self.nodes):
                 return self
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"Slurm node not idle after {timeout}s; see {self.dir}/slurmctld.log and slurmd.log")
+        raise RuntimeError(f"Slurm nodes not idle after {timeout}s; see {self.dir}/slurmctld.log and slurmd-*.log")
 
     def sbatch(self, *args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(["sbatch", *args], capture_output=True, text=True, env=self.env, cwd=cwd)
 
     def stop(self) -> None:
         subprocess.run(["scancel", "--full", "-u", "root"], capture_output=True, env=self.env)
-        for name in ("slurmd.pid", "slurmctld.pid"):
+        for name in [f"slurmd-{n}.pid" for n in self.nodes] + ["slurmctld.pid"]:
             try:
                 with open(os.path.join(self.dir, name)) as f:
                     os.kill(int(f.read().strip()), signal.SIGTERM)

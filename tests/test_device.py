@@ -24,6 +24,10 @@ def test_local_rank_picks_its_gpu_and_more_ranks_than_gpus_is_refused(monkeypatc
     message = str(e.value)
     assert "LOCAL_RANK=4" in message and "4 visible GPU(s)" in message and "CUDA_VISIBLE_DEVICES=0,1,2,3" in message
     assert "\n" not in message
+    monkeypatch.setenv("LOCAL_RANK", "3")  # srun --gpus-per-task=1: each task sees its own GPU only
+    gpus(monkeypatch, 1)
+    monkeypatch.setenv("SLURM_GPUS_PER_TASK", "1")
+    assert dev.device() == torch.device("cuda", 0)
 
 
 def test_bf16_without_native_bf16_is_refused(monkeypatch):

@@ -146,20 +146,6 @@ def test_ernie2_multitask_under_tp2_dp2_zero3(train_data, tmp_path):
     assert {"valid_mlm_acc", "valid_sentence_reordering_acc", "valid_sentence_distance_acc"} <= summary.keys()
 
 
-def test_rendezvous_contract():
-    from launchers.rendezvous import RendezvousError, export
-
-    env = {"RANK": "3", "WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4"}
-    assert export(env) == "torchrun/deepspeed" and env["RANK"] == "3"  # torch's variables win
-    assert export({}) is None and export({"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"}) is None
-    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
-    assert export(env) == "mpirun"
-    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("1", "2", "1", "127.0.0.1")
-    with pytest.raises(RendezvousError, match="MASTER_ADDR"):  # two nodes: where is rank 0?
-        export({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
-
-
 def test_mpirun_trains_data_parallel(train_data, tmp_path):
     """`mpirun -np 2 python -m pretrain train ...` (Open MPI): the ranks find each other through the rendezvous
     contract and train as DP=2 under ZeRO-2; rank 0 alone prints the summary."""

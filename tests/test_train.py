@@ -72,6 +72,15 @@ def test_gpt2_tiny_trains_and_reports_perplexity(dataset, tmp_path):
     assert json.load(open(tmp_path / "summary.json"))["steps"] == 4
 
 
+def assert_report(run_dir):
+    """`ptm report` plots the run into a PNG that an image reader opens, and prints its summary."""
+    from matplotlib.image import imread
+
+    proc = run_cli("pretrain", "report", run_dir)
+    assert "report.png" in proc.stdout and '"steps"' in proc.stdout
+    assert imread(run_dir / "report.png").shape[:2] == (770, 1210)
+
+
 def test_ernie2_schedule_switches_tasks_at_the_stage_boundaries(dataset, tmp_path):
     """Three stages, each adding a task and keeping the earlier ones (continual multi-task learning): each stage's
     samples come from its tasks; the tasks in the loss change at each boundary; a task's head receives gradient in
@@ -112,6 +121,7 @@ def test_ernie2_schedule_switches_tasks_at_the_stage_boundaries(dataset, tmp_pat
         assert [r["step"] for r in mine] == [2 * i + 1, 2 * i + 2]
         seen = {term.get(k[:-5], k[:-5]) for r in mine for k in r if k.endswith("_loss")}
         assert seen == set(stage), (i, seen)
+    assert_report(tmp_path)
     evaluations = [json.loads(line) for line in open(tmp_path / "valid.jsonl")]
     assert [e["valid_stage"] for e in evaluations] == [1, 1, 2, 2, 3, 3]
     for e in evaluations:

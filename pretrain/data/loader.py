@@ -8,6 +8,7 @@ by themselves, and a run resumes exactly from `consumed_samples` (the global cou
 from __future__ import annotations
 
 import math
+import signal
 
 import numpy as np
 import torch
@@ -78,4 +79,11 @@ def make_loader(source, micro_batch_size: int, *, rank: int = 0, world_size: int
                                  total_samples=total_samples)
     return DataLoader(SampleDataset(source), batch_size=micro_batch_size, sampler=sampler, collate_fn=collate,
                       num_workers=num_workers, pin_memory=torch.cuda.is_available(),
-                      persistent_workers=num_workers > 0, generator=torch.Generator())
+                      persistent_workers=num_workers > 0, generator=torch.Generator(), worker_init_fn=_ignore_stop_signals)
+
+
+def _ignore_stop_signals(worker_id: int) -> None:
+    """Workers leave SIGTERM/SIGUSR1 (scancel, Slurm's warning) to the training process, which checkpoints before
+    it exits; they end with it."""
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_IGN)

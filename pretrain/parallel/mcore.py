@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -73,31 +74,32 @@ def launched_world_size() -> int:
     return int(os.environ["WORLD_SIZE"]) if rendezvous.export() else 1
 
 
-def init_processes() -> int:
+def init_processes(timeout_s: int = 600) -> int:
     """The process group, from the launcher's environment (torchrun, deepspeed, mpirun, srun) or a
-    one-process group without a launcher; returns the world size. On CUDA the group is bound to this
-    process's GPU (`device_id`, after `set_device`)."""
+    one-process group without a launcher; returns the world size. Reaching the master and every collective
+    give up after `timeout_s`. On CUDA the group is bound to this process's GPU (`device_id`, after
+    `set_device`)."""
     if not dist.is_initialized():
         kind = rendezvous.export()
         os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asks for the launcher's LOCAL_RANK
-        bound = {}
+        options = {"timeout": timedelta(seconds=timeout_s)}
         if torch.cuda.is_available():
             torch.cuda.set_device(dev.device())
-            bound = {"device_id": dev.device()}
+            options["device_id"] = dev.device()
         if kind:
-            dist.init_process_group(dev.backend(), **bound)
+            dist.init_process_group(dev.backend(), **options)
         else:
-            dist.init_process_group(dev.backend(), store=dist.HashStore(), rank=0, world_size=1, **bound)
+            dist.init_process_group(dev.backend(), store=dist.HashStore(), rank=0, world_size=1, **options)
     return dist.get_world_size()
 
 
-def initialize(tp: int = 1, seed: int = 1234) -> None:
+def initialize(tp: int = 1, seed: int = 1234, timeout_s: int = 600) -> None:
     """Process groups (see `init_processes`) and megatron-core's TP x DP groups, then the seeds."""
-    init_processes()
+    init_processes(timeout_s)
     if ps.model_parallel_is_initialized() and tp_size() != tp:
         ps.destroy_model_parallel()
     if not ps.model_parallel_is_initialized():  # groups (and their threads) are made once per TP size
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, distributed_timeout_minutes=timeout_s / 60)
     seed_everything(seed)
 
 

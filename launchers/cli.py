@@ -1,0 +1,149 @@
+"""`python -m launchers` (also `ptm launch`): what the launcher told this process, a deepspeed hostfile from a
+Slurm allocation, and the prep -> train -> convert chain submitted to Slurm."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from launchers.rendezvous import RendezvousError, describe, hostnames, job_port, node_address, tasks_per_node
+
+
+def parser() -> argparse.ArgumentParser:
+    prog = sys.argv[0] if sys.argv[0].startswith("ptm ") else "python -m launchers"
+    ap = argparse.ArgumentParser(prog=prog, description="One rendezvous contract for torchrun, the deepspeed launcher, "
+                                                        "mpirun/mpiexec and srun; Slurm helpers.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("env", help="print what this process's launcher says (run it the way you run training)",
+                   description="Print, as JSON, the launcher detected from the environment and the rank, local "
+                               "rank, world size, nodes and master address/port it gives; for debugging a "
+                               "cluster: `srun python -m launchers env`, `mpirun ... python -m launchers env`.")
+    h = sub.add_parser("hostfile", help="write a deepspeed hostfile from the current Slurm allocation",
+                       description="Inside a Slurm job: one line `HOST slots=N` per allocated node, N from "
+                                   "--slots or SLURM_NTASKS_PER_NODE / SLURM_GPUS_ON_NODE.")
+    h.add_argument("--out", required=True, help="file to write (e.g. $SLURM_SUBMIT_DIR/hostfile)")
+    h.add_argument("--slots", type=int, help="processes per node (default: the job's tasks or GPUs per node)")
+    sub.add_parser("master", help="print the master address and port of the current Slurm allocation",
+                   description="`ADDR PORT`: the first node of SLURM_JOB_NODELIST (its Slurm NodeAddr when the name "
+                               "does not resolve) and a port derived from the job id, what srun tasks compute too.")
+    c = sub.add_parser("slurm", help="submit prep -> train -> convert to Slurm, each job after the one before succeeds",
+                       description="Submit the whole chain with --dependency=afterok and print the job ids: a "
+                                   "tokenizer job (unless --tokenizer), the data_prep array (slurm/prep.sbatch, one "
+                                   "partition per task) and its finalize job, training (slurm/pretrain.sbatch, which "
+                                   "requeues itself on a time-limit warning) and the HF export (slurm/convert.sbatch). "
+                                   "Site settings (PTM_PYTHON, modules) are read from the environment by the scripts.")
+    c.add_argument("inputs", nargs="+", help="raw text inputs for data_prep build (files, directories, globs)")
+    c.add_argument("--data", required=True, help="dataset directory to build (training reads it)")
+    c.add_argument("--config", required=True, help="training config (YAML file or preset)")
+    c.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="training config overrides (out_dir decides where the run and its HF export go)")
+    c.add_argument("--tokenizer", help="an existing tokenizer for data_prep (default: train one in a first job)")
+    c.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the trained tokenizer")
+    c.add_argument("--partitions", type=int, default=4, help="data_prep array tasks")
+    c.add_argument("--nodes", type=int, default=1, help="training nodes")
+    c.add_argument("--ntasks-per-node", type=int, default=1, help="training processes per node (one per GPU)")
+    c.add_argument("--gpus-per-node", type=int, default=0, help="GPUs to ask for per node (0: none)")
+    c.add_argument("--train-args", default="", help="more sbatch options for the training job (e.g. --time=24:00:00)")
+    c.add_argument("--sbatch-args", default="", help="sbatch options for every job (e.g. --account=X --partition=Y)")
+    c.add_argument("--wait", action="store_true", help="wait until the last job ends; exit with its status")
+    return ap
+
+
+def write_hostfile(out: str, slots: int | None = None, environ=os.environ) -> list[str]:
+    """`HOST slots=N` lines for the nodes of this Slurm job; returns them."""
+    nodelist = environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise RendezvousError("SLURM_JOB_NODELIST is not set: run `ptm launch hostfile` inside a Slurm job")
+    hosts = hostnames(nodelist)
+    if slots is None:
+        counts = tasks_per_node(environ["SLURM_TASKS_PER_NODE"]) if "SLURM_TASKS_PER_NODE" in environ else []
+        slots = counts[0] if counts else int(environ.get("SLURM_GPUS_ON_NODE", 1))
+    lines = [f"{host} slots={slots}" for host in hosts]
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return lines
+
+
+def master(environ=os.environ) -> tuple[str, str]:
+    """The master address and port of this Slurm job, as its srun tasks compute them."""
+    nodelist = environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise RendezvousError("SLURM_JOB_NODELIST is not set: run `ptm launch master` inside a Slurm job")
+    return node_address(hostnames(nodelist)[0]), str(job_port(environ))
+
+
+def submit_chain(a) -> int:
+    """Submit the prep -> train -> convert chain; returns the exit status (the last job's with --wait)."""
+    import shlex
+    import subprocess
+
+    from pretrain.config import load
+
+    slurm = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "slurm")
+    common = shlex.split(a.sbatch_args)
+    out_dir = os.path.abspath(load(a.config, a.overrides).out_dir)
+    data = os.path.abspath(a.data)
+    os.makedirs(data, exist_ok=True)
+    py = os.environ.get("PTM_PYTHON", sys.executable)
+
+    def sbatch(*args: str, after: str | None = None) -> str:
+        cmd = ["sbatch", "--parsable", *common, *(["--dependency", f"afterok:{after}", "--kill-on-invalid-dep=yes"]
+                                                   if after else []), *args]
+        job = subprocess.run(cmd, capture_output=True, text=True)
+        if job.returncode:
+            raise RendezvousError(f"sbatch failed ({job.stderr.strip()}): {shlex.join(cmd)}")
+        return job.stdout.strip().split(";")[0]
+
+    jobs, tokenizer = {}, a.tokenizer
+    if tokenizer is None:
+        tokenizer = data.rstrip("/") + "-tokenizer"
+        jobs["tokenizer"] = sbatch("-J", "ptm-tokenizer", "-o", f"{tokenizer}-%j.out", "--wrap",
+                                   shlex.join([py, "-m", "data_prep", "train-tokenizer", *a.inputs, "--out", tokenizer,
+                                               "--vocab-size", str(a.vocab_size)]))
+    jobs["prep"] = sbatch(f"--array=0-{a.partitions - 1}", "-o", os.path.join(data, "slurm-prep-%A_%a.out"),
+                          os.path.join(slurm, "prep.sbatch"), data, *a.inputs, "--tokenizer", tokenizer,
+                          after=jobs.get("tokenizer"))
+    jobs["finalize"] = sbatch("-J", "ptm-prep-finalize", "-o", os.path.join(data, "slurm-finalize-%j.out"), "--wrap",
+                              shlex.join([py, "-m", "data_prep", "finalize", data]), after=jobs["prep"])
+    os.makedirs(out_dir, exist_ok=True)
+    gpus = [f"--gpus-per-node={a.gpus_per_node}"] if a.gpus_per_node else []
+    jobs["train"] = sbatch(f"--nodes={a.nodes}", f"--ntasks-per-node={a.ntasks_per_node}", *gpus,
+                           "-o", os.path.join(out_dir, "slurm-train-%j.out"), *shlex.split(a.train_args),
+                           os.path.join(slurm, "pretrain.sbatch"), a.config, "--set", *a.overrides, f"data.path={data}",
+                           f"out_dir={out_dir}", after=jobs["finalize"])
+    jobs["convert"] = sbatch("-o", os.path.join(out_dir, "slurm-convert-%j.out"), os.path.join(slurm, "convert.sbatch"),
+                             out_dir, after=jobs["train"])
+    for name, job in jobs.items():
+        print(f"{name}: job {job}", flush=True)
+    return wait_for(jobs["convert"]) if a.wait else 0
+
+
+def wait_for(job: str, poll_s: float = 2.0) -> int:
+    """Wait until a Slurm job ends (through requeues); 0 when it completed, 1 otherwise."""
+    import subprocess
+    import time
+
+    while True:
+        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
+        state = info.split("JobState=", 1)[1].split()[0] if "JobState=" in info else "UNKNOWN"
+        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"):
+            print(f"job {job}: {state}", flush=True)
+            return 0 if state == "COMPLETED" else 1
+        time.sleep(poll_s)
+
+
+def main(argv=None) -> None:
+    a = parser().parse_args(argv)
+    try:
+        if a.command == "env":
+            print(json.dumps(describe(), indent=2))
+        elif a.command == "hostfile":
+            print("\n".join(write_hostfile(a.out, a.slots)))
+        elif a.command == "master":
+            print(*master())
+        else:
+            sys.exit(submit_chain(a))
+    except RendezvousError as e:
+        print(f"launchers: error: {e}", file=sys.stderr)
+        sys.exit(2)

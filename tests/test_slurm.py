@@ -1,0 +1,191 @@
+"""Training under a real Slurm with two simulated nodes (tests/slurm_cluster.py: slurmctld and two slurmd on
+loopback), through the real `sbatch --wait`: slurm/pretrain.sbatch with srun, the deepspeed launcher's slurm
+backend and mpirun across the nodes; a time limit's warning signal, scancel and a killed task, each resumed
+exactly; the prep -> train -> convert chain of `ptm launch slurm`.
+
+Every training job here is 2 nodes x 2 tasks, TP=2 x DP=2 under ZeRO-2, dropout on, so a resumed run that is
+bit-identical to an uninterrupted one restored every RNG stream, the data position and the optimizer."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from conftest import ROOT, free_port, run_cli
+from runs import assert_same_checkpoints, latest_step, max_rel_diff, summary, weights
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = os.path.join(ROOT, "slurm", "pretrain.sbatch")
+NODES = ["--nodes=2", "--ntasks-per-node=2"]
+
+
+def settings(data, out, *more) -> list[str]:
+    return [f"data.path={data}", "data.num_workers=0", "data.seq_len=32", "model.max_position_embeddings=32",
+            "train.global_batch_size=8", "train.micro_batch_size=2", "optimizer.warmup_steps=1", "train.eval_interval=0",
+            "data.valid_fraction=0.02", "parallel.tp=2", "zero.stage=2", "train.log_interval=1000",
+            "checkpoint.keep=0", "train.steps=6", "checkpoint.interval=1000", f"out_dir={out}", *more]
+
+
+LONG = ("train.steps=100", "checkpoint.interval=20")  # ~25 s of training at 2 x 2 on two cores
+
+
+def env(slurm, launcher: str = "srun") -> dict:
+    return {**slurm.env, "PTM_PYTHON": sys.executable, "PTM_LAUNCHER": launcher, "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PTM_MPIRUN_ARGS": "--mca btl_tcp_if_include lo"}
+
+
+def sbatch(slurm, log, *args, launcher="srun", wait=True):
+    """Submit slurm/pretrain.sbatch; with wait, the finished CompletedProcess and the job's log."""
+    cmd = ["sbatch", *(["--wait"] if wait else ["--parsable"]), "-o", str(log), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(slurm, launcher), cwd=os.path.dirname(log),
+                          timeout=900)
+    return proc, (open(log).read() if wait and os.path.exists(log) else "")
+
+
+def train_job(slurm, tmp_path, name, *more, launcher="srun", sbatch_args=(), data):
+    out = tmp_path / name
+    proc, log = sbatch(slurm, tmp_path / f"{name}.log", *NODES, *sbatch_args, SCRIPT, "bert-tiny", "--set",
+                       *settings(data, out, *more), launcher=launcher)
+    assert proc.returncode == 0, proc.stderr + log[-4000:]
+    return out, log
+
+
+@pytest.fixture(scope="module")
+def reference(slurm, train_data, tmp_path_factory):
+    """The same short run under torchrun (4 processes, one node) and the long run as an uninterrupted 2-node job."""
+    tmp = tmp_path_factory.mktemp("slurm_ref")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", f"--master_port={free_port()}",
+           "-m", "pretrain", "train", "--config", "bert-tiny", "--set", *settings(train_data, tmp / "torchrun")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    long, _ = train_job(slurm, tmp, "long", *LONG, data=train_data)
+    return {"torchrun": tmp / "torchrun", "long": long}
+
+
+@pytest.mark.parametrize("launcher", ["srun", "deepspeed", "mpirun"])
+def test_a_two_node_job_trains_what_torchrun_trains(slurm, train_data, reference, tmp_path, launcher):
+    """sbatch --nodes 2 --ntasks-per-node 2 slurm/pretrain.sbatch bert-tiny --set parallel.tp=2 zero.stage=2 ...:
+    srun, the deepspeed launcher (slurm backend, hostfile from the allocation) or mpirun (Open MPI) start the
+    tasks; ptm's rendezvous joins them; the weights equal a 4-process torchrun run's."""
+    out, log = train_job(slurm, tmp_path, "run", launcher=launcher, data=train_data)
+    assert f"on n[1-2] via {launcher}" in log
+    assert summary(out)["layout"] == {"tp": 2, "dp": 2, "zero_stage": 2, "precision": "fp32"}
+    assert max_rel_diff(weights(out), weights(reference["torchrun"]), heads=2) < 1e-5
+
+
+def release_requeued(slurm, stop: threading.Event):
+    """Slurm holds a requeued job back (BeginTime a couple of minutes ahead); let it start now."""
+    while not stop.wait(1):
+        jobs = subprocess.run(["squeue", "-h", "-o", "%i %T %r"], capture_output=True, text=True, env=slurm.env).stdout
+        for line in jobs.splitlines():
+            job, state, reason = (line.split() + ["", ""])[:3]
+            if state == "PENDING" and reason == "BeginTime":
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm.env, capture_output=True)
+
+
+def test_a_time_limit_warning_checkpoints_requeues_and_resumes_exactly(slurm, train_data, reference, tmp_path):
+    """--time=1 --signal=USR1@20: 20 s before its limit every task gets SIGUSR1, the ranks checkpoint at one step,
+    exit 75, the script requeues the job, which resumes (as often as the limit comes) and ends bit-identical to the
+    uninterrupted job."""
+    stop = threading.Event()
+    helper = threading.Thread(target=release_requeued, args=(slurm, stop), daemon=True)
+    helper.start()
+    try:
+        out, log = train_job(slurm, tmp_path, "limited", *LONG, sbatch_args=("--time=1", "--signal=USR1@20"),
+                             data=train_data)
+    finally:
+        stop.set()
+    assert "stopped by SIGUSR1" in log and "requeueing job" in log and "(restart 1)" in log, log[-3000:]
+    assert summary(out)["resumed_from"] is not None
+    assert_same_checkpoints(out, reference["long"])
+
+
+def wait_until(predicate, timeout=300, what="the condition"):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def job_state(slurm, job: str) -> str:
+    info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=slurm.env).stdout
+    return info.split("JobState=", 1)[1].split()[0] if "JobState=" in info else "GONE"
+
+
+def steps_done(out) -> int:
+    try:
+        return sum(1 for _ in open(out / "metrics.jsonl"))
+    except OSError:
+        return 0
+
+
+def test_scancel_checkpoints_when_there_is_time_and_a_resubmission_resumes(slurm, train_data, reference, tmp_path):
+    """scancel mid-run (SIGTERM to every task, SIGKILL after KillWait=5 s): the tasks, and their data loader
+    workers, get to a checkpoint at the step they agree on; resubmitted, the job resumes there and ends
+    bit-identical to the uninterrupted job."""
+    out = tmp_path / "cancelled"
+    args = [*NODES, SCRIPT, "bert-tiny", "--set", *settings(train_data, out, *LONG, "checkpoint.interval=1000",
+                                                               "data.num_workers=1")]
+    proc, _ = sbatch(slurm, tmp_path / "cancelled.log", *args, wait=False)
+    job = proc.stdout.strip().split(";")[0]
+    wait_until(lambda: steps_done(out) >= 5, what="5 training steps")
+    subprocess.run(["scancel", job], env=slurm.env, check=True)
+    wait_until(lambda: job_state(slurm, job) in ("CANCELLED", "COMPLETED", "FAILED", "GONE"), what="the job to end")
+    stopped = latest_step(out)
+    assert stopped >= 5, open(tmp_path / "cancelled.log").read()[-3000:]  # no periodic checkpoint: the SIGTERM's
+    proc, log = sbatch(slurm, tmp_path / "resubmitted.log", *args)
+    assert proc.returncode == 0, log[-3000:]
+    assert summary(out)["resumed_from"]["step"] == stopped
+    assert_same_checkpoints(out, reference["long"])
+
+
+def test_a_killed_task_ends_the_job_naming_it_and_a_resubmission_resumes(slurm, train_data, reference, tmp_path):
+    """SIGKILL of one task (rank 3): srun ends the whole job within seconds, its log names the task; resubmitted,
+    the job resumes from the last periodic checkpoint and ends bit-identical to the uninterrupted job."""
+    out = tmp_path / "killed"
+    args = [*NODES, SCRIPT, "bert-tiny", "--set", *settings(train_data, out, *LONG)]
+    proc, _ = sbatch(slurm, tmp_path / "killed.log", *args, wait=False)
+    job = proc.stdout.strip().split(";")[0]
+    wait_until(lambda: latest_step(out) >= 20, what="the first periodic checkpoint")
+    ranks = [p for p in psutil.process_iter(["cmdline", "environ"])
+             if str(out) in " ".join(p.info["cmdline"] or []) and (p.info["environ"] or {}).get("SLURM_PROCID") == "3"
+             and "pretrain" in " ".join(p.info["cmdline"] or [])]
+    assert ranks, "no task with SLURM_PROCID=3 found"
+    killed = time.time()
+    ranks[0].send_signal(signal.SIGKILL)
+    wait_until(lambda: job_state(slurm, job) in ("FAILED", "COMPLETED", "CANCELLED", "GONE"), timeout=120,
+               what="the job to fail")
+    assert time.time() - killed < 90 and job_state(slurm, job) == "FAILED"
+    log = open(tmp_path / "killed.log").read()
+    assert "task 3" in log and "Killed" in log, log[-3000:]
+    resumed_from = latest_step(out)
+    proc, log = sbatch(slurm, tmp_path / "resubmitted.log", *args)
+    assert proc.returncode == 0, log[-3000:]
+    assert summary(out)["resumed_from"]["step"] == resumed_from >= 20
+    assert_same_checkpoints(out, reference["long"])
+
+
+def test_ptm_launch_slurm_runs_prep_train_convert(slurm, small, tmp_path):
+    """`ptm launch slurm`: a tokenizer job, the data_prep array and finalize, 2-node training, the HF export, each
+    after the one before succeeded; transformers loads the result."""
+    import transformers
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "launchers", "slurm", small["path"], "--data", str(tmp_path / "data"),
+                           "--vocab-size", "2000", "--partitions", "2", "--config", "bert-tiny", "--set",
+                           *settings(tmp_path / "data", out)[1:], "--nodes", "2", "--ntasks-per-node", "2", "--wait"],
+                          capture_output=True, text=True, env=env(slurm), cwd=str(tmp_path), timeout=900)
+    logs = "".join(p.read_text() for p in [*tmp_path.rglob("slurm-*.out"), *tmp_path.glob("*.out")])
+    assert proc.returncode == 0, proc.stdout + proc.stderr + logs[-4000:]
+    assert [line.split(":")[0] for line in proc.stdout.splitlines()[:5]] == ["tokenizer", "prep", "finalize", "train",
+                                                                            "convert"]
+    assert run_cli("data_prep", "verify", tmp_path / "data").returncode == 0
+    assert summary(out)["layout"]["dp"] == 2
+    model = transformers.AutoModelForPreTraining.from_pretrained(out / "hf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out / "hf")
+    assert model.config.hidden_size == 128 and len(tokenizer("hello world")["input_ids"]) > 2
