@@ -8,6 +8,7 @@ import os
 import sys
 
 from launchers.rendezvous import RendezvousError, describe, hostnames, job_port, node_address, tasks_per_node
+from ptm import shipped
 
 
 def parser() -> argparse.ArgumentParser:
@@ -80,7 +81,7 @@ def submit_chain(a) -> int:
 
     from pretrain.config import load
 
-    slurm = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "slurm")
+    slurm = shipped("slurm", "slurm")
     common = shlex.split(a.sbatch_args)
     out_dir = os.path.abspath(load(a.config, a.overrides).out_dir)
     data = os.path.abspath(a.data)
@@ -119,13 +120,14 @@ def submit_chain(a) -> int:
     return wait_for(jobs["convert"]) if a.wait else 0
 
 
-def wait_for(job: str, poll_s: float = 2.0) -> int:
-    """Wait until a Slurm job ends (through requeues); 0 when it completed, 1 otherwise."""
+def wait_for(job: str, poll_s: float = 2.0, env=None) -> int:
+    """Wait until a Slurm job ends, through its requeues (`sbatch --wait` may return at one); 0 when it
+    completed, 1 otherwise."""
     import subprocess
     import time
 
     while True:
-        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
+        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env).stdout
         state = info.split("JobState=", 1)[1].split()[0] if "JobState=" in info else "UNKNOWN"
         if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"):
             print(f"job {job}: {state}", flush=True)

@@ -22,18 +22,10 @@ import yaml
 
 from pretrain.models.config import ARCHS, ModelConfig
 from pretrain.objectives.masking import KNOWLEDGE_LEVELS as _KNOWLEDGE_UNITS
+from ptm import shipped
 
 
-def _presets_dir() -> str:
-    """The preset YAMLs: ptm/presets once installed from a wheel, configs/ in a source tree (editable installs too)."""
-    from importlib.resources import files
-
-    installed = files("ptm") / "presets"
-    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-    return str(installed) if installed.is_dir() else source
-
-
-PRESETS_DIR = _presets_dir()
+PRESETS_DIR = shipped("presets", "configs")
 PRECISIONS = ("fp32", "bf16", "fp16")
 GRAD_ACCUM_DTYPES = ("fp32", "bf16")
 OPTIMIZERS = ("adamw", "lamb")

@@ -33,6 +33,8 @@ DEFAULT_VOCAB = 30522  # BERT's WordPiece vocabulary, when neither config nor da
 STATE_BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
 MOMENT_BYTES = 8
 OFFLOAD_BYTES = 16  # per parameter of a ZeRO-Offload shard in CPU memory: fp32 weights, fp32 gradients, moments
+CHECKPOINT_BYTES = 12  # per parameter in a ptm checkpoint: fp32 weights and both moments
+SHA256_GBPS = 1.0  # each writer hashes its files after writing them (meta.json records them)
 
 # dense peak FLOPs/s of one GPU (no sparsity), from NVIDIA's data sheets; the first name that occurs in
 # torch.cuda.get_device_name() wins, so variants come before their family ("Tesla V100S-PCIE-32GB",
@@ -244,6 +246,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="vocabulary size when model.vocab_size is 0 (the dataset's) and data.path holds no "
                          f"dataset (default {DEFAULT_VOCAB})")
     ap.add_argument("--compare", action="store_true", help="show ZeRO stages 0, 1, 2 and 3 side by side")
+    ap.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
+                    help="GPUs (processes) per node, for the checkpoint written per node (default 8)")
+    ap.add_argument("--write-gbps", type=float, default=1.0, metavar="GB/S",
+                    help="write bandwidth of one node to the checkpoint filesystem in GB/s, for the checkpoint time "
+                         "and the Slurm warning lead time (default 1.0)")
 
 
 DESCRIPTION = ("Estimate the memory per GPU of a training config before launch: weights, gradients and optimizer "
@@ -272,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(_table({"GiB/GPU": plan}))
         print(_verdict(cfg, plan, args.gpus))
+        print(_checkpoint_time(cfg, plan, args.gpus, args.gpus_per_node, args.write_gbps))
     except (ConfigError, PrepError) as e:
         print("\n".join(f"plan: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
@@ -346,6 +354,25 @@ def _verdict(cfg: Config, plan: Plan, world_size: int) -> str:
         sets = " ".join(f"{k}={json.dumps(v)}" for k, v in changes.items())
         lines.append(f"  --set {sets:<48} {_gib(after.total):>8}  {'fits' if after.fits else 'still over'}")
     return "\n".join(lines)
+
+
+def checkpoint_bytes(cfg: Config, plan: Plan) -> tuple[float, int]:
+    """(bytes one writing process writes, processes that write): fp32 weights and two moments of its TP shard, split
+    over the data-parallel ranks under ZeRO, written by data-parallel rank 0 alone without it (pretrain/checkpoint.py)."""
+    per_shard = CHECKPOINT_BYTES * plan.params_per_rank
+    return (per_shard / plan.dp, plan.tp * plan.dp) if cfg.zero.stage else (per_shard, plan.tp)
+
+
+def _checkpoint_time(cfg: Config, plan: Plan, world_size: int, gpus_per_node: int, write_gbps: float) -> str:
+    """The checkpoint a node writes, its time at `write_gbps` (plus hashing at SHA256_GBPS per process), and the
+    --signal lead time that leaves room for it and a step."""
+    per_process, writers = checkpoint_bytes(cfg, plan)
+    per_node = per_process * min(gpus_per_node, writers)
+    seconds = per_node / (write_gbps * 1e9) + per_process / (SHA256_GBPS * 1e9)
+    lead = max(120, math.ceil((2 * seconds + 60) / 30) * 30)
+    return (f"\ncheckpoint: {_gib(per_process * writers)} GiB in all, up to {_gib(per_node)} GiB per node of "
+            f"{gpus_per_node} GPUs: about {seconds:.0f} s at {write_gbps:g} GB/s per node; ask Slurm for the warning "
+            f"at least that plus one step before the time limit: sbatch --signal=USR1@{lead} (slurm/pretrain.sbatch)")
 
 
 def _suggestions(cfg: Config, plan: Plan, world_size: int) -> list[tuple[dict, Plan]]:

@@ -39,9 +39,10 @@ def test_presets_after_a_plain_pip_install(tmp_path):
     assert packages == installed  # pyproject.toml lists its packages by hand
     work.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site)}
-    check = ("import os, pretrain, pretrain.config as c; "
+    check = ("import os, pretrain, pretrain.config as c, ptm; slurm = ptm.shipped('slurm', 'slurm'); "
              f"assert pretrain.__file__.startswith({str(site)!r}) and c.PRESETS_DIR.startswith({str(site)!r}) "
-             "and os.path.isfile(os.path.join(c.PRESETS_DIR, 'bert-tiny.yaml')), (pretrain.__file__, c.PRESETS_DIR)")
+             "and os.path.isfile(os.path.join(c.PRESETS_DIR, 'bert-tiny.yaml')), (pretrain.__file__, c.PRESETS_DIR); "
+             f"assert slurm.startswith({str(site)!r}) and os.path.isfile(os.path.join(slurm, 'pretrain.sbatch')), slurm")
     proc = subprocess.run([sys.executable, "-c", check], cwd=work, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     proc = subprocess.run([sys.executable, "-m", "pretrain", "plan", "--config", "bert-tiny"], cwd=work, env=env,

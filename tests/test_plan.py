@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, run_cli
 from pretrain.config import load
 from pretrain.models.config import ModelConfig, padded_vocab_size
-from pretrain.plan import (activation_bytes, count_parameters, estimate, largest_module, mfu,
+from pretrain.plan import (activation_bytes, checkpoint_bytes, count_parameters, estimate, largest_module, mfu,
                            model_flops_per_sample, peak_flops)
 
 GPT2_SMALL = ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
@@ -117,6 +117,20 @@ def test_peak_flops_and_mfu():
     assert peak_flops("Tesla V100-PCIE-32GB", "fp16") == 112e12 and peak_flops("Tesla V100S-PCIE-32GB", "fp16") == 130e12
     assert peak_flops("Tesla V100-SXM2-32GB", "bf16") is None and peak_flops("cpu", "fp32") is None
     assert mfu(156e12, "NVIDIA A100-SXM4-40GB", "bf16") == 0.5 and mfu(1e12, "cpu", "bf16") is None
+
+
+def test_checkpoint_size_and_the_warning_lead_time():
+    """What each process writes (12 bytes per parameter of its TP shard: fp32 weights and two moments; split over DP
+    ranks under ZeRO, by DP rank 0 alone without) and the Slurm warning lead time that leaves room for it."""
+    cfg = load("bert-large", ["zero.stage=1", "parallel.tp=2"])
+    plan = estimate(cfg, 16)
+    assert checkpoint_bytes(cfg, plan) == (12 * plan.params_per_rank / 8, 16)
+    cfg.zero.stage, cfg.grad_accum_dtype = 0, "bf16"
+    assert checkpoint_bytes(cfg, estimate(cfg, 16)) == (12 * plan.params_per_rank, 2)
+    slow = run_cli("pretrain", "plan", "--config", "gpt2-xl", "--gpus", "8", "--write-gbps", "0.05")
+    fast = run_cli("pretrain", "plan", "--config", "gpt2-xl", "--gpus", "8", "--write-gbps", "10")
+    lead = [int(p.stdout.split("--signal=USR1@")[1].split()[0]) for p in (slow, fast)]
+    assert lead[0] > lead[1] >= 120 and "GiB per node of 8 GPUs" in slow.stdout
 
 
 def test_cli_fits_and_suggests():

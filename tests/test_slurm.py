@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, free_port, run_cli
+from launchers.cli import wait_for
 from runs import assert_same_checkpoints, latest_step, max_rel_diff, summary, weights
 
 pytestmark = pytest.mark.distributed
@@ -48,10 +49,14 @@ def sbatch(slurm, log, *args, launcher="srun", wait=True):
 
 
 def train_job(slurm, tmp_path, name, *more, launcher="srun", sbatch_args=(), data):
+    """A 2 x 2 training job, waited for by `sbatch --wait` and then through any requeue (Slurm's --wait may return
+    when the job is requeued)."""
     out = tmp_path / name
-    proc, log = sbatch(slurm, tmp_path / f"{name}.log", *NODES, *sbatch_args, SCRIPT, "bert-tiny", "--set",
-                       *settings(data, out, *more), launcher=launcher)
-    assert proc.returncode == 0, proc.stderr + log[-4000:]
+    proc, _ = sbatch(slurm, tmp_path / f"{name}.log", *NODES, *sbatch_args, SCRIPT, "bert-tiny", "--set",
+                     *settings(data, out, *more), launcher=launcher)
+    completed = wait_for(proc.stdout.split()[-1], poll_s=0.5, env=slurm.env) == 0
+    log = open(tmp_path / f"{name}.log").read()
+    assert completed, proc.stderr + log[-4000:]
     return out, log
 
 
