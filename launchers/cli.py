@@ -15,6 +15,7 @@ def parser() -> argparse.ArgumentParser:
     prog = sys.argv[0] if sys.argv[0].startswith("ptm ") else "python -m launchers"
     ap = argparse.ArgumentParser(prog=prog, description="One rendezvous contract for torchrun, the deepspeed launcher, "
                                                         "mpirun/mpiexec and srun; Slurm helpers.")
+    ap.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # the deepspeed launcher adds it
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("env", help="print what this process's launcher says (run it the way you run training)",
                    description="Print, as JSON, the launcher detected from the environment and the rank, local "

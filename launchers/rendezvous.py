@@ -80,10 +80,12 @@ def _int(environ, name: str, default: str | None = None) -> int:
 
 
 def _torch(environ) -> Rendezvous:
+    """torchrun sets LOCAL_WORLD_SIZE and GROUP_RANK; the deepspeed launcher LOCAL_SIZE, CROSS_RANK, CROSS_SIZE."""
     size = _int(environ, "WORLD_SIZE")
-    local_size = _int(environ, "LOCAL_WORLD_SIZE", str(size))
+    local_size = _int(environ, "LOCAL_WORLD_SIZE", environ.get("LOCAL_SIZE", str(size)))
+    node_rank = _int(environ, "NODE_RANK", environ.get("GROUP_RANK", environ.get("CROSS_RANK", "0")))
     return Rendezvous("torchrun/deepspeed", _int(environ, "RANK"), _int(environ, "LOCAL_RANK", "0"), size,
-                      local_size, -(-size // max(local_size, 1)), _int(environ, "NODE_RANK", environ.get("GROUP_RANK", "0")),
+                      local_size, -(-size // max(local_size, 1)), node_rank,
                       environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT", DEFAULT_PORT))
 
 

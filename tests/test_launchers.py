@@ -3,6 +3,7 @@ one line naming the variable; `ptm launch env|hostfile|master` inside a real Slu
 stalled collective end the run after parallel.timeout_s, naming the rank and host."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -70,6 +71,25 @@ srun bash -c '{sys.executable} -m launchers env > {tmp_path}/env-$SLURM_PROCID.j
     assert (tmp_path / "hostfile").read_text() == "n1 slots=2\nn2 slots=2\n"
     assert (tmp_path / "master").read_text().split() == ["127.0.0.1", str(20000 + job % 20000)]
     assert run_cli("launchers", "hostfile", "--out", tmp_path / "h", check=False).returncode == 2  # not in a job
+
+
+def test_the_deepspeed_launcher_without_ssh_one_invocation_per_node(tmp_path):
+    """`deepspeed --hostfile H --no_ssh --node_rank N ...` started on each of two (simulated) nodes: each process
+    learns its rank, node and the job's size from what launch.py sets (LOCAL_SIZE, CROSS_RANK)."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), "--no_ssh",
+                               "--node_rank", str(n), "--master_addr", "127.0.0.1", "--master_port", port, "--module",
+                               "launchers", "env"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for n in (0, 1)]
+    seen = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0
+        seen.append(json.loads(re.search(r"^\{$.*?^\}$", out, re.M | re.S).group()))  # among launch.py's log lines
+    assert [(s["rank"], s["node_rank"], s["nodes"], s["local_world_size"], s["world_size"]) for s in seen] == \
+        [(0, 0, 2, 1, 2), (1, 1, 2, 1, 2)]
 
 
 def test_an_unreachable_master_ends_the_rank_after_the_timeout_naming_it(train_data, tmp_path):
