@@ -98,6 +98,8 @@ class DataConfig:
     short_seq_prob: float = _opt(0.1, "probability of a shorter sequence (BERT's short_seq_prob)")
     pack_documents: bool = _opt(True, "clm: concatenate documents into full windows (Megatron); false: a window never "
                                       "crosses a document's end and the last one is padded")
+    unpadded: bool = _opt(False, "masked LM: pack each micro batch's samples into as few rows as their lengths allow, "
+                                 "attention kept within a sample (same loss, less padding; BERT-style objectives)")
     valid_fraction: float = _opt(0.001, "fraction of documents held out for evaluation")
     num_workers: int = _opt(2, "data loader worker processes per rank")
 
@@ -130,6 +132,9 @@ class OptimizerConfig:
     warmup_steps: int | float = _opt(0.01, "linear warmup: a number of steps, or below 1 a fraction of train.steps")
     min_lr: float = _opt(0.0, "learning rate at the end of the decay")
     poly_power: float = _opt(1.0, "power of the poly decay")
+    multi_tensor: str = _opt("auto", "auto | on | off: LAMB/AdamW arithmetic over all tensors at once (torch._foreach_*, "
+                                     "apex's multi-tensor kernels on CUDA) or one tensor at a time; auto = on for CUDA "
+                                     "tensors (AdamW uses torch's fused kernel wherever torch has one)")
 
     def warmup(self, total_steps: int) -> int:
         """The warmup length in steps."""
@@ -209,6 +214,12 @@ class Config:
                                          "zero.stage >= 1) or bf16 (DeepSpeed's only choice at zero.stage=0)")
     deepspeed_config: str = _opt("", "a DeepSpeed JSON of your own: keys this config also sets must agree with it, "
                                      "the others (bucket sizes, overlap_comm, ...) are used as given")
+    kernels: str = _opt("auto", "eager | compile | auto: compile each transformer block and the MLM/LM head with "
+                                "torch.compile (Inductor fuses bias+GELU, bias+dropout+residual+LayerNorm, softmax); "
+                                "auto = compile on CUDA, eager on CPU (see docs/performance.md)")
+    fused_lm_loss: str = _opt("auto", "auto | on | off: liger-kernel's fused linear cross-entropy for the MLM/LM head "
+                                      "(the logits are never held whole); auto = on with liger-kernel installed, on "
+                                      "CUDA, parallel.tp=1, objectives other than ernie")
     model: ModelConfig = _section(ModelConfig)
     data: DataConfig = _section(DataConfig)
     train: TrainConfig = _section(TrainConfig)
@@ -488,7 +499,8 @@ _NON_NEGATIVE = ("model.vocab_size", "model.type_vocab_size", "model.task_type_v
 _UNIT = {"[0, 1)": lambda x: 0 <= x < 1, "(0, 1)": lambda x: 0 < x < 1, "[0, 1]": lambda x: 0 <= x <= 1}
 _FRACTIONS = {"model.hidden_dropout": "[0, 1)", "model.attention_dropout": "[0, 1)", "data.mask_prob": "(0, 1)",
               "data.short_seq_prob": "[0, 1]", "data.valid_fraction": "[0, 1)"}
-_CHOICES = {"precision": PRECISIONS, "grad_accum_dtype": GRAD_ACCUM_DTYPES, "model.arch": ARCHS, "data.objective": tuple(OBJECTIVES),
+_CHOICES = {"kernels": ("auto", "eager", "compile"), "fused_lm_loss": ("auto", "on", "off"),
+            "optimizer.multi_tensor": ("auto", "on", "off"), "precision": PRECISIONS, "grad_accum_dtype": GRAD_ACCUM_DTYPES, "model.arch": ARCHS, "data.objective": tuple(OBJECTIVES),
             "data.masking": tuple(MASKINGS), "optimizer.name": OPTIMIZERS, "optimizer.schedule": SCHEDULES,
             "zero.stage": (0, 1, 2, 3)}
 
@@ -566,11 +578,20 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(o.min_lr <= o.lr, f"optimizer.min_lr={o.min_lr} exceeds optimizer.lr={o.lr}; lower optimizer.min_lr")
     errors.need(d.pack_documents or d.objective == "clm",
                 f"data.pack_documents=false applies to data.objective=clm, not {d.objective}; remove it")
+    errors.need(not d.unpadded or d.objective in ("mlm_nsp", "mlm_sop", "mlm"),
+                f"data.unpadded=true packs masked-LM samples, not data.objective={d.objective} (GPT-2 windows are "
+                f"packed by data.pack_documents; ERNIE 2.0's multi-task batches are not packed yet); remove it")
     errors.need(not cfg.zero.offload or cfg.zero.stage >= 1,
                 "zero.offload needs ZeRO; set zero.stage=1 (or higher) or zero.offload=false")
     errors.need(cfg.precision != "bf16" or cfg.grad_accum_dtype == "bf16" or cfg.zero.stage >= 1,
                 "precision=bf16 with grad_accum_dtype=fp32 needs ZeRO (DeepSpeed accumulates bf16 gradients in bf16 at "
                 "zero.stage=0); set zero.stage=1 or grad_accum_dtype=bf16")
+    errors.need(cfg.kernels != "compile" or cfg.zero.stage != 2 or dp == 1,
+                f"kernels=compile with zero.stage=2 over {dp} data-parallel ranks trains wrong bias gradients "
+                f"(DeepSpeed 0.19's ZeRO-2 reduction hooks with torch.compile); set zero.stage=1 or 3, or kernels=eager")
+    errors.need(cfg.fused_lm_loss != "on" or (tp == 1 and d.objective != "ernie"),
+                f"fused_lm_loss=on needs the whole vocabulary on one rank and one LM head: parallel.tp={tp}, "
+                f"data.objective={d.objective}; set fused_lm_loss=auto (on where it applies) or off")
     _ernie_errors(cfg, errors)
     return errors
 

@@ -12,6 +12,7 @@ import logging
 import deepspeed
 from deepspeed.accelerator import get_accelerator
 
+from pretrain import kernels as K
 from pretrain.config import Config, ConfigError
 from pretrain.optim import Lamb
 from pretrain.parallel import mcore
@@ -110,11 +111,24 @@ def _read_elsewhere(model):
                 yield block, norm.bias
 
 
+def _fused_lm_loss(cfg: Config, device) -> bool:
+    """Whether the LM head runs liger-kernel's fused linear cross-entropy (`fused_lm_loss`)."""
+    if cfg.fused_lm_loss == "off" or cfg.parallel.tp > 1 or cfg.data.objective == "ernie":
+        return False
+    why = K.fused_lm_loss_available(device)
+    if why and cfg.fused_lm_loss == "on":
+        raise ConfigError(f"fused_lm_loss=on: {why}; set fused_lm_loss=auto or off")
+    return why is None and (cfg.fused_lm_loss == "on" or device.type == "cuda")
+
+
 def build(cfg: Config, model, optimizer, scheduler):
     """A DeepSpeed engine over `model` (already on its device) with ptm's optimizer and LR scheduler. LAMB gets
     the engine's `Layout` so that its trust ratios are per whole parameter whatever the partitioning."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     _allow_half_on_cpu()
+    kernels = K.choose(cfg.kernels, next(model.parameters()).device, cfg.zero.stage)
+    if kernels == "compile":
+        K.compile_model(model)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            mpu=mcore.DeepSpeedMPU(), config=ds_config(cfg, mcore.dp_size()),
                                            dist_init_required=False)
@@ -123,6 +137,8 @@ def build(cfg: Config, model, optimizer, scheduler):
             deepspeed.zero.register_external_parameter(module, param)
     undo_construction_step(engine)
     engine.layout = Layout.of(engine)
+    engine.kernels = kernels
+    engine.fused_lm_loss = _fused_lm_loss(cfg, next(model.parameters()).device)
     if isinstance(optimizer, Lamb):
         optimizer.layout = engine.layout
     return engine

@@ -23,6 +23,8 @@ from pretrain import device as dev
 from pretrain import kernels as K
 from pretrain.parallel import mcore
 
+PACKED = ("position_ids", "sample_index", "cls_index")  # the fields of an unpadded batch (pretrain/data/packing.py)
+
 
 @dataclass
 class Term:
@@ -91,17 +93,26 @@ def objective(terms: dict[str, Term], counts: dict[str, torch.Tensor]) -> torch.
 
 
 def compute(model, batch: dict, arch: str, tasks=()) -> dict[str, Term]:
-    """The batch's loss terms (summed, not averaged); `tasks`: the ERNIE 2.0 stage's."""
+    """The batch's loss terms (summed, not averaged); `tasks`: the ERNIE 2.0 stage's. When training with the
+    engine's `fused_lm_loss`, the LM head returns its loss (and correct count) instead of logits."""
     select = _selections(batch, arch, tasks)
     if "task" in batch:
         return _ernie(model, batch, select)
+    fused = getattr(model, "fused_lm_loss", False) and torch.is_grad_enabled()
     if arch == "gpt2":
+        if fused:
+            loss, _ = model(batch["input_ids"], labels=batch["labels"])["lm_loss"]
+            return {"lm": Term(loss, select["lm"].sum())}
         logits = model(batch["input_ids"])["logits"]
         return {"lm": Term(K.cross_entropy(logits, batch["labels"]).sum(), select["lm"].sum())}
     masked = select["mlm"]
-    out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch.get("task_type_ids"),
-                positions=masked)
-    terms = {"mlm": _token_term(out["logits"], batch["labels"][masked])}
+    target = batch["labels"][masked]
+    out = model(batch["input_ids"], batch.get("attention_mask"), batch["token_type_ids"], batch.get("task_type_ids"),
+                positions=masked, labels=target if fused else None, **{k: batch[k] for k in PACKED if k in batch})
+    if fused:
+        terms = {"mlm": Term(out["lm_loss"][0], target.new_tensor(len(target)), out["lm_loss"][1])}
+    else:
+        terms = {"mlm": _token_term(out["logits"], target)}
     if "nsp" in select:
         terms["nsp"] = _class_term(out["nsp_logits"], batch["next_sentence_label"])
     return terms

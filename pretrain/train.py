@@ -19,9 +19,11 @@ from data_prep.dataset import Corpus
 from pretrain import checkpoint as C
 from pretrain import device as dev
 from pretrain import engine, losses, optim, plan, signals
+from pretrain import kernels as K
 from pretrain.config import Config, ConfigError
 from pretrain.data.factory import build_sources
 from pretrain.data.loader import make_loader
+from pretrain.data.packing import pack, padding_fraction
 from pretrain.models.ernie_heads import ErnieTaskHeads
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
@@ -175,6 +177,9 @@ class Trainer:
         return {"tflops": per_device / 1e12, **({"mfu": utilisation} if utilisation is not None else {})}
 
     def _to_device(self, batch: dict) -> dict:
+        """A micro-batch on this rank's device, packed first with `data.unpadded`."""
+        if self.cfg.data.unpadded:
+            batch = pack(batch)
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def train_step(self, micro_batches) -> dict:
@@ -201,6 +206,7 @@ class Trainer:
         self.step += 1
         self.consumed += self.cfg.train.global_batch_size
         metrics = tally.metrics(mcore.dp_group())
+        metrics["padding"] = sum(map(padding_fraction, batches)) / len(batches)
         norm = self.engine.get_global_grad_norm()
         if norm is not None:
             metrics["grad_norm"] = float(norm)
@@ -290,6 +296,7 @@ class Trainer:
         if self.rank0:
             write_text(os.path.join(cfg.out_dir, "config.yaml"), cfg.to_yaml())
         writer = _tensorboard(cfg.out_dir) if self.rank0 else None
+        _log("kernels: " + K.describe(self.engine.kernels, self.engine.fused_lm_loss, self.optimizer, self.device))
         stage = cfg.ernie.stage_index(self.step)
         micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
@@ -312,6 +319,8 @@ class Trainer:
             start = time.time()
             metrics = self.train_step(micro)
             dt = time.time() - start
+            if self.step == first + 1 and self.engine.kernels == "compile":
+                _log(f"step {self.step} took {dt:.1f} s, torch.compile's compilation included")
             metrics.update(step_time_s=dt, samples_per_s=cfg.train.global_batch_size / dt, tokens_per_s=tokens_per_step / dt,
                            memory_gib=dev.peak_memory_gib(), **self._utilisation(cfg.train.global_batch_size / dt))
             if writer:

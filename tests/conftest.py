@@ -10,6 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels (liger-kernel's) run on the CPU, interpreted
 CI_HINT = "CI=true: a missing component is a failure, not a skip"
 
 

@@ -8,6 +8,7 @@ A NAME ending in -naive runs LAMB as if unaware of ZeRO (trust ratios of whole p
 one ending in -resume, the checkpoint its run wrote at checkpoint.interval is copied to OUT/NAME-again, and a
 run with another seed (which the checkpoint must override) resumes it there and trains to the end.
 """
+import faulthandler
 import json
 import shutil
 import sys
@@ -30,6 +31,7 @@ def facts(trainer: Trainer) -> dict:
 
 
 if __name__ == "__main__":
+    faulthandler.enable(all_threads=True)  # a rank that aborts (SIGABRT from C++) shows where its threads were
     out, runs = sys.argv[1], json.loads(sys.argv[2])
 
     def train(name: str, overrides: list, *more: str) -> None:

@@ -23,9 +23,13 @@ def worker(out, runs: dict, nproc: int) -> list[str]:
 def launch(out, runs: dict, nproc: int = 4):
     proc = subprocess.run(worker(out, runs, nproc), cwd=ROOT, capture_output=True, text=True, timeout=1200)
     if proc.returncode:
-        errors = "\n".join(line for line in proc.stderr.splitlines() if "arning" not in line)
-        raise AssertionError(f"exit {proc.returncode}\n{errors[-12000:]}")
+        raise AssertionError(f"exit {proc.returncode}\n{_errors(proc.stderr)}")
     return proc
+
+
+def _errors(stderr: str) -> str:
+    """The end of a failed launch's stderr without the warnings."""
+    return "\n".join(line for line in stderr.splitlines() if "arning" not in line)[-12000:]
 
 
 def start(out, runs: dict, nproc: int):
@@ -40,7 +44,7 @@ def kill_when(proc, ready, timeout=300):
 
     deadline = time.time() + timeout
     while not ready():
-        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read()[-3000:]}"
+        assert proc.poll() is None, f"the run ended before it could be killed:\n{_errors(proc.stderr.read())}"
         assert time.time() < deadline
         time.sleep(0.002)
     tree = psutil.Process(proc.pid).children(recursive=True)

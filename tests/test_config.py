@@ -11,8 +11,8 @@ from pretrain.config import Config, ConfigError, load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
-TOP_KEYS = "seed, out_dir, precision, grad_accum_dtype, deepspeed_config, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie"
-OPTIMIZER_KEYS = "name, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, poly_power"
+TOP_KEYS = "seed, out_dir, precision, grad_accum_dtype, deepspeed_config, kernels, fused_lm_loss, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie"
+OPTIMIZER_KEYS = "name, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, poly_power, multi_tensor"
 
 
 def write(path, text):

@@ -25,7 +25,8 @@ def bert(train_data, *overrides):
 
 def test_fp16_overflow_is_skipped_and_the_loss_scale_drops(train_data, tmp_path):
     """Dynamic loss scaling: a scale of 2**40 overflows fp16 gradients, every step is skipped and halves the scale,
-    and no update reaches the weights; from 2**20 the scale drops until steps apply, and the weights stay finite."""
+    and no update reaches the weights (AdamW on torch's fused kernel); from 2**20 the scale drops until steps apply
+    (multi-tensor LAMB), and the weights stay finite."""
     from pretrain.train import Trainer
 
     fp16 = ("precision=fp16", "fp16.hysteresis=1", "zero.stage=2")
@@ -40,7 +41,8 @@ def test_fp16_overflow_is_skipped_and_the_loss_scale_drops(train_data, tmp_path)
     assert all(torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
 
     trainer = Trainer(config(bert(train_data, *fp16, "fp16.initial_scale_power=20", "train.steps=8",
-                                  f"out_dir={tmp_path / 'b'}")))
+                                  "optimizer.name=lamb", "optimizer.multi_tensor=on", f"out_dir={tmp_path / 'b'}")))
+    assert trainer.optimizer.foreach  # the multi-tensor LAMB of GPUs, on fp32 masters
     summary = trainer.fit()
     rows = [json.loads(line) for line in open(tmp_path / "b" / "metrics.jsonl")]
     skipped = [r["skipped_steps"] for r in rows]

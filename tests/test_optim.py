@@ -17,10 +17,15 @@ def mlp():
     return nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.Tanh(), nn.Linear(32, 4))
 
 
-def test_adamw_matches_torch_over_50_steps():
+@pytest.mark.parametrize("fused", [True, False])
+def test_adamw_matches_torch_over_50_steps(monkeypatch, fused):
+    """Both paths: torch's fused kernel (the default wherever torch has it, so also on CPU) and ptm's arithmetic."""
+    kernel_calls = []
+    kernel = torch._fused_adamw_
+    monkeypatch.setattr(torch, "_fused_adamw_", lambda *a, **k: kernel_calls.append(1) or kernel(*a, **k))
     ours, ref = mlp(), mlp()
     kw = {"lr": 3e-3, "betas": (0.9, 0.99), "eps": 1e-8}
-    opt = AdamW(param_groups(ours, 0.1), **kw)
+    opt = AdamW(param_groups(ours, 0.1), **kw) if fused else AdamW(param_groups(ours, 0.1), fused=False, **kw)
     ref_opt = torch.optim.AdamW(param_groups(ref, 0.1), **kw)
     gen = torch.Generator().manual_seed(1)
     for _ in range(50):
@@ -32,6 +37,7 @@ def test_adamw_matches_torch_over_50_steps():
     for p, q in zip(ours.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
     assert any((p - q).abs().max() > 0 for p, q in zip(ours.parameters(), mlp().parameters()))  # it did train
+    assert len(kernel_calls) == (100 if fused else 0)  # one call per step and param group, all tensors at once
 
 
 # ------------------------------------------------------------------------------------------------- LAMB
@@ -156,16 +162,32 @@ def test_sharded_norm_hook_gives_the_unsharded_result(opt_cls, same):
     assert np.allclose(flat, np.concatenate([w.reshape(-1) for w in whole]), rtol=1e-12, atol=1e-12) == same
 
 
-def test_optimizers_call_the_kernel_seam(monkeypatch):
+@pytest.mark.parametrize("cls", [AdamW, Lamb])
+def test_multi_tensor_step_batches_parameters_and_equals_the_per_parameter_loop(monkeypatch, cls):
+    """One `functional` call per param group and step count with foreach (a parameter that skipped steps gets a
+    call of its own), one per parameter without; both give the same weights."""
     calls = []
-    for name in ("adamw_update", "lamb_update"):
-        original = getattr(functional, name)
-        monkeypatch.setattr(functional, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
-    for cls in (AdamW, Lamb):
-        p = nn.Parameter(torch.ones(3))
-        p.grad = torch.ones(3)
-        cls([p]).step()
-    assert calls == ["adamw_update", "lamb_update"]
+    name = "adamw_update" if cls is AdamW else "lamb_update"
+    original = getattr(functional, name)
+    monkeypatch.setattr(functional, name, lambda params, *a, **k: calls.append(len(params)) or original(params, *a, **k))
+    models = {}
+    for foreach in (True, False):
+        model = mlp()
+        opt = cls(param_groups(model, 0.1), lr=1e-2, foreach=foreach, **({"fused": False} if cls is AdamW else {}))
+        gen = torch.Generator().manual_seed(1)
+        for step in range(4):
+            calls.clear()
+            opt.zero_grad()
+            x, y = torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
+            nn.functional.mse_loss(model(x), y).backward()
+            if step == 1:
+                model[0].bias.grad = None  # this parameter skips a step: its step count lags the rest
+            opt.step()
+        models[foreach] = model
+        # groups: 2 weights (decay) + 4 biases/norm weights (no decay), one of which lags a step
+        assert sorted(calls) == ([1, 2, 3] if foreach else [1] * 6), calls
+    for p, q in zip(models[True].parameters(), models[False].parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
 
 
 # -------------------------------------------------------------------------------------- groups, build
@@ -188,9 +210,9 @@ def test_build_from_config():
         (cfg.lr, (0.8, 0.9), cfg.eps, 0.01, True), (cfg.lr, (0.8, 0.9), cfg.eps, 0.0, False)]
     assert isinstance(optim.build(mlp(), C.load("bert-tiny").optimizer), AdamW)
     assert tuple(optim.OPTIMIZERS) == C.OPTIMIZERS
+    assert not opt.foreach  # auto: per parameter on CPU tensors
+    assert optim.build(mlp(), C.load("bert-tiny", ["optimizer.name=lamb", "optimizer.multi_tensor=on"]).optimizer).foreach
 
-
-# -------------------------------------------------------------------------------------------- clipping
 
 # ------------------------------------------------------------------------------------------- schedules
 

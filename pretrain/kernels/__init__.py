@@ -1,8 +1,12 @@
-"""The fused-kernel seam. Model and optimizer code call these functions through this module
-(`kernels.bias_gelu(...)`), so a GPU implementation can be bound in their place without touching the
-callers. What is here are the plain-torch reference implementations: every replacement must match them.
+"""Kernel choices. The model calls its elementwise work through this module (`kernels.bias_gelu(...)`): the
+plain-torch references that every faster path must match. The parallelize step (pretrain/engine.py) picks the
+faster paths per run: `compile_model` (Inductor fuses the elementwise work of each block), liger-kernel's
+`linear_cross_entropy` for the LM head; `describe` names what runs, for the log.
 """
 from __future__ import annotations
+
+import importlib.util
+import os
 
 import torch
 import torch.nn.functional as F
@@ -28,3 +32,51 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int 
     keep = labels != ignore_index
     loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), torch.where(keep, labels, 0))
     return loss * keep
+
+
+def fused_lm_loss_available(device: torch.device) -> str | None:
+    """Why liger-kernel's fused linear cross-entropy cannot run here, or None when it can: it needs the package
+    and a GPU, or Triton's interpreter (TRITON_INTERPRET=1) on a CPU, where the suite checks it."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        return "liger-kernel is not installed (pip install 'ptm[kernels]')"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "its Triton kernels run on CUDA, or on a CPU only under TRITON_INTERPRET=1"
+    return None
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                         vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed loss, correct predictions) of the logits x @ weight[:vocab_size].T + bias[:vocab_size] against
+    `labels` (-100 ignored) through liger-kernel's fused linear cross-entropy, which computes the logits a chunk of
+    tokens at a time and never holds them whole. The whole vocabulary must be on this rank (TP=1); the rows past
+    `vocab_size` (padding) are left out, as masking their logits does. Equals `cross_entropy` of the logits."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    out = liger_fused_linear_cross_entropy(x, weight[:vocab_size], labels, None if bias is None else bias[:vocab_size],
+                                           reduction="sum", return_predicted_tokens=True)
+    return out.loss, ((out.predicted_tokens == labels) & (labels != -100)).sum()
+
+
+def choose(setting: str, device: torch.device, zero_stage: int) -> str:
+    """The `kernels` setting in effect: `auto` compiles on CUDA (where Inductor's fused Triton kernels pay for
+    their compile time within minutes) under ZeRO 0 and 1, and stays eager on CPU (no faster there), under ZeRO-2
+    (wrong bias gradients across data-parallel ranks: the config refuses it) and under ZeRO-3 (compiled blocks train
+    the same weights there, but DeepSpeed's gather hooks split each block into many small graphs)."""
+    if setting != "auto":
+        return setting
+    return "compile" if device.type == "cuda" and zero_stage < 2 else "eager"
+
+
+def compile_model(model: torch.nn.Module) -> None:
+    """torch.compile each transformer block and the MLM head in place (`Module.compile`): Inductor fuses the
+    elementwise work around the matmuls. The model's code is unchanged; eager is the reference."""
+    for block in model.blocks:
+        block.compile()
+
+
+def describe(kernels: str, fused_lm_loss: bool, optimizer, device: torch.device) -> str:
+    """One line naming the implementation of each kernel, for the training log."""
+    attention = "flash / memory-efficient" if device.type == "cuda" else "math"
+    loss = "liger-kernel fused linear cross-entropy" if fused_lm_loss else "megatron-core vocab-parallel cross-entropy"
+    return (f"blocks {'torch.compile (Inductor)' if kernels == 'compile' else 'eager'}; "
+            f"attention torch SDPA ({attention}); LM head {loss}; {type(optimizer).__name__} {optimizer.implementation}")

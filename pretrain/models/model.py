@@ -39,9 +39,10 @@ class Embeddings(nn.Module):
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if self.bert_like else None
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
-    def forward(self, input_ids, token_type_ids=None, task_type_ids=None):
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        x = self.word(input_ids) + self.position(positions)
+    def forward(self, input_ids, token_type_ids=None, task_type_ids=None, position_ids=None):
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word(input_ids) + self.position(position_ids)
         if self.token_type is not None:
             x = x + self.token_type(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
         if self.task_type is not None:
@@ -124,14 +125,24 @@ class MLMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_per_rank))
         tp.set_tensor_model_parallel_attributes(self.bias, is_parallel=True, dim=0, stride=1)
 
-    def forward(self, h, word: tp.VocabParallelEmbedding):
-        return _tied_logits(self.norm(F.gelu(self.dense(h))), word) + self.bias
+    def forward(self, h, word: tp.VocabParallelEmbedding, labels=None, vocab_size: int = 0):
+        x = self.norm(F.gelu(self.dense(h)))
+        if labels is not None:  # (summed loss, correct), the logits never whole
+            return K.linear_cross_entropy(x, word.weight, self.bias, labels, vocab_size)
+        return _tied_logits(x, word) + self.bias
 
 
 class Pretraining(nn.Module):
     """Embeddings, blocks and the heads of `cfg.arch`. `forward` returns vocab-parallel logits (only at
     `positions` when given: the MLM head is then run on the masked tokens alone) and, for BERT-like
-    models, the NSP/SOP logits."""
+    models, the NSP/SOP logits.
+
+    Unpadded batches (pretrain/data/packing.py) hold several samples per row: `position_ids` restart per
+    sample, `sample_index` (1, 2, ... per sample, 0 for padding) replaces `attention_mask` and makes attention
+    block-diagonal, and `cls_index` points at each sample's first token for the pooler.
+
+    With `labels` (those of `positions` for masked LM) the LM head returns `lm_loss`, (summed loss, correct
+    predictions), from the fused linear cross-entropy instead of logits (TP=1; `kernels.linear_cross_entropy`)."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -170,36 +181,49 @@ class Pretraining(nn.Module):
                 with torch.no_grad():
                     m.bias.zero_()
 
-    def encode(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None):
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, position_ids=None,
+               sample_index=None):
         """Hidden states [b, s, hidden]."""
-        x = self.embeddings(input_ids, token_type_ids, task_type_ids)
+        x = self.embeddings(input_ids, token_type_ids, task_type_ids, position_ids)
         mask = None
-        if attention_mask is not None and self.cfg.arch != "gpt2":
+        if sample_index is not None:  # [b, 1, s, s]: within a sample (padding attends to padding)
+            mask = sample_index[:, None, :, None] == sample_index[:, None, None, :]
+        elif attention_mask is not None and self.cfg.arch != "gpt2":
             mask = attention_mask[:, None, None, :].bool()  # [b, 1, 1, s]: True = attend
         for i, block in enumerate(self.blocks):
             x = _checkpoint(block, x, mask) if i in self.checkpointed and self.training else block(x, mask)
         return self.final_norm(x) if self.cfg.arch == "gpt2" else x
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, positions=None,
-                hidden=False):
-        h = self.encode(input_ids, attention_mask, token_type_ids, task_type_ids)
+                hidden=False, position_ids=None, sample_index=None, cls_index=None, labels=None):
+        h = self.encode(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, sample_index)
         if hidden:  # ERNIE 2.0's losses run their heads on the hidden states
             return {"hidden": h}
         if self.cfg.arch == "gpt2":
+            if labels is not None:
+                return {"lm_loss": K.linear_cross_entropy(h.flatten(0, 1), self.embeddings.word.weight, None,
+                                                          labels.flatten(), self.cfg.vocab_size)}
             return {"logits": self.lm_logits(h)}
-        return {"logits": self.lm_logits(h if positions is None else h[positions]), "nsp_logits": self.nsp_logits(h)}
+        out = {"nsp_logits": self.nsp_logits(h, cls_index)}
+        predicted = h if positions is None else h[positions]
+        if labels is not None:
+            out["lm_loss"] = self.mlm(predicted, self.embeddings.word, labels, self.cfg.vocab_size)
+        else:
+            out["logits"] = self.lm_logits(predicted)
+        return out
 
     def lm_logits(self, h):
         """Vocab-parallel logits of hidden states (the MLM head for BERT-like models), padding rows masked."""
         logits = _tied_logits(h, self.embeddings.word) if self.cfg.arch == "gpt2" else self.mlm(h, self.embeddings.word)
         return logits.masked_fill(self.vocab_padding, torch.finfo(logits.dtype).min)
 
-    def nsp_logits(self, h):
+    def nsp_logits(self, h, cls_index=None):
         """The pooled [CLS] state through the NSP/SOP head."""
-        return self.nsp(self.pooled(h))
+        return self.nsp(self.pooled(h, cls_index))
 
-    def pooled(self, h):
-        return torch.tanh(self.pooler(h[:, 0]))
+    def pooled(self, h, cls_index=None):
+        """tanh(pooler(h[CLS])): each row's first token, or the tokens at flat `cls_index` of a packed batch."""
+        return torch.tanh(self.pooler(h[:, 0] if cls_index is None else h.flatten(0, 1)[cls_index]))
 
 
 def _tied_logits(h, word: tp.VocabParallelEmbedding):

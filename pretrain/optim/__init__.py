@@ -15,10 +15,11 @@ OPTIMIZERS = {"adamw": AdamW, "lamb": Lamb}
 
 
 def build(model: nn.Module, cfg) -> AdamW | Lamb:
-    """The optimizer named by a config's `optimizer` section (name, lr, betas, eps, weight_decay) over the
-    model's `param_groups`."""
+    """The optimizer named by a config's `optimizer` section (name, lr, betas, eps, weight_decay, multi_tensor)
+    over the model's `param_groups`."""
+    foreach = {"on": True, "off": False}.get(cfg.multi_tensor)
     return OPTIMIZERS[cfg.name](param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
-                                eps=cfg.eps, weight_decay=cfg.weight_decay)
+                                eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=foreach)
 
 
 __all__ = ["OPTIMIZERS", "AdamW", "Lamb", "Schedule", "build", "param_groups", "sum_of_squares", "trust_ratios"]

@@ -1,40 +1,63 @@
-"""Per-tensor optimizer math in plain torch: the fused-kernel seam. The optimizers call these functions through
-this module (`functional.lamb_update(...)`), so a fused GPU kernel can be bound in their place without touching
-the optimizers; every replacement must match them."""
+"""The optimizers' arithmetic over lists of tensors with torch's multi-tensor (`torch._foreach_*`) operations:
+on CUDA these are the multi-tensor-apply kernels that apex's fused optimizers use (a few launches per step
+for all parameters instead of a few per parameter); on CPU they run op for op like the per-tensor code.
+The optimizers call these functions through this module (`functional.lamb_update(...)`), so another kernel
+can be bound in their place; every replacement must match them. Called with one-element lists they are the
+per-parameter loop (`foreach=False`, the reference the benchmark compares against)."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-
-def adamw_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
-                 step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
-    """One AdamW step on one tensor, in place: torch.optim.AdamW's arithmetic, op for op."""
-    param.mul_(1 - lr * weight_decay)
-    _moments(grad, exp_avg, exp_avg_sq, beta1, beta2)
-    param.addcdiv_(exp_avg, _denominator(exp_avg_sq, step, beta2, eps), value=-lr / (1 - beta1 ** step))
+Tensors = list[torch.Tensor]
 
 
-def lamb_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
-                step: int, beta1: float, beta2: float, eps: float, weight_decay: float) -> torch.Tensor:
-    """LAMB's update direction for one tensor, u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w; the moments
-    are updated in place."""
-    _moments(grad, exp_avg, exp_avg_sq, beta1, beta2)
-    update = exp_avg / (1 - beta1 ** step) / _denominator(exp_avg_sq, step, beta2, eps)
-    return update.add_(param, alpha=weight_decay) if weight_decay else update
+def adamw_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, exp_avg_sqs: Tensors, *, step: int, lr: float,
+                 beta1: float, beta2: float, eps: float, weight_decay: float, fused: bool = False) -> None:
+    """One AdamW step on tensors that are all at `step`, in place: torch.optim.AdamW's arithmetic, op for op, or
+    (`fused`) torch's fused AdamW kernel, one pass over each tensor (the kernel `torch.optim.AdamW(fused=True)`
+    runs; CPU and CUDA)."""
+    if fused:
+        steps = [torch.full((), float(step), device=params[0].device)] * len(params)
+        torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+                            weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+        return
+    if weight_decay:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+    _moments(grads, exp_avgs, exp_avg_sqs, beta1, beta2)
+    torch._foreach_addcdiv_(params, exp_avgs, _denominators(exp_avg_sqs, step, beta2, eps),
+                            value=-lr / (1 - beta1 ** step))
 
 
-def lamb_apply(param: torch.Tensor, update: torch.Tensor, ratio: torch.Tensor | float, lr: float) -> None:
-    """w -= lr * trust_ratio * u, in place (`update` is consumed)."""
-    param.add_(update.mul_(ratio), alpha=-lr)
+def lamb_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, exp_avg_sqs: Tensors, *, step: int,
+                beta1: float, beta2: float, eps: float, weight_decay: float) -> Tensors:
+    """LAMB's update directions, u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w, of tensors that are all at
+    `step`; the moments are updated in place."""
+    _moments(grads, exp_avgs, exp_avg_sqs, beta1, beta2)
+    updates = torch._foreach_div(exp_avgs, 1 - beta1 ** step)
+    torch._foreach_div_(updates, _denominators(exp_avg_sqs, step, beta2, eps))
+    if weight_decay:
+        torch._foreach_add_(updates, params, alpha=weight_decay)
+    return updates
 
 
-def _moments(grad, exp_avg, exp_avg_sq, beta1, beta2) -> None:
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+def lamb_apply(params: Tensors, updates: Tensors, ratios: Tensors | None, lr: float) -> None:
+    """w -= lr * trust_ratio * u, in place (`updates` are consumed); `ratios` None: no trust ratio."""
+    if ratios is not None:
+        torch._foreach_mul_(updates, ratios)
+    torch._foreach_add_(params, updates, alpha=-lr)
 
 
-def _denominator(exp_avg_sq, step, beta2, eps) -> torch.Tensor:
+def _moments(grads, exp_avgs, exp_avg_sqs, beta1, beta2) -> None:
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+
+
+def _denominators(exp_avg_sqs, step, beta2, eps) -> Tensors:
     """sqrt(v_hat) + eps."""
-    return (exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** step)).add_(eps)
+    out = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(out, math.sqrt(1 - beta2 ** step))
+    torch._foreach_add_(out, eps)
+    return out

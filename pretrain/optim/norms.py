@@ -6,9 +6,9 @@ import torch
 
 
 def sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Each tensor's sum of squares, accumulated in at least fp32: a 1-D tensor, one entry per tensor."""
-    return torch.stack([_wide(t.detach()).square().sum() for t in tensors])
-
-
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    return t.float() if t.element_size() < 4 else t
+    """Each tensor's sum of squares, accumulated in at least fp32: a 1-D tensor, one entry per tensor
+    (one multi-tensor norm over the whole list)."""
+    if not tensors:
+        return torch.zeros(0)
+    wide = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    return torch.stack(torch._foreach_norm([t.detach() for t in tensors], 2, dtype=wide)).square()

@@ -1,4 +1,4 @@
-"""AdamW and LAMB, with the per-tensor math in `functional` (the fused-kernel seam).
+"""AdamW and LAMB, with the multi-tensor math in `functional` (the fused-kernel seam).
 
 LAMB follows You et al. 2019 (arXiv 1904.00962), Algorithm 2: Adam moments with bias correction, the update
 u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w, and a trust ratio per parameter, ||w|| / ||u|| (1 when
@@ -15,18 +15,16 @@ from pretrain.optim.norms import sum_of_squares
 
 
 class _Adam(torch.optim.Optimizer):
-    """What AdamW and LAMB share: the hyper-parameters, lazily created moments, the closure."""
+    """What AdamW and LAMB share: the hyper-parameters, lazily created moments, the closure, and the batching of
+    parameters into multi-tensor calls (`foreach`; None: on for CUDA tensors, where one launch for all
+    parameters wins, off on CPU, where one parameter at a time stays in cache: bench/optimizer_step.py)."""
 
-    def __init__(self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float, **extra):
+    def __init__(self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                 foreach: bool | None = None, **extra):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **extra))
-
-    def _advance(self, p: torch.Tensor) -> dict:
-        """p's state with its step count advanced (moments created on the first step)."""
-        state = self.state[p]
-        if not state:
-            state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-        state["step"] += 1
-        return state
+        if foreach is None:
+            foreach = all(p.is_cuda for g in self.param_groups for p in g["params"])
+        self.foreach = foreach
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -40,22 +38,52 @@ class _Adam(torch.optim.Optimizer):
                 self._step_group(group, params)
         return loss
 
+    @property
+    def implementation(self) -> str:
+        return "multi-tensor (torch._foreach_*)" if self.foreach else "one parameter at a time"
+
+    def _batches(self, params: list[torch.Tensor], together: bool):
+        """(step, params, grads, exp_avgs, exp_avg_sqs) per batch of tensors at the same step count, after
+        advancing each tensor's state one step (moments created on the first step). A parameter that skipped
+        steps (no gradient) lands in a batch of its own; unless `together`, every parameter does."""
+        batches: dict = {}
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            state["step"] += 1
+            batches.setdefault(state["step"] if together else id(p), []).append(p)
+        for batch in batches.values():
+            states = [self.state[p] for p in batch]
+            yield (states[0]["step"], batch, [p.grad for p in batch], [s["exp_avg"] for s in states],
+                   [s["exp_avg_sq"] for s in states])
+
     def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
         raise NotImplementedError
 
 
 class AdamW(_Adam):
-    """Adam with decoupled weight decay (Loshchilov & Hutter), numerically torch.optim.AdamW."""
+    """Adam with decoupled weight decay (Loshchilov & Hutter), numerically torch.optim.AdamW. `fused` (None:
+    whenever torch has the kernel for the tensors: floating point on CPU or CUDA) runs torch's fused AdamW
+    kernel, one pass per tensor; otherwise the multi-tensor (or per-parameter) arithmetic of `functional`."""
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01):
-        super().__init__(params, lr, betas, eps, weight_decay)
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
+                 foreach: bool | None = None, fused: bool | None = None):
+        super().__init__(params, lr, betas, eps, weight_decay, foreach)
+        if fused is None:
+            fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
+                        for g in self.param_groups for p in g["params"])
+        self.fused = fused
+
+    @property
+    def implementation(self) -> str:
+        return "torch's fused kernel (torch._fused_adamw_)" if self.fused else super().implementation
 
     def _step_group(self, group, params):
         beta1, beta2 = group["betas"]
-        for p in params:
-            s = self._advance(p)
-            F.adamw_update(p, p.grad, s["exp_avg"], s["exp_avg_sq"], step=s["step"], lr=group["lr"], beta1=beta1,
-                           beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+        for step, *tensors in self._batches(params, self.foreach or self.fused):
+            F.adamw_update(*tensors, step=step, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                           weight_decay=group["weight_decay"], fused=self.fused)
 
 
 class Lamb(_Adam):
@@ -68,19 +96,22 @@ class Lamb(_Adam):
     layout = None
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
-                 adapt: bool = True):
-        super().__init__(params, lr, betas, eps, weight_decay, adapt=adapt)
+                 adapt: bool = True, foreach: bool | None = None):
+        super().__init__(params, lr, betas, eps, weight_decay, foreach, adapt=adapt)
 
     def _step_group(self, group, params):
         beta1, beta2 = group["betas"]
-        updates = []
-        for p in params:
-            s = self._advance(p)
-            updates.append(F.lamb_update(p, p.grad, s["exp_avg"], s["exp_avg_sq"], step=s["step"], beta1=beta1,
-                                         beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"]))
-        ratios = self.trust_ratios(params, updates) if group["adapt"] else [1.0] * len(params)
-        for p, update, ratio in zip(params, updates, ratios):
-            F.lamb_apply(p, update, ratio, group["lr"])
+        ordered, updates = [], []
+        for step, *tensors in self._batches(params, self.foreach):
+            ordered += tensors[0]
+            updates += F.lamb_update(*tensors, step=step, beta1=beta1, beta2=beta2, eps=group["eps"],
+                                     weight_decay=group["weight_decay"])
+        ratios = self.trust_ratios(ordered, updates) if group["adapt"] else None
+        if self.foreach:
+            F.lamb_apply(ordered, updates, ratios, group["lr"])
+            return
+        for i, (p, update) in enumerate(zip(ordered, updates)):
+            F.lamb_apply([p], [update], None if ratios is None else [ratios[i]], group["lr"])
 
     def trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor]) -> list[torch.Tensor]:
         """One trust ratio per tensor (0-d), or per element when a tensor packs pieces of several parameters."""

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
 from pretrain import device as dev
+from pretrain.optim.norms import sum_of_squares
 from pretrain.optim.optimizers import trust_ratios
 from pretrain.parallel import mcore
 
@@ -54,6 +55,7 @@ class Layout:
         self.partitioned = partitioned
         self.owner = partitioned or mcore.dp_rank() == 0
         self._segments = {id(t): segs for t, segs in tensors}
+        self._runs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---- building from a DeepSpeed engine ------------------------------------------------------------
 
@@ -81,12 +83,17 @@ class Layout:
 
     def sums_of_squares(self, tensors: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
         """Each named parameter's whole sum of squares (fp32, indexed like `names`) of `values`, which are laid
-        out like the optimizer tensors `tensors` (the tensors themselves, their updates, ...)."""
-        sums = torch.zeros(len(self.names), dtype=torch.float32, device=values[0].device if values else None)
+        out like the optimizer tensors `tensors` (the tensors themselves, their updates, ...): one multi-tensor
+        norm over every segment of every tensor, added up per parameter."""
+        pieces, owners = [], []
         for t, v in zip(tensors, values):
             flat = v.reshape(-1)
             for s in self.segments(t):
-                sums[self.index[s.name]] += flat[s.offset:s.offset + s.length].float().square().sum()
+                pieces.append(flat[s.offset:s.offset + s.length])
+                owners.append(self.index[s.name])
+        sums = torch.zeros(len(self.names), dtype=torch.float32, device=values[0].device if values else None)
+        if pieces:
+            sums.index_add_(0, torch.tensor(owners, device=sums.device), sum_of_squares(pieces))
         if self.partitioned:
             dev.all_reduce(sums, mcore.dp_group())
         if mcore.tp_size() > 1:
@@ -96,15 +103,34 @@ class Layout:
         return sums
 
     def trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor]) -> list[torch.Tensor]:
-        """LAMB's ||w|| / ||u|| of each whole parameter, spread over the elements of the optimizer tensors."""
+        """LAMB's ||w|| / ||u|| of each whole parameter: a 0-d tensor for an optimizer tensor that is one whole
+        parameter, else spread over its elements (1 on elements that belong to no parameter)."""
         ratio = trust_ratios(self.sums_of_squares(params, params), self.sums_of_squares(params, updates))
+        ratio = torch.cat([ratio, ratio.new_ones(1)])
         out = []
         for t in params:
-            r = torch.ones(t.numel(), dtype=t.dtype, device=t.device)
-            for s in self.segments(t):
-                r[s.offset:s.offset + s.length] = ratio[self.index[s.name]]
-            out.append(r.view_as(t))
+            owners, lengths = self._pieces(t)
+            out.append(ratio[owners[0]] if len(owners) == 1 else
+                       torch.repeat_interleave(ratio[owners], lengths, output_size=t.numel()).view_as(t))
         return out
+
+    def _pieces(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The parameter index (len(names) for gaps) and length of each run of `t`'s elements, on its device."""
+        key = id(t)
+        if key not in self._runs:
+            owners, lengths, end = [], [], 0
+            for s in sorted(self.segments(t), key=lambda s: s.offset):
+                if s.offset > end:
+                    owners.append(len(self.names))
+                    lengths.append(s.offset - end)
+                owners.append(self.index[s.name])
+                lengths.append(s.length)
+                end = s.offset + s.length
+            if end < t.numel():
+                owners.append(len(self.names))
+                lengths.append(t.numel() - end)
+            self._runs[key] = (torch.tensor(owners, device=t.device), torch.tensor(lengths, device=t.device))
+        return self._runs[key]
 
 
 def undo_construction_step(engine) -> None:

@@ -1,0 +1,84 @@
+"""Training throughput on one GPU: ptm next to Hugging Face (eager and compiled) and megatron-core's own models,
+BERT-large phase 1 and 2 (seq 128 and 512) and GPT-2 medium (seq 1024), fp16 and bf16.
+
+    python bench/gpu_step.py [--cases bert-large-128 ...] [--precisions bf16 fp16] [--steps 10] [--tiny]
+
+Per case and precision, one row per implementation: samples/s, tokens/s, model TFLOP/s, MFU (model FLOPs from
+`pretrain.plan.model_flops_per_sample`, the formula in docs/performance.md, the same for every row: useful
+work, not what each implementation happens to compute) and peak memory. ptm runs as `ptm train` does
+(`kernels=auto`: compiled blocks on CUDA; ZeRO-1; LAMB for BERT as in NVIDIA's recipe, AdamW for GPT-2).
+A row that cannot run (out of memory, a missing library) prints why and the others go on. `--tiny` shrinks
+every model to a few layers so the script can be checked on a CPU (tests/test_bench.py does).
+"""
+from __future__ import annotations
+
+import argparse
+import traceback
+
+import torch
+
+from pretrain import plan
+from step_runs import hf_step, mcore_step, ptm_config, ptm_step, seconds
+
+CASES = {  # name: (preset, seq_len, micro batch, optimizer)
+    "bert-large-128": ("bert-large", 128, 64, "lamb"),
+    "bert-large-512": ("bert-large", 512, 16, "lamb"),
+    "gpt2-medium-1024": ("gpt2-medium", 1024, 8, "adamw"),
+}
+TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=2", "model.ffn_hidden_size=256"]
+
+
+def config(case: str, precision: str, tiny: bool, kernels: str = "auto"):
+    preset, seq, batch, opt = CASES[case]
+    vocab = 50257 if preset.startswith("gpt2") else 30522
+    seq = min(seq, 64) if tiny else seq
+    cfg = ptm_config(preset, [f"precision={precision}", f"model.vocab_size={vocab}", f"data.seq_len={seq}",
+                              f"model.max_position_embeddings={max(seq, 512 if vocab == 30522 else 1024)}",
+                              f"train.global_batch_size={2 if tiny else batch}", f"train.micro_batch_size={2 if tiny else batch}",
+                              f"optimizer.name={opt}", "zero.stage=1", f"kernels={kernels}", *(TINY if tiny else [])])
+    return cfg, (2 if tiny else batch)
+
+
+def row(name: str, make, cfg, batch: int, steps: int, device) -> str:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        s = seconds(make(), steps, device)
+    except Exception as e:  # noqa: BLE001 - a row that cannot run says why; the others go on
+        traceback.print_exc(limit=2)
+        return f"{name:<18}  could not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+    samples = batch / s
+    flops = plan.model_flops_per_sample(cfg.model, cfg.data.seq_len, plan.predicted_tokens(cfg)) * samples
+    device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    mfu = plan.mfu(flops, device_name, cfg.precision)
+    memory = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+    return (f"{name:<18}{samples:>10.1f}{samples * cfg.data.seq_len:>12.0f}{flops / 1e12:>9.1f}"
+            f"{'' if mfu is None else f'{100 * mfu:.1f}%':>8}{memory:>9.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--precisions", nargs="*", default=["bf16", "fp16"], choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per row (median reported)")
+    parser.add_argument("--tiny", action="store_true", help="2-layer models, short sequences: check the script on a CPU")
+    args = parser.parse_args()
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print(f"{name}, torch {torch.__version__}")
+    for case in args.cases:
+        for precision in args.precisions:
+            cfg, batch = config(case, precision, args.tiny)
+            eager, _ = config(case, precision, args.tiny, "eager")
+            print(f"\n{case} {precision}, micro batch {batch}")
+            print(f"{'':<18}{'samples/s':>10}{'tokens/s':>12}{'TFLOP/s':>9}{'MFU':>8}{'mem GiB':>9}")
+            print(row("ptm", lambda: ptm_step(cfg, batch), cfg, batch, args.steps, device))
+            print(row("ptm eager", lambda: ptm_step(eager, batch), cfg, batch, args.steps, device))
+            print(row("HF eager", lambda: hf_step(cfg, batch, compiled=False), cfg, batch, args.steps, device))
+            print(row("HF compiled", lambda: hf_step(cfg, batch, compiled=True), cfg, batch, args.steps, device))
+            print(row("megatron-core", lambda: mcore_step(cfg, batch), cfg, batch, args.steps, device))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Unpadded masked-LM batches: the samples of a padded micro-batch packed into as few rows of `seq_len` as
+their lengths allow (first-fit decreasing), so compute is spent on tokens rather than on padding.
+
+Each packed row carries, per token, `position_ids` (restarting at 0 for each sample) and `sample_index` (1, 2,
+... for the samples of the row, 0 for padding); the model attends within a sample only (a block-diagonal mask),
+so every real token sees exactly what it saw in the padded row. Per-sample fields (`next_sentence_label`) keep
+their order and `cls_index` gives each sample's first token as a flat index into the [rows, seq_len] grid. The
+loss terms are sums over the same labelled tokens and samples, so they equal the padded batch's.
+"""
+from __future__ import annotations
+
+import torch
+
+TOKEN_FIELDS = ("input_ids", "token_type_ids", "task_type_ids", "labels")
+
+
+def rows_for(lengths: list[int], seq_len: int) -> list[list[int]]:
+    """Sample indices per row, first-fit decreasing (longest first; ties by index, so it is deterministic)."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        row = next((r for r, space in enumerate(free) if space >= lengths[i]), None)
+        if row is None:
+            rows.append([])
+            free.append(seq_len)
+            row = len(rows) - 1
+        rows[row].append(i)
+        free[row] -= lengths[i]
+    return rows
+
+
+def pack(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The packed form of a padded masked-LM micro-batch (fields [b, seq_len] with `attention_mask`)."""
+    b, seq_len = batch["input_ids"].shape
+    lengths = batch["attention_mask"].sum(1).tolist()
+    rows = rows_for(lengths, seq_len)
+    out = {k: torch.zeros(len(rows), seq_len, dtype=batch[k].dtype) for k in TOKEN_FIELDS if k in batch}
+    out["labels"].fill_(-100)
+    out["position_ids"] = torch.zeros(len(rows), seq_len, dtype=torch.long)
+    out["sample_index"] = torch.zeros(len(rows), seq_len, dtype=torch.long)
+    cls_index = torch.zeros(b, dtype=torch.long)
+    for r, members in enumerate(rows):
+        at = 0
+        for k, i in enumerate(members, start=1):
+            n = lengths[i]
+            for field in out.keys() & set(TOKEN_FIELDS):
+                out[field][r, at:at + n] = batch[field][i, :n]
+            out["position_ids"][r, at:at + n] = torch.arange(n)
+            out["sample_index"][r, at:at + n] = k
+            cls_index[i] = r * seq_len + at
+            at += n
+    out["cls_index"] = cls_index
+    out.update({k: v for k, v in batch.items() if k not in out and k != "attention_mask"})
+    return out
+
+
+def padding_fraction(batch: dict[str, torch.Tensor]) -> float:
+    """The fraction of the batch's token slots that hold padding (packed or padded)."""
+    real = batch["sample_index"] > 0 if "sample_index" in batch else batch.get("attention_mask")
+    return 0.0 if real is None else 1.0 - float(real.float().mean())
