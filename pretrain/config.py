@@ -98,8 +98,8 @@ class DataConfig:
     short_seq_prob: float = _opt(0.1, "probability of a shorter sequence (BERT's short_seq_prob)")
     pack_documents: bool = _opt(True, "clm: concatenate documents into full windows (Megatron); false: a window never "
                                       "crosses a document's end and the last one is padded")
-    unpadded: bool = _opt(False, "masked LM: pack each micro batch's samples into as few rows as their lengths allow, "
-                                 "attention kept within a sample (same loss, less padding; BERT-style objectives)")
+    unpadded: bool = _opt(False, "BERT/ERNIE: pack each micro batch's samples into as few rows as their lengths allow, "
+                                 "attention kept within a sample (same loss, less padding)")
     valid_fraction: float = _opt(0.001, "fraction of documents held out for evaluation")
     num_workers: int = _opt(2, "data loader worker processes per rank")
 
@@ -578,9 +578,9 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(o.min_lr <= o.lr, f"optimizer.min_lr={o.min_lr} exceeds optimizer.lr={o.lr}; lower optimizer.min_lr")
     errors.need(d.pack_documents or d.objective == "clm",
                 f"data.pack_documents=false applies to data.objective=clm, not {d.objective}; remove it")
-    errors.need(not d.unpadded or d.objective in ("mlm_nsp", "mlm_sop", "mlm"),
-                f"data.unpadded=true packs masked-LM samples, not data.objective={d.objective} (GPT-2 windows are "
-                f"packed by data.pack_documents; ERNIE 2.0's multi-task batches are not packed yet); remove it")
+    errors.need(not d.unpadded or d.objective != "clm",
+                "data.unpadded=true packs BERT and ERNIE samples; GPT-2 windows are packed by data.pack_documents; "
+                "remove data.unpadded")
     errors.need(not cfg.zero.offload or cfg.zero.stage >= 1,
                 "zero.offload needs ZeRO; set zero.stage=1 (or higher) or zero.offload=false")
     errors.need(cfg.precision != "bf16" or cfg.grad_accum_dtype == "bf16" or cfg.zero.stage >= 1,

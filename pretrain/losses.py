@@ -58,9 +58,10 @@ def _selections(batch: dict, arch: str, tasks=()) -> dict[str, torch.Tensor]:
         from pretrain.models.ernie_heads import SEQUENCE_TASKS, TOKEN_TASKS
 
         out = {"mlm": batch["labels"] != -100} if "knowledge_masking" in tasks else {}
+        token_task = batch["token_task"] if "token_task" in batch else batch["task"][:, None]  # packed or padded
         for name in TOKEN_TASKS:
             if name in tasks:
-                out[name] = (batch["task"] == TASKS.index(name))[:, None] & (batch["token_labels"] != -100)
+                out[name] = (token_task == TASKS.index(name)) & (batch["token_labels"] != -100)
         for name in [*SEQUENCE_TASKS, "discourse_relation", "ir_relevance"]:
             if name in tasks:
                 out[name] = batch["task"] == TASKS.index(name)
@@ -134,8 +135,8 @@ def _ernie(model, batch: dict, select: dict[str, torch.Tensor]) -> dict[str, Ter
     """ERNIE 2.0: one term per task of the stage. Every head of the stage runs on every rank, on no rows when
     the batch has none of its samples, so that ranks make the same ZeRO-3 gathers and gradient reductions
     whatever their data."""
-    h = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["task_type_ids"],
-              hidden=True)["hidden"]
+    h = model(batch["input_ids"], batch.get("attention_mask"), batch["token_type_ids"], batch["task_type_ids"],
+              hidden=True, position_ids=batch.get("position_ids"), sample_index=batch.get("sample_index"))["hidden"]
     terms = {}
     if "mlm" in select:
         masked = select["mlm"]
@@ -144,7 +145,7 @@ def _ernie(model, batch: dict, select: dict[str, torch.Tensor]) -> dict[str, Ter
         if name in select:
             rows = select[name]
             terms[name] = _class_term(head(h[rows]), batch["token_labels"][rows])
-    pooled = model.pooled(h)
+    pooled = model.pooled(h, batch.get("cls_index"))
     for name, head in model.tasks.sequence.items():
         if name in select:
             rows = select[name]

@@ -49,6 +49,8 @@ def trained(train_data, tmp_path_factory):
     one["bert-s128-mb8"] = run("bert", train_data, *s128, "zero.stage=1", "train.micro_batch_size=8")
     one["bert-s128-mb8-unpadded"] = run("bert", train_data, *s128, "zero.stage=1", "train.micro_batch_size=8",
                                          "data.unpadded=true")
+    one.update({f"ernie-s128{suffix}": run("ernie", train_data, *s128, "zero.stage=1", *more)
+                for suffix, more in (("-ref", ()), ("-mb8-unpadded", ("train.micro_batch_size=8", "data.unpadded=true")))})
     one.update({f"{m}-fused-loss": run(m, train_data, "optimizer.name=lamb", "zero.stage=1", "fused_lm_loss=on")
                 for m in ("bert", "gpt2")})
     launch(out, one, nproc=1)
@@ -142,8 +144,10 @@ def test_gpt2_zero0_offload_and_a_partition_unaware_lamb(trained):
 
 
 def test_unpadded_batches_train_the_padded_weights_on_fewer_padding_slots(trained):
-    """Packed micro-batches of 8 (one process) and of 4 (TP=2 x DP=2, ZeRO-2) against padded micro-batches of 2."""
+    """Packed micro-batches of 8 (one process; BERT and ERNIE 2.0) and of 4 (TP=2 x DP=2, ZeRO-2) against padded
+    micro-batches of 2."""
     assert diff(trained, "bert", "s128-mb8-unpadded", "s128-ref") < 1e-5
+    assert diff(trained, "ernie", "s128-mb8-unpadded", "s128-ref") < 1e-5
     assert diff(trained, "bert", "s128-z2-unpadded", "s128-ref") < 1e-5
 
     def padding(name):

@@ -61,3 +61,42 @@ def test_packing_without_the_block_diagonal_mask_would_differ():
     leaky = model.encode(**fields, sample_index=(packed["sample_index"] > 0).long())  # one "sample" per row
     real = packed["sample_index"] > 0
     assert (right - leaky)[real].abs().max() > 1e-2
+
+
+def test_packed_ernie2_batch_gives_the_padded_task_terms_and_gradients():
+    """ERNIE 2.0: per-token tasks (capitalisation) select their tokens through each token's task, sequence tasks
+    (sentence distance) pool each sample's [CLS], knowledge masking is masked LM."""
+    from pretrain.data.ernie import TASKS, TASK_TYPE
+    from pretrain.models.ernie_heads import ErnieTaskHeads
+
+    tasks = ("knowledge_masking", "capitalization", "sentence_distance")
+    lengths = [16, 3, 9, 7, 5, 12]
+    batch = padded_batch(lengths)
+    del batch["next_sentence_label"]
+    g = torch.Generator().manual_seed(1)
+    task = torch.tensor([TASKS.index(tasks[i % 3]) for i in range(len(lengths))])
+    real = batch["attention_mask"].bool()
+    batch.update(task=task, seq_label=torch.randint(0, 3, (len(lengths),), generator=g),
+                 task_type_ids=torch.tensor([TASK_TYPE[TASKS[t]] for t in task])[:, None] * real,
+                 token_labels=torch.where(real & (task[:, None] == TASKS.index("capitalization")),
+                                          torch.randint(0, 2, real.shape, generator=g), -100))
+    batch["labels"] = torch.where(task[:, None] == TASKS.index("knowledge_masking"), batch["labels"], -100)
+    packed = pack(batch)
+    assert packed["input_ids"].shape[0] < len(lengths)
+    results = []
+    for b in (batch, packed):
+        mcore.initialize(tp=1, seed=0)
+        cfg = dataclasses.replace(tiny("ernie"), max_position_embeddings=16, task_type_vocab_size=3)
+        model = Pretraining(cfg).train()
+        model.tasks = ErnieTaskHeads(cfg.hidden_size, cfg.init_std)
+        terms = losses.compute(model, b, "ernie", tasks)
+        sum(t.loss for t in terms.values()).backward()
+        results.append((terms, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (padded, grads), (unpadded, packed_grads) = results
+    assert set(padded) == {"mlm", "capitalization", "sentence_distance"} == set(unpadded)
+    for name in padded:
+        assert int(padded[name].count) == int(unpadded[name].count) > 0, name
+        torch.testing.assert_close(unpadded[name].loss, padded[name].loss, rtol=1e-5, atol=1e-5, msg=name)
+    assert grads.keys() == packed_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
