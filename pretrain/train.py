@@ -23,7 +23,7 @@ from pretrain import kernels as K
 from pretrain.config import Config, ConfigError
 from pretrain.data.factory import build_sources
 from pretrain.data.loader import make_loader
-from pretrain.data.packing import pack, padding_fraction
+from pretrain.data.packing import padding_fraction
 from pretrain.models.ernie_heads import ErnieTaskHeads
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
@@ -177,9 +177,7 @@ class Trainer:
         return {"tflops": per_device / 1e12, **({"mfu": utilisation} if utilisation is not None else {})}
 
     def _to_device(self, batch: dict) -> dict:
-        """A micro-batch on this rank's device, packed first with `data.unpadded`."""
-        if self.cfg.data.unpadded:
-            batch = pack(batch)
+        """A micro-batch on this rank's device."""
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def train_step(self, micro_batches) -> dict:
@@ -190,7 +188,9 @@ class Trainer:
         gradient overflows are DeepSpeed's: the step is skipped)."""
         self.engine.train()
         tasks = self._tasks(self.step)
-        batches = [self._to_device(next(micro_batches)) for _ in range(self.accumulation)]
+        batches = [next(micro_batches) for _ in range(self.accumulation)]
+        padding = sum(map(padding_fraction, batches)) / len(batches)  # on the host: no device sync
+        batches = list(map(self._to_device, batches))
         counts = losses.global_counts([losses.elements(b, self.cfg.model.arch, tasks) for b in batches],
                                       mcore.dp_group())
         tally, finite = losses.Tally(), torch.ones((), device=self.device)
@@ -206,7 +206,7 @@ class Trainer:
         self.step += 1
         self.consumed += self.cfg.train.global_batch_size
         metrics = tally.metrics(mcore.dp_group())
-        metrics["padding"] = sum(map(padding_fraction, batches)) / len(batches)
+        metrics["padding"] = padding
         norm = self.engine.get_global_grad_norm()
         if norm is not None:
             metrics["grad_norm"] = float(norm)
@@ -248,7 +248,7 @@ class Trainer:
 
     def _loader(self, source, start: int, workers: int):
         return iter(make_loader(source, self.cfg.train.micro_batch_size, rank=self.dp_rank, world_size=self.dp,
-                                consumed_samples=start, num_workers=workers))
+                                consumed_samples=start, num_workers=workers, unpadded=self.cfg.data.unpadded))
 
     @torch.no_grad()
     def evaluate(self) -> dict:

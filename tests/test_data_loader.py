@@ -15,6 +15,7 @@ from pretrain.data.blend import BlendedDataset
 from pretrain.data.factory import build_sources
 from pretrain.data.gpt import GPTDataset
 from pretrain.data.loader import DistributedSampler, make_loader
+from pretrain.data.packing import pack
 from pretrain.objectives.masking import Masker
 
 
@@ -52,6 +53,13 @@ def test_same_batches_for_any_worker_count(bert):
     assert all(v.dtype == torch.int64 for v in batch.values()) and batch["input_ids"].shape == (8, 64)
     assert batch["next_sentence_label"].shape == (8,) and len(runs[0]) == 12
     assert equal(runs[0], runs[1]) and equal(runs[0], runs[2])
+
+
+def test_unpadded_batches_are_packed_in_the_workers(bert):
+    padded = collect(make_loader(bert, 8, total_samples=32, num_workers=0))
+    packed = collect(make_loader(bert, 8, total_samples=32, num_workers=2, unpadded=True))
+    assert "sample_index" in packed[0] and "attention_mask" not in packed[0]
+    assert equal(packed, [pack(b) for b in padded])
 
 
 def test_resume_from_consumed_samples_equals_the_tail_of_a_fresh_run(bert):

@@ -68,8 +68,10 @@ def choose(setting: str, device: torch.device, zero_stage: int) -> str:
 
 
 def compile_model(model: torch.nn.Module) -> None:
-    """torch.compile each transformer block and the MLM head in place (`Module.compile`): Inductor fuses the
-    elementwise work around the matmuls. The model's code is unchanged; eager is the reference."""
+    """torch.compile each transformer block in place (`Module.compile`): Inductor fuses the elementwise work
+    around the matmuls. The model's code is unchanged; eager is the reference. The loss is not compiled: at TP=1
+    liger-kernel's fused linear cross-entropy covers it, at TP>1 megatron-core's vocab-parallel cross-entropy
+    talks to the other ranks (a graph break)."""
     for block in model.blocks:
         block.compile()
 
