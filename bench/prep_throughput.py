@@ -1,7 +1,9 @@
-"""Throughput and peak memory of `python -m data_prep build` next to a Hugging Face `datasets` reference.
+"""Throughput and peak memory of `python -m data_prep build` next to two peers: a Hugging Face `datasets`
+reference and a Megatron-style pipeline.
 
 Run: `make bench`, or `.venv/bin/python bench/prep_throughput.py [--mb 16 --mb2 48 --lang both]`
-(needs the `bench` extra: datasets, psutil). Each corpus size is built by repeating the embedded corpus
+(needs the `bench` extra: datasets, psutil). ptm runs twice per size and worker count: the full build
+(`--structure full`, what BERT/ERNIE need) and `--structure none` (documents and token ids: a GPT corpus). Each corpus size is built by repeating the embedded corpus
 (`python -m data_prep corpus`), every copy made distinct so de-duplication keeps it. One sentencepiece
 model is trained up front (untimed) and used by every timed run. Every pipeline runs as a subprocess;
 its peak memory is the largest sum of RSS over the process and its children, polled every 0.05 s
@@ -24,13 +26,17 @@ MB = 1e6
 HEADER = """\
 ptm: `python -m data_prep build`: read JSONL, NFKC + whitespace cleaning, exact de-duplication (hashing),
      sentence splitting, word boundaries, phrase spans, sentencepiece tokenization, Arrow shards + manifest.
+     ptm-none: `--structure none`: read, clean, de-duplicate, tokenize each document whole, shards.
 ref: Hugging Face datasets: load_dataset("json") (JSON -> Arrow cache), .map(batched=True) with
      SentencePieceProcessor.encode on "text" (tokenization only), save_to_disk (Arrow).
+megatron: Megatron's preprocess_data.py pattern: a multiprocessing pool (json.loads + encode per document,
+     imap chunks of 32) feeding megatron-core's IndexedDatasetBuilder (.bin/.idx), no sentence splitting.
 Same corpus and sentencepiece model for both. MB = 10^6 bytes; corpus MB and MB/s count the UTF-8 text
-fields. tokens: each pipeline's own count (ptm's cleaning gives fewer). RSS: peak of the summed RSS of
-the process tree. x ref: ptm / ref at equal workers (MB/s: higher is faster; RSS: lower is leaner).
-sentencepiece threads: ref's encode uses every core in each process (its default); ptm divides the cores
-among its workers."""
+fields. tokens: each pipeline's own count (ptm's cleaning and de-duplication give fewer; sentence-split
+tokenization differs from whole-document tokenization). RSS: peak of the summed RSS of
+the process tree. x ref: pipeline / ref at equal workers (MB/s: higher is faster; RSS: lower is leaner).
+sentencepiece threads: ref's batched encode uses every core in each process (its default); ptm divides the
+cores among its workers; megatron encodes one document at a time in each worker."""
 
 
 def make_corpus(src: Path, lang: str, mb: float, path: Path) -> int:
@@ -85,6 +91,46 @@ def reference(corpus: str, model: str, num_proc: int, out: str) -> None:
     Path(out, "num_tokens").write_text(str(tokens))
 
 
+_SP = None
+
+
+def _megatron_init(model: str) -> None:
+    import sentencepiece
+
+    global _SP
+    _SP = sentencepiece.SentencePieceProcessor(model_file=model)
+
+
+def _megatron_encode(line: str):
+    text = json.loads(line)["text"]
+    ids = _SP.encode(text)
+    return ids, len(text.encode("utf-8"))
+
+
+def megatron(corpus: str, model: str, num_proc: int, out: str) -> None:
+    """Megatron-LM's tools/preprocess_data.py, reduced to its data path (runs in a child process): Pool(num_proc)
+    with a per-worker tokenizer, pool.imap(encode, lines, 32), megatron-core's IndexedDatasetBuilder."""
+    import multiprocessing
+
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder, get_bin_path, get_idx_path
+
+    _megatron_init(model)
+    prefix = os.path.join(out, "corpus_text_document")
+    os.makedirs(out, exist_ok=True)
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=DType.optimal_dtype(_SP.get_piece_size()))
+    tokens = 0
+    with open(corpus, encoding="utf-8") as fin, multiprocessing.Pool(num_proc, _megatron_init, (model,)) as pool:
+        for ids, _ in pool.imap(_megatron_encode, fin, 32):
+            builder.add_document(np.asarray(ids), [len(ids)])
+            tokens += len(ids)
+    builder.finalize(get_idx_path(prefix))
+    Path(out, "num_tokens").write_text(str(tokens))
+
+
+PIPELINES = ("ref", "megatron", "ptm", "ptm-none")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,9 +147,12 @@ def main() -> None:
                     help="ptm --shard-size (default 8MB): ptm buffers one shard, so with shards smaller than "
                          "the corpus its peak memory should not grow with the corpus")
     ap.add_argument("--reference", nargs=4, metavar=("CORPUS", "MODEL", "NUM_PROC", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--megatron", nargs=4, metavar=("CORPUS", "MODEL", "NUM_PROC", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.reference:
         return reference(a.reference[0], a.reference[1], int(a.reference[2]), a.reference[3])
+    if a.megatron:
+        return megatron(a.megatron[0], a.megatron[1], int(a.megatron[2]), a.megatron[3])
 
     with tempfile.TemporaryDirectory(prefix="ptm-bench-") as tmp:
         tmp = Path(tmp)
@@ -122,16 +171,18 @@ def main() -> None:
             corpus = tmp / f"corpus{mb:g}.jsonl"
             text_mb = make_corpus(tmp / "src", a.lang, mb, corpus) / MB
             for w in a.workers:
-                for name in ("ref", "ptm"):
+                for name in PIPELINES:
                     out = tmp / f"{name}-{mb:g}-{w}"
                     print(f"{name} workers={w} corpus={text_mb:.1f} MB ...", file=sys.stderr)
-                    if name == "ptm":
+                    if name.startswith("ptm"):
                         cmd = py + ["-m", "data_prep", "build", str(corpus), "--out", str(out), "--tokenizer", model,
-                                    "--workers", str(w), "--shard-size", a.shard_size, "--no-progress", "--overwrite"]
+                                    "--workers", str(w), "--shard-size", a.shard_size, "--no-progress", "--overwrite",
+                                    "--structure", "none" if name == "ptm-none" else "full"]
                     else:
-                        cmd = py + [__file__, "--reference", str(corpus), model, str(w), str(out)]
+                        cmd = py + [__file__, f"--{'reference' if name == 'ref' else name}", str(corpus), model,
+                                    str(w), str(out)]
                     secs, rss = measure(cmd, tmp / f"{out.name}.log", env)
-                    tokens = (json.loads((out / "manifest.json").read_text())["num_tokens"] if name == "ptm"
+                    tokens = (json.loads((out / "manifest.json").read_text())["num_tokens"] if name.startswith("ptm")
                               else int((out / "num_tokens").read_text()))
                     rows.append(dict(name=name, w=w, mb=text_mb, secs=secs, mbs=text_mb / secs,
                                      tps=tokens / secs, rss=rss / MB))
@@ -144,7 +195,7 @@ def main() -> None:
     print(cols + f"{'x ref MB/s':>12}{'x ref RSS':>11}")
     for r in rows:
         ref = next(x for x in rows if x["name"] == "ref" and x["w"] == r["w"] and x["mb"] == r["mb"])
-        ratio = f"{r['mbs'] / ref['mbs']:>12.2f}{r['rss'] / ref['rss']:>11.2f}" if r["name"] == "ptm" else ""
+        ratio = f"{r['mbs'] / ref['mbs']:>12.2f}{r['rss'] / ref['rss']:>11.2f}" if r["name"] != "ref" else ""
         print(f"{r['name']:<9}{r['w']:>8}{r['mb']:>11.1f}{r['secs']:>9.1f}{r['mbs']:>8.2f}{r['tps']:>11,.0f}"
               f"{r['rss']:>13.0f}{ratio}")
 

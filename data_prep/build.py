@@ -31,8 +31,8 @@ import pyarrow as pa
 from data_prep import PrepError
 from data_prep import text as T
 from data_prep.encode import DocEncoder
-from data_prep.shards import SHARD_SUFFIX, ShardWriter, write_table_atomic
-from data_prep.sources import Fields, detect_format, expand_inputs, read_records
+from data_prep.shards import SHARD_SUFFIX, ShardWriter, to_numpy, write_table_atomic
+from data_prep.sources import Fields, detect_format, expand_inputs, parse_jsonl, read_records
 from data_prep.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
 from ptm.files import sha256_file, write_json, write_text
 
@@ -115,21 +115,29 @@ def _entities(path: str | None, opts: T.TextOptions) -> list[str]:
 # ---- records -> outcomes, in worker processes -------------------------------------------------------
 
 _ENCODER: DocEncoder | None = None
+_FIELDS: Fields | None = None
 
 
-def _init_worker(tok_dir: str, threads: int, text_opts: T.TextOptions, entities: list[str]) -> None:
-    global _ENCODER
+def _init_worker(tok_dir: str, threads: int, text_opts: T.TextOptions, entities: list[str], fields: Fields) -> None:
+    global _ENCODER, _FIELDS
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _ENCODER = DocEncoder(load_tokenizer(tok_dir, threads), text_opts, entities)
+    _ENCODER, _FIELDS = DocEncoder(load_tokenizer(tok_dir, threads), text_opts, entities), fields
 
 
 def _process(item):
-    """(records, meta) -> (outcomes, meta, EncodedChunk); an outcome is ("error", msg), ("short"|"long",
-    None) or ("doc", index in the chunk). `meta` rides along so results come back with their file and line."""
+    """(records, meta) -> (outcomes, meta, labels, EncodedChunk); a record is (text, error, label) or a raw
+    JSONL line (bytes, path), parsed here; an outcome is ("error", msg), ("short"|"long", None) or ("doc",
+    index in the chunk). `meta` ((file index, line, bytes) per record) rides along so that results come back
+    with their file and line."""
     chunk, meta = item
     opts = _ENCODER.opts
-    out, keep, texts = [], [], []
-    for text, error in chunk:
+    out, keep, texts, labels = [], [], [], []
+    for record, (index, line, _) in zip(chunk, meta):
+        if len(record) == 2:
+            r = parse_jsonl(*record, index, line, _FIELDS)
+            record = r.text, r.error, r.label
+        text, error, label = record
+        labels.append(label)
         if error:
             out.append(("error", error))
             continue
@@ -145,16 +153,18 @@ def _process(item):
     encoded = _ENCODER.encode(texts) if texts else None
     for k, i in enumerate(keep):
         out[i] = ("doc", k) if encoded.tok_off[k + 1] > encoded.tok_off[k] else ("short", None)
-    return out, meta, encoded
+    return out, meta, labels, encoded
 
 
-def _chunks(records, size_chars: int = 1 << 20, max_records: int = 256):
+def _chunks(records, size_bytes: int = 1 << 20, max_records: int = 256):
+    """Records in chunks of about `size_bytes` for the workers; raw JSONL lines travel unparsed."""
     chunk, meta, n = [], [], 0
     for r in records:
-        chunk.append((r.text, r.error))
-        meta.append((r.file_index, r.line, len(r.text or ""), r.label))
-        n += len(r.text or "")
-        if n >= size_chars or len(chunk) >= max_records:
+        size = len(r.raw) if r.raw is not None else len(r.text or "")
+        chunk.append((r.raw, r.path) if r.raw is not None else (r.text, r.error, r.label))
+        meta.append((r.file_index, r.line, size))
+        n += size
+        if n >= size_bytes or len(chunk) >= max_records:
             yield chunk, meta
             chunk, meta, n = [], [], 0
     if chunk:
@@ -297,7 +307,7 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
             if not e["file"]:
                 continue
             with pa.memory_map(os.path.join(out, e["file"])) as src:
-                seen.update(pa.ipc.open_file(src).get_batch(0).column("doc_hash").to_numpy().tolist())
+                seen.update(to_numpy(pa.ipc.open_file(src).get_batch(0).column("doc_hash")).tolist())
     if done:
         _log(f"partition {p}: resuming after {len(done)} intact shards ({cursor:,} records)")
 
@@ -305,9 +315,9 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
     entities = _entities(opts.entities, opts.text)
     threads = max(1, (os.cpu_count() or 1) // max(opts.workers, 1))
     records = islice(read_records(files, first_index, fmt=opts.format, fields=opts.fields,
-                                  doc_boundary=opts.doc_boundary), cursor, None)
+                                  doc_boundary=opts.doc_boundary, raw=True), cursor, None)
     chunks = _chunks(records)
-    init = (os.path.join(out, "tokenizer"), threads, opts.text, entities)
+    init = (os.path.join(out, "tokenizer"), threads, opts.text, entities, opts.fields)
     pool = None
     if opts.workers > 1:
         ctx = mp.get_context("spawn" if "mpi4py" in sys.modules else "fork")
@@ -324,8 +334,11 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
     rejects: list[str] = []
     unk = [0, 0]  # unk tokens, tokens over the first UNK_CHECK_DOCS documents
     try:
-        for outcomes, meta, encoded in results:
-            for (kind, payload), (file_index, line, nchars, label) in zip(outcomes, meta):
+        for outcomes, meta, labels, encoded in results:
+            if encoded is not None:  # per-document facts as Python lists: cheap to index one at a time
+                sizes, hashes = writer.sizes(encoded).tolist(), encoded.hashes.tolist()
+                tokens, chars, unks = np.diff(encoded.tok_off).tolist(), encoded.chars.tolist(), encoded.unk.tolist()
+            for (kind, payload), (file_index, line, nbytes), label in zip(outcomes, meta, labels):
                 if kind == "error":
                     if opts.on_error == "fail":
                         raise _unreadable(payload)
@@ -335,28 +348,27 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
                         rejects.append(payload)
                 elif kind in ("short", "long"):
                     stats[f"filtered_{kind}"] += 1
-                elif opts.dedup and int(encoded.hashes[payload]) in seen:
+                elif opts.dedup and hashes[payload] in seen:
                     stats["duplicates"] += 1
                 else:
-                    doc = encoded.doc(payload)
-                    if writer.full_for(doc):  # the journal entry covers the records before this one
+                    if writer.full_for(sizes[payload]):  # the journal entry covers the records before this one
                         _journal_shard(out, p, journal, writer.flush(), cursor, stats, rejects)
                         rejects = []
-                    writer.add(doc, file_index, line, label)
+                    writer.add(encoded, payload, sizes[payload], file_index, line, label)
                     if opts.dedup:
-                        seen.add(doc.doc_hash)
+                        seen.add(hashes[payload])
                     stats["documents"] += 1
-                    stats["tokens"] += len(doc.input_ids)
-                    stats["chars"] += doc.chars
+                    stats["tokens"] += tokens[payload]
+                    stats["chars"] += chars[payload]
                     if stats["documents"] <= UNK_CHECK_DOCS:
-                        unk[0] += doc.unk
-                        unk[1] += len(doc.input_ids)
+                        unk[0] += unks[payload]
+                        unk[1] += tokens[payload]
                         if stats["documents"] == UNK_CHECK_DOCS:
                             _check_unk(tok, opts, *unk)
                 cursor += 1
                 stats["records"] += 1
                 if bar is not None:
-                    bar.advance(file_index, nchars, stats)
+                    bar.advance(file_index, nbytes, stats)
         if stats["documents"] < UNK_CHECK_DOCS:
             _check_unk(tok, opts, *unk)
         journal["done"] = True
@@ -417,12 +429,12 @@ class _Progress:
         self.t0 = self.logged = time.time()
         self.file, self.in_file, self.done_bytes = 0, 0, 0
 
-    def advance(self, file_index: int, nchars: int, stats: dict) -> None:
+    def advance(self, file_index: int, nbytes: int, stats: dict) -> None:
         local = file_index - self.first
         while self.file < local:
             self.done_bytes += self.sizes[self.file]
             self.file, self.in_file = self.file + 1, 0
-        self.in_file += nchars
+        self.in_file += nbytes
         pos = self.done_bytes + min(self.in_file, self.sizes[local])
         if pos > self.bar.n:
             self.bar.update(pos - self.bar.n)
@@ -472,6 +484,12 @@ def build(opts: BuildOptions) -> dict | None:
         raise PrepError(f"--partition {opts.partition} is outside 0..{opts.num_partitions - 1}")
     if not 1 << 12 <= opts.shard_size <= 1 << 30:
         raise PrepError(f"--shard-size {opts.shard_size} must be between 4 KiB and 1 GiB")
+    structure = opts.text.structure
+    if opts.pair_field and not T.has(structure, "sentences"):
+        raise PrepError(f"--pair-field needs sentences (the pair's second text starts one); --structure {structure} "
+                        "keeps none: pass --structure sentences or more")
+    if opts.entities and not T.has(structure, "full"):
+        raise PrepError(f"--entities records entity spans, which only --structure full keeps (not {structure})")
     files = expand_inputs(opts.inputs, opts.format)
     manifest_path = os.path.join(opts.out, MANIFEST)
     if os.path.isfile(manifest_path) and (comm is None or comm.rank == 0):
@@ -548,7 +566,7 @@ def _dedup_across_partitions(out: str, journals: list[dict]) -> int:
             path = os.path.join(out, entry["file"])
             with pa.memory_map(path) as src:
                 batch = pa.ipc.open_file(src).get_batch(0)
-                hashes = batch.column("doc_hash").to_numpy()
+                hashes = to_numpy(batch.column("doc_hash"))
                 keep = np.ones(len(hashes), dtype=bool)
                 for i, h in enumerate(hashes.tolist()):
                     keep[i] = h not in seen
@@ -605,7 +623,7 @@ def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None
     max_label = -1
     for shard in shards:
         with pa.memory_map(os.path.join(out, shard["file"])) as src:
-            labels = pa.ipc.open_file(src).get_batch(0).column("label").to_numpy()
+            labels = to_numpy(pa.ipc.open_file(src).get_batch(0).column("label"))
             max_label = max(max_label, int(labels.max()) if len(labels) else -1)
     rejects = [r for j in journals for e in j["shards"] for r in e["rejects"]]
     if rejects:

@@ -7,7 +7,7 @@ import sys
 import time
 
 from data_prep import PrepError
-from data_prep.text import TextOptions
+from data_prep.text import STRUCTURES, TextOptions
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -53,7 +53,8 @@ def _tokenizer_options(p: argparse.ArgumentParser) -> None:
 
 
 def _text_options(a) -> TextOptions:
-    return TextOptions(nfkc=a.nfkc, whitespace=a.whitespace, min_chars=a.min_chars, max_chars=a.max_chars)
+    return TextOptions(nfkc=a.nfkc, whitespace=a.whitespace, min_chars=a.min_chars, max_chars=a.max_chars,
+                       structure=getattr(a, "structure", "full"))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -73,6 +74,12 @@ def parser() -> argparse.ArgumentParser:
                    help="unreadable records (invalid UTF-8, malformed JSON, missing field): stop with the file "
                         "and line (default), or skip them, counting each in the summary and rejects.txt")
     g.add_argument("--entities", metavar="FILE", help="entity dictionary, one entity per line (ERNIE entity spans)")
+    g.add_argument("--structure", choices=STRUCTURES, default="full",
+                   help="what to record besides documents and token ids, each level adding to the one before: "
+                        "none (GPT-style corpora: each document tokenized whole, the fastest build), sentences "
+                        "(BERT sentence pairs, token masking), words (whole-word and span masking), full (ERNIE "
+                        "phrase and entity spans; default). Training refuses a dataset that lacks what its "
+                        "objective and masking need")
     g = b.add_argument_group("tokenizer")
     g.add_argument("--tokenizer", metavar="PATH",
                    help="reuse a tokenizer: sentencepiece .model, WordPiece vocab.txt, GPT-2 vocab.json (+merges.txt), "

@@ -17,6 +17,11 @@ from data_prep import PrepError
 _LIST_COLUMNS = ("input_ids", "sentence_starts", "word_start", "phrase_spans", "entity_spans")
 
 
+def structure_of(manifest: dict) -> str:
+    """A manifest's `--structure` (datasets built before the option recorded everything)."""
+    return manifest.get("options", {}).get("text", {}).get("structure", "full")
+
+
 def _open_shard(directory: str, entry: dict) -> pa.RecordBatch:
     """A shard's record batch, memory-mapped, after cheap checks against its manifest entry (file size,
     Arrow IPC footer, row count); hashing every byte is left to `verify`."""
@@ -72,6 +77,11 @@ class Corpus:
 
     def __len__(self) -> int:
         return int(self._first[-1])
+
+    @property
+    def structure(self) -> str:
+        """What the build recorded (`build --structure`; data_prep.text.STRUCTURES)."""
+        return structure_of(self.manifest)
 
     @property
     def vocab_size(self) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 from data_prep import text as T
 from data_prep.tokenizer import Tokenizer
 
-_WS = np.array([ord(c) for c in " \t\n\r\x0b\x0c\xa0\u3000"], dtype=np.uint32)
+_WS = " \t\n\r\x0b\x0c\xa0\u3000"
 _SEP = "\n\n"  # between documents of a chunk: ends phrases, and no word spans it
 
 
@@ -41,28 +41,12 @@ class EncodedChunk:
     def __len__(self) -> int:
         return len(self.hashes)
 
-    def doc(self, i: int) -> "EncodedDoc":
-        a, b = self.tok_off[i], self.tok_off[i + 1]
-        return EncodedDoc(
-            input_ids=self.ids[a:b], word_start=self.word_start[a:b],
-            sentence_starts=self.sentences[self.sent_off[i]:self.sent_off[i + 1]],
-            phrase_spans=self.phrases[self.phr_off[i]:self.phr_off[i + 1]],
-            entity_spans=self.entities[self.ent_off[i]:self.ent_off[i + 1]],
-            doc_hash=int(self.hashes[i]), chars=int(self.chars[i]), unk=int(self.unk[i]),
-            pair_start=int(self.pair_start[i]))
-
-
-@dataclass
-class EncodedDoc:
-    input_ids: np.ndarray  # int64, narrowed when written
-    sentence_starts: np.ndarray  # int32 token index of each sentence's first token
-    word_start: np.ndarray  # uint8, 1 where a token begins a word
-    phrase_spans: np.ndarray  # int32 [start0, end0, start1, end1, ...], end exclusive
-    entity_spans: np.ndarray  # int32, same layout
-    doc_hash: int  # 63-bit hash of the normalised text (exact de-duplication)
-    chars: int
-    unk: int  # tokens mapped to [UNK]
-    pair_start: int = 0  # token index where the second paragraph starts, 0 if none
+    def ragged(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The list columns of the shard schema as (values, per-document offsets into them)."""
+        words = self.tok_off if len(self.word_start) else np.zeros_like(self.tok_off)
+        return {"input_ids": (self.ids, self.tok_off), "sentence_starts": (self.sentences, self.sent_off),
+                "word_start": (self.word_start, words), "phrase_spans": (self.phrases, self.phr_off),
+                "entity_spans": (self.entities, self.ent_off)}
 
 
 def doc_hash(text: str) -> int:
@@ -98,75 +82,95 @@ class DocEncoder:
         return self._cjk
 
     def encode(self, texts: list[str]) -> EncodedChunk:
-        """Encode documents whose text is already normalised and non-empty."""
+        """Encode documents whose text is already normalised and non-empty, recording the structure that
+        `opts.structure` asks for (the other structure columns stay empty)."""
+        if not T.has(self.opts.structure, "sentences"):
+            return self._documents(texts)
+        words = T.has(self.opts.structure, "words")
         # Sentences: sentencepiece and WordPiece ignore leading whitespace (a paragraph break would
         # become a "\n" piece in sentencepiece), byte-level BPE keeps it, as GPT-2 does.
         strip = self.tok.kind != "bpe"
         doc_base = np.cumsum([0] + [len(t) + len(_SEP) for t in texts])[:-1]
         chunk = _SEP.join(texts)
-        spans = T.sentence_spans(chunk, doc_starts=set(doc_base[1:].tolist()))
-        segments, seg_base = [], np.zeros(len(spans), dtype=np.int64)
-        paragraph = np.zeros(len(spans), dtype=bool)  # a sentence that opens a paragraph (not the first)
-        for i, (a, b) in enumerate(spans):
-            seg = chunk[a:b]
-            body = seg.lstrip()
-            paragraph[i] = "\n" in seg[:len(seg) - len(body)]
-            segments.append(body if strip else seg)
-            seg_base[i] = b - len(segments[-1])
-        seg_doc = np.searchsorted(doc_base, seg_base, side="right") - 1
-        ids, counts, starts, ends = self.tok.encode(segments)
-        seg_of = np.repeat(np.arange(len(segments)), counts)
-        starts = starts + seg_base[seg_of]
-        ends = ends + seg_base[seg_of]
-
-        # Position of each token in the chunk: its last character, or for a whitespace-only or zero-width
-        # piece (sentencepiece's lone "▁") the character after it, so it joins the word that follows.
         codes = np.frombuffer(chunk.encode("utf-32-le"), dtype=np.uint32)
-        content = np.concatenate([[0], np.cumsum(~np.isin(codes, _WS))])
-        pos = np.where(content[ends] > content[starts], ends - 1, ends)
-
+        spans = np.array(T.sentence_spans(chunk, set(doc_base[1:].tolist()), codes), dtype=np.int64).reshape(-1, 2)
+        content = np.flatnonzero(~T.spaces(codes))
+        body = content[np.searchsorted(content, spans[:, 0])]  # a sentence's first non-space character
+        newlines = np.concatenate([[0], np.cumsum(codes == 10)])
+        paragraph = newlines[body] > newlines[spans[:, 0]]  # a sentence that opens a paragraph (not the first)
+        seg_base = body if strip else spans[:, 0]
+        segments = [chunk[a:b] for a, b in zip(seg_base.tolist(), spans[:, 1].tolist())]
+        seg_doc = np.searchsorted(doc_base, seg_base, side="right") - 1
+        ids, counts, starts, ends = self.tok.encode(segments, offsets=words)
         doc_counts = np.bincount(seg_doc, weights=counts, minlength=len(texts)).astype(np.int64)
         doc_first = np.cumsum(doc_counts) - doc_counts
-        wstarts, wends = T.word_spans(chunk, self._segmenter() if T.has_cjk(chunk) else None)
-        widx = np.searchsorted(wstarts, pos, side="right")
-        word_start = np.ones(len(ids), dtype=np.uint8)
-        word_start[1:] = widx[1:] != widx[:-1]
-        word_start[doc_first[doc_counts > 0]] = 1
-
-        phrases = _token_spans(pos, T.phrase_spans(chunk, wstarts, wends, self.opts.max_phrase_words))
-        entities = np.zeros((0, 2), np.int64)
-        if self._entities.table:  # per document, so no entity spans two documents
-            b = np.searchsorted(wstarts, np.append(doc_base, len(chunk) + 1))
-            found = [sp for d in range(len(texts))
-                     for sp in self._entities(chunk, wstarts[b[d]:b[d + 1]], wends[b[d]:b[d + 1]])]
-            entities = _token_spans(pos, np.asarray(found, dtype=np.int64).reshape(-1, 2))
+        out = self._chunk(texts, ids, doc_first)
 
         seg_first = np.cumsum(counts) - counts
         sent_doc = seg_doc[counts > 0]
-        tok_doc = np.repeat(np.arange(len(texts)), doc_counts)
+        out.sentences = (seg_first[counts > 0] - doc_first[sent_doc]).astype(np.int32)
+        out.sent_off = np.searchsorted(sent_doc, np.arange(len(texts) + 1))
         opens = paragraph & (counts > 0)
         para_docs, first_para = np.unique(seg_doc[opens], return_index=True)
-        pair_start = np.zeros(len(texts), dtype=np.int32)
-        pair_start[para_docs] = seg_first[opens][first_para] - doc_first[para_docs]
+        out.pair_start[para_docs] = seg_first[opens][first_para] - doc_first[para_docs]
+        if words:
+            seg_of = np.repeat(np.arange(len(segments)), counts)
+            self._words(out, chunk, doc_base, starts + seg_base[seg_of], ends + seg_base[seg_of], doc_first)
+        return out
+
+    def _documents(self, texts: list[str]) -> EncodedChunk:
+        """Structure `none`: each document tokenized whole, as a GPT-style corpus needs."""
+        ids, counts, _, _ = self.tok.encode(texts, offsets=False)
+        return self._chunk(texts, ids, np.cumsum(counts) - counts)
+
+    def _chunk(self, texts: list[str], ids: np.ndarray, doc_first: np.ndarray) -> EncodedChunk:
+        """The documents' tokens and per-document facts, with every structure column empty."""
+        n = len(texts)
+        none, offsets = np.zeros(0, np.int32), np.zeros(n + 1, np.int64)
         return EncodedChunk(
-            ids=ids.astype(np.uint16 if self.tok.vocab_size <= 1 << 16 else np.int32), word_start=word_start,
-            tok_off=np.append(doc_first, len(ids)),
-            sentences=(seg_first[counts > 0] - doc_first[sent_doc]).astype(np.int32),
-            sent_off=np.searchsorted(sent_doc, np.arange(len(texts) + 1)),
-            **_per_doc("phrases", phrases, doc_first, len(texts)),
-            **_per_doc("entities", entities, doc_first, len(texts)),
-            hashes=np.fromiter(map(doc_hash, texts), dtype=np.int64, count=len(texts)),
-            chars=np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)),
-            unk=np.bincount(tok_doc, weights=ids == self._unk, minlength=len(texts)).astype(np.int64),
-            pair_start=pair_start,
+            ids=ids.astype(np.uint16 if self.tok.vocab_size <= 1 << 16 else np.int32),
+            word_start=np.zeros(0, np.uint8), tok_off=np.append(doc_first, len(ids)),
+            sentences=none, sent_off=offsets, phrases=none, phr_off=offsets, entities=none, ent_off=offsets,
+            hashes=np.fromiter(map(doc_hash, texts), dtype=np.int64, count=n),
+            chars=np.fromiter(map(len, texts), dtype=np.int64, count=n),
+            unk=np.bincount(np.repeat(np.arange(n), np.diff(np.append(doc_first, len(ids)))),
+                            weights=ids == self._unk, minlength=n).astype(np.int64),
+            pair_start=np.zeros(n, dtype=np.int32),
         )
 
+    def _words(self, out: EncodedChunk, chunk: str, doc_base: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+               doc_first: np.ndarray) -> None:
+        """Word starts (structure `words`) and phrase and entity spans (`full`) of the chunk's tokens, whose
+        character [starts, ends) in `chunk` are given."""
+        # Position of each token in the chunk: its last character, or for a whitespace-only or zero-width
+        # piece (sentencepiece's lone "▁") the character after it, so it joins the word that follows.
+        codes = np.frombuffer(chunk.encode("utf-32-le"), dtype=np.uint32)
+        content = np.concatenate([[0], np.cumsum(~T.among(codes, _WS))])
+        pos = np.where(content[ends] > content[starts], ends - 1, ends)
 
-def _per_doc(name: str, spans: np.ndarray, doc_first: np.ndarray, n_docs: int) -> dict:
-    """Spans in chunk token positions -> flattened document-local pairs and per-document offsets."""
+        doc_counts = np.diff(out.tok_off)
+        wstarts, wends = T.word_spans(chunk, self._segmenter() if T.has_cjk(chunk) else None)
+        widx = np.searchsorted(wstarts, pos, side="right")
+        out.word_start = np.ones(len(pos), dtype=np.uint8)
+        out.word_start[1:] = widx[1:] != widx[:-1]
+        out.word_start[doc_first[doc_counts > 0]] = 1
+        if not T.has(self.opts.structure, "full"):
+            return
+        n = len(doc_first)
+        phrases = _token_spans(pos, T.phrase_spans(chunk, wstarts, wends, self.opts.max_phrase_words))
+        out.phrases, out.phr_off = _per_doc(phrases, doc_first, n)
+        if self._entities.table:  # per document, so no entity spans two documents
+            b = np.searchsorted(wstarts, np.append(doc_base, len(chunk) + 1))
+            found = [sp for d in range(n) for sp in self._entities(chunk, wstarts[b[d]:b[d + 1]], wends[b[d]:b[d + 1]])]
+            entities = _token_spans(pos, np.asarray(found, dtype=np.int64).reshape(-1, 2))
+            out.entities, out.ent_off = _per_doc(entities, doc_first, n)
+
+
+def _per_doc(spans: np.ndarray, doc_first: np.ndarray, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Spans in chunk token positions -> (flattened document-local pairs, per-document offsets)."""
     doc = np.searchsorted(doc_first, spans[:, 0], side="right") - 1
     local = (spans - doc_first[doc][:, None]).astype(np.int32).reshape(-1)
-    return {name: local, f"{name[:3]}_off": 2 * np.searchsorted(doc, np.arange(n_docs + 1))}
+    return local, 2 * np.searchsorted(doc, np.arange(n_docs + 1))
 
 
 def _token_spans(pos: np.ndarray, char_spans: np.ndarray) -> np.ndarray:

@@ -10,17 +10,20 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from data_prep.encode import EncodedDoc
+from data_prep.encode import EncodedChunk
 from ptm.files import sha256_file
 
 SHARD_SUFFIX = ".arrow"
 _FILE_OVERHEAD = 4096  # IPC magic, schema, footer and 64-byte buffer padding
 COLUMNS = {
     "input_ids": "token ids of the whole document (uint16 when the vocabulary fits, else int32)",
-    "sentence_starts": "token index where each sentence starts (first is 0)",
-    "word_start": "one byte per token: 1 where the token begins a word (whole-word masking)",
-    "phrase_spans": "flattened [start, end) token pairs of multi-word phrases (ERNIE phrase masking)",
-    "entity_spans": "flattened [start, end) token pairs of dictionary entities (ERNIE entity masking)",
+    "sentence_starts": "token index where each sentence starts (first is 0); empty with --structure none",
+    "word_start": "one byte per token: 1 where the token begins a word (whole-word masking); empty below "
+                  "--structure words",
+    "phrase_spans": "flattened [start, end) token pairs of multi-word phrases (ERNIE phrase masking); empty below "
+                    "--structure full",
+    "entity_spans": "flattened [start, end) token pairs of dictionary entities (ERNIE entity masking); empty "
+                    "below --structure full",
     "doc_hash": "63-bit hash of the normalised text (exact de-duplication)",
     "source_file": "index into manifest['sources'] of the input file",
     "source_line": "line (text, JSONL) or row (Parquet, Arrow) where the document starts in that file",
@@ -29,7 +32,7 @@ COLUMNS = {
 }
 
 
-_NUMPY = {pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.int32(): np.int32}
+_NUMPY = {pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.int32(): np.int32, pa.int64(): np.int64}
 
 
 def token_type(vocab_size: int) -> pa.DataType:
@@ -52,12 +55,36 @@ def schema(vocab_size: int) -> pa.Schema:
     ], metadata={"ptm.format": "ptm-arrow-v1"})
 
 
-def _list_array(parts: list[np.ndarray], dtype: pa.DataType) -> pa.Array:
-    lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.concatenate(parts) if parts else np.zeros(0)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(_NUMPY[dtype], copy=False)))
+def _take(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, lengths) of the ragged rows `rows` (ascending) of (values, offsets)."""
+    starts, ends = offsets[rows], offsets[rows + 1]
+    lengths = ends - starts
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1:  # consecutive rows: one slice
+        return values[starts[0]:ends[-1]], lengths
+    return values[np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(lengths.sum())], lengths
+
+
+# pyarrow's numpy conversions (`pa.array`, `to_numpy`) import pandas when it is installed, 0.4 s per process;
+# a build converts through the buffers instead.
+
+def _arrow(values: np.ndarray) -> pa.Array:
+    """A numpy array as an Arrow array."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
+def to_numpy(arr: pa.Array) -> np.ndarray:
+    """A fixed-width Arrow array without nulls (a shard's scalar column) as a zero-copy numpy view."""
+    dtype = np.dtype(_NUMPY[arr.type])
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def _list_array(parts: list[tuple[np.ndarray, np.ndarray]], dtype: pa.DataType) -> pa.Array:
+    """A list array from (values, lengths) parts."""
+    offsets = np.zeros(sum(len(n) for _, n in parts) + 1, dtype=np.int32)
+    np.cumsum(np.concatenate([n for _, n in parts]), out=offsets[1:])
+    values = np.concatenate([v for v, _ in parts]).astype(_NUMPY[dtype], copy=False)
+    return pa.ListArray.from_arrays(_arrow(offsets), _arrow(values))
 
 
 def write_table_atomic(path: str, table_or_batch, schema_: pa.Schema) -> dict:
@@ -83,7 +110,8 @@ def write_table_atomic(path: str, table_or_batch, schema_: pa.Schema) -> dict:
 
 
 class ShardWriter:
-    """Collects documents into shards of at most `max_bytes`; the caller flushes when `full_for(doc)`."""
+    """Collects documents of encoded chunks into shards of at most `max_bytes`; the caller flushes when
+    `full_for(size)`. Documents are kept as (chunk, rows) and gathered with a few numpy calls per chunk."""
 
     def __init__(self, directory: str, prefix: str, vocab_size: int, max_bytes: int, first_index: int = 0):
         self.directory, self.prefix, self.max_bytes = directory, prefix, max_bytes
@@ -94,40 +122,47 @@ class ShardWriter:
         self._reset()
 
     def _reset(self):
-        self.docs: list[EncodedDoc] = []
+        self.parts: list[tuple[EncodedChunk, list[int]]] = []
         self.sources: list[tuple[int, int, int]] = []
         self.bytes = _FILE_OVERHEAD
 
-    def _size(self, doc: EncodedDoc) -> int:
-        """Bytes a document adds to the shard file: its values plus five list offsets and three scalars."""
-        return (len(doc.input_ids) * (self._id_bytes + 1) + 52
-                + 4 * (len(doc.sentence_starts) + len(doc.phrase_spans) + len(doc.entity_spans)))
+    def sizes(self, chunk: EncodedChunk) -> np.ndarray:
+        """Bytes each document of `chunk` adds to a shard file: its values plus five list offsets and three
+        scalars."""
+        n = {name: np.diff(off) for name, (_, off) in chunk.ragged().items()}
+        return (n["input_ids"] * self._id_bytes + n["word_start"] + 52
+                + 4 * (n["sentence_starts"] + n["phrase_spans"] + n["entity_spans"]))
 
-    def full_for(self, doc: EncodedDoc) -> bool:
-        """True when `doc` does not fit: flush first. A document larger than a shard gets its own."""
-        return bool(self.docs) and self.bytes + self._size(doc) > self.max_bytes
+    def full_for(self, size: int) -> bool:
+        """True when a document of `size` bytes does not fit: flush first. A document larger than a shard
+        gets its own."""
+        return bool(self.sources) and self.bytes + size > self.max_bytes
 
-    def add(self, doc: EncodedDoc, source_file: int, source_line: int, label: int = -1) -> None:
-        self.docs.append(doc)
+    def add(self, chunk: EncodedChunk, row: int, size: int, source_file: int, source_line: int,
+            label: int = -1) -> None:
+        """Add document `row` of `chunk` (rows of one chunk in ascending order), `size` bytes."""
+        if not self.parts or self.parts[-1][0] is not chunk:
+            self.parts.append((chunk, []))
+        self.parts[-1][1].append(row)
         self.sources.append((source_file, source_line, label))
-        self.bytes += self._size(doc)
+        self.bytes += size
 
     def flush(self) -> dict | None:
-        if not self.docs:
+        if not self.sources:
             return None
-        d = self.docs
+        parts = [(chunk.ragged(), chunk, np.asarray(rows)) for chunk, rows in self.parts]
+        lists = [_list_array([_take(*ragged[name], rows) for ragged, _, rows in parts], dtype)
+                 for name, dtype in (("input_ids", self._ids_type), ("sentence_starts", pa.int32()),
+                                     ("word_start", pa.uint8()), ("phrase_spans", pa.int32()),
+                                     ("entity_spans", pa.int32()))]
         src = np.asarray(self.sources, dtype=np.int64).reshape(-1, 3)
         batch = pa.RecordBatch.from_arrays([
-            _list_array([x.input_ids for x in d], self._ids_type),
-            _list_array([x.sentence_starts for x in d], pa.int32()),
-            _list_array([x.word_start for x in d], pa.uint8()),
-            _list_array([x.phrase_spans for x in d], pa.int32()),
-            _list_array([x.entity_spans for x in d], pa.int32()),
-            pa.array(np.fromiter((x.doc_hash for x in d), dtype=np.int64, count=len(d))),
-            pa.array(src[:, 0].astype(np.int32)),
-            pa.array(src[:, 1]),
-            pa.array(np.fromiter((x.pair_start for x in d), dtype=np.int32, count=len(d))),
-            pa.array(src[:, 2]),
+            *lists,
+            _arrow(np.concatenate([chunk.hashes[rows] for _, chunk, rows in parts])),
+            _arrow(src[:, 0].astype(np.int32)),
+            _arrow(src[:, 1]),
+            _arrow(np.concatenate([chunk.pair_start[rows] for _, chunk, rows in parts]).astype(np.int32)),
+            _arrow(src[:, 2]),
         ], schema=self.schema)
         path = os.path.join(self.directory, f"{self.prefix}-{self.index:05d}{SHARD_SUFFIX}")
         entry = write_table_atomic(path, batch, self.schema)

@@ -35,6 +35,8 @@ class Record:
     line: int  # 1-based line (text, JSONL) or row (Parquet, Arrow) where the record starts
     error: str | None = None
     label: int = -1  # class id of a labelled example (--label-field), -1 without
+    raw: bytes | None = None  # a JSONL line read with raw=True, not parsed yet (see `parse_jsonl`)
+    path: str | None = None  # its file
 
 
 @dataclass(frozen=True)
@@ -152,22 +154,26 @@ def _field(obj, dotted: str):
     return obj
 
 
-def _read_jsonl(path: str, index: int, fields: Fields) -> Iterator[Record]:
+def _read_jsonl(path: str, index: int, fields: Fields, raw: bool) -> Iterator[Record]:
     with _open_binary(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
-            line, err = _decode(raw, where)
-            if err:
-                yield Record(None, index, lineno, err)
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield Record(None, index, lineno, f"{where}: malformed JSON ({e.msg} at column {e.colno})")
-                continue
-            yield fields.record({name: _field(obj, name) for name in fields.names()}, index, lineno, where)
+            yield (Record(None, index, lineno, raw=line, path=path) if raw
+                   else parse_jsonl(line, path, index, lineno, fields))
+
+
+def parse_jsonl(raw: bytes, path: str, index: int, lineno: int, fields: Fields) -> Record:
+    """The record of one JSONL line: its fields, or the error that names the file and line."""
+    where = f"{path}:{lineno}"
+    line, err = _decode(raw, where)
+    if err:
+        return Record(None, index, lineno, err)
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        return Record(None, index, lineno, f"{where}: malformed JSON ({e.msg} at column {e.colno})")
+    return fields.record({name: _field(obj, name) for name in fields.names()}, index, lineno, where)
 
 
 def _arrow_batches(path: str, columns: list[str]):
@@ -203,8 +209,9 @@ def _read_table(path: str, index: int, fields: Fields) -> Iterator[Record]:
 
 
 def read_records(files: list[str], first_index: int, *, fmt: str | None, fields: Fields,
-                 doc_boundary: str) -> Iterator[Record]:
-    """All records of `files` in order; `first_index` is the global index of files[0]."""
+                 doc_boundary: str, raw: bool = False) -> Iterator[Record]:
+    """All records of `files` in order; `first_index` is the global index of files[0]. With `raw`, JSONL
+    lines come unparsed (`Record.raw`), for `parse_jsonl` in a worker process."""
     for offset, path in enumerate(files):
         index = first_index + offset
         kind = detect_format(path, fmt)
@@ -215,7 +222,7 @@ def read_records(files: list[str], first_index: int, *, fmt: str | None, fields:
             if kind == "text":
                 yield from _read_text(path, index, doc_boundary)
             elif kind == "jsonl":
-                yield from _read_jsonl(path, index, fields)
+                yield from _read_jsonl(path, index, fields, raw)
             else:
                 yield from _read_table(path, index, fields)
         except (OSError, EOFError, pa.ArrowException) as e:

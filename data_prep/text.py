@@ -7,6 +7,7 @@ character spans; `data_prep.encode` turns them into token positions.
 """
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ _ABBREV = frozenset(
     "mr mrs ms dr prof sr jr st vs etc e.g i.e cf al fig figs no nos vol vols p pp ed eds approx dept "
     "est inc ltd co corp jan feb mar apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m".split()
 )
-_JOINERS = np.array([ord(c) for c in "'’-"], dtype=np.uint32)
+_JOINERS = "'’-"
 _STOP = frozenset(
     """a an the and or but if then else of at by for with about against between into through during before
     after above below to from up down in out on off over under again further once here there when where why
@@ -37,6 +38,16 @@ _STOP = frozenset(
 )
 
 
+# What a build records besides documents and token ids, each level adding to the one before: sentence starts
+# (BERT's sentence pairs), word starts (whole-word and span masking), phrase and entity spans (ERNIE).
+STRUCTURES = ("none", "sentences", "words", "full")
+
+
+def has(structure: str, level: str) -> bool:
+    """Whether a build at `structure` records `level` (one of STRUCTURES)."""
+    return STRUCTURES.index(structure) >= STRUCTURES.index(level)
+
+
 @dataclass(frozen=True)
 class TextOptions:
     """How raw text is cleaned and which spans are recorded."""
@@ -46,6 +57,7 @@ class TextOptions:
     min_chars: int = 1
     max_chars: int = 0  # 0: no limit
     max_phrase_words: int = 4
+    structure: str = "full"  # one of STRUCTURES
 
 
 def normalize(text: str, opts: TextOptions) -> str:
@@ -66,10 +78,20 @@ def has_cjk(text: str) -> bool:
 _LAST_WORD = re.compile(r"[^\s.!?]*$")
 
 
-def _latin_ends(text: str):
+def _matches(pattern: re.Pattern, text: str, codes: np.ndarray, first: str):
+    """`pattern.finditer(text)` for a pattern whose matches begin with one of the characters `first`: a match is
+    tried only where one of them stands (re scans every position otherwise, the build's slowest step)."""
+    end = 0
+    for at in np.flatnonzero(among(codes, first)).tolist():
+        if at >= end and (m := pattern.match(text, at)):
+            end = m.end()
+            yield m
+
+
+def _latin_ends(text: str, codes: np.ndarray):
     """End positions of Latin sentences. A period ends one unless it closes an abbreviation, an initial or
     a number, or the next word starts in lower case."""
-    for m in _END_LATIN.finditer(text):
+    for m in _matches(_END_LATIN, text, codes, ".!?"):
         if m.group(1) != ".":
             yield m.end()
             continue
@@ -81,14 +103,16 @@ def _latin_ends(text: str):
             yield m.end()
 
 
-def sentence_spans(text: str, doc_starts=()) -> list[tuple[int, int]]:
+def sentence_spans(text: str, doc_starts=(), codes: np.ndarray | None = None) -> list[tuple[int, int]]:
     """[start, end) of each sentence; whitespace before a sentence belongs to it, so the spans cover the
     text. `doc_starts`: positions where a new document begins in a joined text; the whitespace just before
-    one separates documents and is left out."""
+    one separates documents and is left out. `codes`: the text's code points, when the caller has them."""
+    if codes is None:
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     cuts = set(doc_starts)
-    cuts.update(m.start() for m in _PARA.finditer(text))
-    cuts.update(m.end() for m in _END_CJK.finditer(text))
-    cuts.update(_latin_ends(text))
+    cuts.update(m.start() for m in _matches(_PARA, text, codes, "\n"))
+    cuts.update(m.end() for m in _matches(_END_CJK, text, codes, "。！？…!?"))
+    cuts.update(_latin_ends(text, codes))
     cuts.add(len(text))
     spans, prev = [], 0
     for cut in sorted(cuts):
@@ -127,6 +151,24 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
     return _TABLES
 
 
+@functools.cache
+def _char_table(chars: str) -> np.ndarray:
+    table = np.zeros(0x10000, dtype=bool)
+    table[[ord(c) for c in chars]] = True
+    table[0xFFFF] = False  # stands for every code point past the BMP
+    return table
+
+
+def among(codes: np.ndarray, chars: str) -> np.ndarray:
+    """Which code points (uint32) are among the BMP characters `chars`: a table lookup (np.isin sorts)."""
+    return _char_table(chars)[np.minimum(codes, 0xFFFF)]
+
+
+def spaces(codes: np.ndarray) -> np.ndarray:
+    """Which code points are whitespace (str.isspace)."""
+    return _classes(codes) == SPACE
+
+
 def _classes(codes: np.ndarray) -> np.ndarray:
     cls = _tables()[0][np.minimum(codes, 0xFFFF)]
     cls[codes > 0xFFFF] = np.where((codes[codes > 0xFFFF] >> 16) == 2, CJK, PUNCT)  # plane 2: CJK extensions
@@ -158,7 +200,7 @@ def word_spans(text: str, cjk_words=None) -> tuple[np.ndarray, np.ndarray]:
     codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     cls = _classes(codes)
     if len(cls) > 2:  # don't, o'clock, state-of-the-art
-        joiner = np.isin(codes[1:-1], _JOINERS) & (cls[:-2] == WORD) & (cls[2:] == WORD)
+        joiner = among(codes[1:-1], _JOINERS) & (cls[:-2] == WORD) & (cls[2:] == WORD)
         cls[1:-1][joiner] = WORD
     prev = np.concatenate([[SPACE], cls[:-1]])
     start = (cls != SPACE) & ((cls != prev) | (cls == CJK))
@@ -194,7 +236,7 @@ def _stop_hashes() -> np.ndarray:
     if _STOP_HASHES is None:
         joined = " ".join(_STOP)
         starts, ends = word_spans(joined)
-        _STOP_HASHES = _span_hashes(np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32), starts, ends)
+        _STOP_HASHES = np.unique(_span_hashes(np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32), starts, ends))
     return _STOP_HASHES
 
 
@@ -205,7 +247,8 @@ def phrase_spans(text: str, starts: np.ndarray, ends: np.ndarray, max_words: int
         return np.zeros((0, 2), np.int64)
     codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     not_alpha = np.concatenate([[0], np.cumsum(~_tables()[1][np.minimum(codes, 0xFFFF)])])
-    content = (not_alpha[ends] == not_alpha[starts]) & ~np.isin(_span_hashes(codes, starts, ends), _stop_hashes())
+    hashes, stop = _span_hashes(codes, starts, ends), _stop_hashes()
+    content = (not_alpha[ends] == not_alpha[starts]) & (stop[np.minimum(np.searchsorted(stop, hashes), len(stop) - 1)] != hashes)
     newlines = np.concatenate([[0], np.cumsum(codes == 10)])
     gap_break = np.ones(len(starts), dtype=bool)
     gap_break[1:] = newlines[starts[1:]] > newlines[ends[:-1]]

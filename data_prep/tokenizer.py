@@ -69,20 +69,22 @@ class Tokenizer:
     def piece(self, i: int) -> str:
         return self._piece(int(i))
 
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def encode(self, texts: list[str], offsets: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """All texts in one call: token ids (int64, concatenated), tokens per text, and every token's
-        character [start, end) in its text."""
+        character [start, end) in its text (None, None without `offsets`)."""
         if self.kind == "sentencepiece":
-            return self._sp_encode(texts)
+            return self._sp_encode(texts, offsets)
         encs = self._hf.encode_batch(texts, add_special_tokens=False)
         counts = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
         n = int(counts.sum())
         ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=n)
+        if not offsets:
+            return ids, counts, None, None
         offs = np.fromiter(chain.from_iterable(chain.from_iterable(e.offsets for e in encs)), dtype=np.int64,
                            count=2 * n).reshape(-1, 2)
         return ids, counts, offs[:, 0], offs[:, 1]
 
-    def _sp_encode(self, texts):
+    def _sp_encode(self, texts, offsets: bool):
         """sentencepiece's numpy output is ~8x faster than its offset mapping, so character offsets are
         derived from per-piece lengths (a "▁" is one space, the dummy prefix none, a byte-fallback
         character sits on its last byte) and checked against each text's length; texts where they do not
@@ -90,6 +92,8 @@ class Tokenizer:
         arrays = self._sp.encode(texts, out_type="numpy", num_threads=self.threads)
         counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
         ids = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+        if not offsets:
+            return ids, counts, None, None
         t = self._sp_tables()
         first = np.cumsum(counts) - counts
         nonempty = counts > 0

@@ -8,7 +8,9 @@ import numpy as np
 import pyarrow as pa
 
 from data_prep.build import FORMAT_VERSION, MANIFEST, PARTIAL
+from data_prep.dataset import structure_of
 from data_prep.shards import SHARD_SUFFIX, schema
+from data_prep.text import has
 from ptm.files import sha256_file
 
 
@@ -37,7 +39,9 @@ def _check_lists(name: str, off: np.ndarray, vals: np.ndarray, lengths: np.ndarr
     return None
 
 
-def verify_shard(path: str, entry: dict, vocab_size: int) -> list[str]:
+def verify_shard(path: str, entry: dict, vocab_size: int, structure: str = "full") -> list[str]:
+    """Problems of one shard: hash, schema, counts against its manifest entry, token ids, and the structure
+    columns (filled as far as `structure` goes, empty beyond)."""
     name = entry["file"]
     if sha256_file(path) != entry["sha256"]:
         return [f"{name}: sha256 differs from the manifest (corrupt or modified shard)"]
@@ -59,11 +63,16 @@ def verify_shard(path: str, entry: dict, vocab_size: int) -> list[str]:
     values = ids.values.to_numpy()
     if len(values) and int(values.max()) >= vocab_size:
         problems.append(f"{name}: token id {int(values.max())} >= vocab size {vocab_size}")
-    if not np.array_equal(batch.column("word_start").offsets.to_numpy(), off):
-        problems.append(f"{name}: word_start length differs from input_ids")
-    for col, spans in (("sentence_starts", False), ("phrase_spans", True), ("entity_spans", True)):
+    words = batch.column("word_start").offsets.to_numpy()
+    if not np.array_equal(words, off if has(structure, "words") else np.zeros_like(words)):
+        problems.append(f"{name}: word_start length differs from input_ids" if has(structure, "words")
+                        else f"{name}: word_start is filled, but the manifest says --structure {structure}")
+    for col, spans, level in (("sentence_starts", False, "sentences"), ("phrase_spans", True, "full"),
+                              ("entity_spans", True, "full")):
         arr = batch.column(col)
-        if (p := _check_lists(f"{name}: {col}", arr.offsets.to_numpy(), arr.values.to_numpy(), lengths, spans)):
+        if not has(structure, level) and len(arr.values):
+            problems.append(f"{name}: {col} is filled, but the manifest says --structure {structure}")
+        elif (p := _check_lists(f"{name}: {col}", arr.offsets.to_numpy(), arr.values.to_numpy(), lengths, spans)):
             problems.append(p)
     return problems
 
@@ -106,7 +115,7 @@ def verify(directory: str) -> list[str]:
         if not os.path.isfile(path):
             problems.append(f"{entry['file']}: missing")
             continue
-        problems += verify_shard(path, entry, vocab)
+        problems += verify_shard(path, entry, vocab, structure_of(m))
     for key, shard_key in (("num_documents", "num_documents"), ("num_tokens", "num_tokens")):
         if sum(s[shard_key] for s in shards) != m[key]:
             problems.append(f"manifest: {key} {m[key]} is not the sum over shards")

@@ -20,6 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
+from data_prep.text import has
 from pretrain.data.indexes import Stream, packed_chunks, pair_chunks, rng, sentence_table, shuffle
 from pretrain.data.source import CorpusSource
 from pretrain.objectives.masking import Masker
@@ -37,6 +38,8 @@ class BertDataset(CorpusSource):
         if seq_len < 5:
             raise ValueError(f"seq_len {seq_len} is too short for [CLS] A [SEP] B [SEP]")
         super().__init__(path, seed=seed, docs=docs, cache_dir=cache_dir)
+        self.require(*self._structure(masker, objective))
+        self._words = has(self.corpus.structure, "words")
         if objective == "mlm_nsp" and len(self.docs) < 2:
             raise ValueError(f"{path}: next sentence prediction needs two documents at least")
         self.seq_len, self.masker, self.objective = seq_len, masker, objective
@@ -49,6 +52,13 @@ class BertDataset(CorpusSource):
 
     def __len__(self) -> int:
         return self._len
+
+    @staticmethod
+    def _structure(masker: Masker, objective: str) -> tuple[str, str]:
+        """(the dataset structure these samples need, what needs it)."""
+        if objective == "mlm_sop" and masker.structure == "sentences":  # a one-sentence chunk splits at a word
+            return "words", "sentence-order prediction"
+        return masker.structure, f"{masker.unit} masking"
 
     @cached_property
     def sentences(self) -> np.ndarray:
@@ -139,7 +149,8 @@ class BertDataset(CorpusSource):
         for (doc, t0, t1), kind in pieces:
             n = t1 - t0
             ids[at:at + n] = self.corpus.tokens(doc)[t0:t1]
-            words[at:at + n] = self.corpus.word_start(doc)[t0:t1]
+            if self._words:
+                words[at:at + n] = self.corpus.word_start(doc)[t0:t1]
             types[at:at + n + 1] = kind
             for name in self.masker.span_kinds:
                 s = np.clip(getattr(self.corpus, f"{name}_spans")(doc), t0, t1).astype(np.int64)

@@ -58,6 +58,10 @@ class ErnieDataset(BertDataset):
         weights = np.array(list(tasks.values()), dtype=np.float64)
         self.weights = weights / weights.sum()
 
+    @staticmethod
+    def _structure(masker, objective: str) -> tuple[str, str]:
+        return "full", "ERNIE's knowledge masking stages"
+
     @cached_property
     def capital(self) -> np.ndarray:
         """Per token id: the piece's first letter is upper case."""

@@ -13,6 +13,7 @@ from functools import cached_property
 import numpy as np
 
 from data_prep.dataset import Corpus
+from data_prep.text import has
 from pretrain.data.indexes import IndexCache
 
 
@@ -45,6 +46,13 @@ class CorpusSource(Lazy):
     @cached_property
     def _epochs(self) -> dict:
         return {}
+
+    def require(self, level: str, what: str) -> None:
+        """Refuse a dataset built without the structure `level` (data_prep.text.STRUCTURES) that `what` needs."""
+        built = self.corpus.structure
+        if not has(built, level):
+            raise ValueError(f"{self.path} was built with --structure {built}, without the {level} that {what} needs; "
+                             f"rebuild it with `data_prep build --structure {level}` (or a fuller level)")
 
     def index(self, name: str, build, **params) -> np.ndarray:
         """The cached index map `name` over this source's documents for `params`."""

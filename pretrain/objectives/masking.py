@@ -40,6 +40,8 @@ class Masker:
         level = knowledge_level if strategy == "knowledge" else "token"
         self.span_kinds = KNOWLEDGE_LEVELS[level]  # which of the dataset's spans __call__ needs
         self.unit = "token" if strategy == "knowledge" and level == "token" else strategy
+        # what the dataset must record (data_prep build --structure) for these units
+        self.structure = "full" if self.span_kinds else "words" if self.unit in ("whole_word", "span") else "sentences"
 
     def __call__(self, rng: np.random.Generator, ids: np.ndarray, word_start: np.ndarray,
                  spans=()) -> tuple[np.ndarray, np.ndarray]:
