@@ -115,7 +115,7 @@ class DocEncoder:
         out.pair_start[para_docs] = seg_first[opens][first_para] - doc_first[para_docs]
         if words:
             seg_of = np.repeat(np.arange(len(segments)), counts)
-            self._words(out, chunk, doc_base, starts + seg_base[seg_of], ends + seg_base[seg_of], doc_first)
+            self._words(out, chunk, codes, doc_base, starts + seg_base[seg_of], ends + seg_base[seg_of], doc_first)
         return out
 
     def _documents(self, texts: list[str]) -> EncodedChunk:
@@ -138,18 +138,17 @@ class DocEncoder:
             pair_start=np.zeros(n, dtype=np.int32),
         )
 
-    def _words(self, out: EncodedChunk, chunk: str, doc_base: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-               doc_first: np.ndarray) -> None:
+    def _words(self, out: EncodedChunk, chunk: str, codes: np.ndarray, doc_base: np.ndarray, starts: np.ndarray,
+               ends: np.ndarray, doc_first: np.ndarray) -> None:
         """Word starts (structure `words`) and phrase and entity spans (`full`) of the chunk's tokens, whose
-        character [starts, ends) in `chunk` are given."""
+        character [starts, ends) in `chunk` (code points `codes`) are given."""
         # Position of each token in the chunk: its last character, or for a whitespace-only or zero-width
         # piece (sentencepiece's lone "▁") the character after it, so it joins the word that follows.
-        codes = np.frombuffer(chunk.encode("utf-32-le"), dtype=np.uint32)
         content = np.concatenate([[0], np.cumsum(~T.among(codes, _WS))])
         pos = np.where(content[ends] > content[starts], ends - 1, ends)
 
         doc_counts = np.diff(out.tok_off)
-        wstarts, wends = T.word_spans(chunk, self._segmenter() if T.has_cjk(chunk) else None)
+        wstarts, wends = T.word_spans(chunk, self._segmenter() if T.has_cjk(chunk) else None, codes)
         widx = np.searchsorted(wstarts, pos, side="right")
         out.word_start = np.ones(len(pos), dtype=np.uint8)
         out.word_start[1:] = widx[1:] != widx[:-1]
@@ -157,7 +156,7 @@ class DocEncoder:
         if not T.has(self.opts.structure, "full"):
             return
         n = len(doc_first)
-        phrases = _token_spans(pos, T.phrase_spans(chunk, wstarts, wends, self.opts.max_phrase_words))
+        phrases = _token_spans(pos, T.phrase_spans(chunk, wstarts, wends, self.opts.max_phrase_words, codes))
         out.phrases, out.phr_off = _per_doc(phrases, doc_first, n)
         if self._entities.table:  # per document, so no entity spans two documents
             b = np.searchsorted(wstarts, np.append(doc_base, len(chunk) + 1))

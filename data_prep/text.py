@@ -88,6 +88,18 @@ def _matches(pattern: re.Pattern, text: str, codes: np.ndarray, first: str):
             yield m
 
 
+def _paragraph_starts(codes: np.ndarray) -> np.ndarray:
+    """Where `_PARA.finditer` matches start, vectorised: the first newline of each whitespace run that holds
+    two newlines or more."""
+    newlines = np.flatnonzero(codes == 10)
+    if len(newlines) < 2:
+        return newlines[:0]
+    run = np.cumsum(~spaces(codes))[newlines]  # equal for the newlines of one whitespace run
+    same = run[1:] == run[:-1]
+    first = np.concatenate([[True], ~same]) & np.concatenate([same, [False]])
+    return newlines[first]
+
+
 def _latin_ends(text: str, codes: np.ndarray):
     """End positions of Latin sentences. A period ends one unless it closes an abbreviation, an initial or
     a number, or the next word starts in lower case."""
@@ -110,7 +122,7 @@ def sentence_spans(text: str, doc_starts=(), codes: np.ndarray | None = None) ->
     if codes is None:
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     cuts = set(doc_starts)
-    cuts.update(m.start() for m in _matches(_PARA, text, codes, "\n"))
+    cuts.update(_paragraph_starts(codes).tolist())
     cuts.update(m.end() for m in _matches(_END_CJK, text, codes, "。！？…!?"))
     cuts.update(_latin_ends(text, codes))
     cuts.add(len(text))
@@ -194,10 +206,12 @@ def _span_hashes(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.
     return (prefix[ends] - prefix[starts]) * inverse[starts]
 
 
-def word_spans(text: str, cjk_words=None) -> tuple[np.ndarray, np.ndarray]:
+def word_spans(text: str, cjk_words=None, codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Word [start, end) character offsets: runs of letters/digits (apostrophes and hyphens inside a word
-    join it), runs of punctuation, and CJK words from `cjk_words` (each CJK character without it)."""
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    join it), runs of punctuation, and CJK words from `cjk_words` (each CJK character without it). `codes`:
+    the text's code points, when the caller has them."""
+    if codes is None:
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     cls = _classes(codes)
     if len(cls) > 2:  # don't, o'clock, state-of-the-art
         joiner = among(codes[1:-1], _JOINERS) & (cls[:-2] == WORD) & (cls[2:] == WORD)
@@ -240,12 +254,14 @@ def _stop_hashes() -> np.ndarray:
     return _STOP_HASHES
 
 
-def phrase_spans(text: str, starts: np.ndarray, ends: np.ndarray, max_words: int) -> np.ndarray:
+def phrase_spans(text: str, starts: np.ndarray, ends: np.ndarray, max_words: int,
+                 codes: np.ndarray | None = None) -> np.ndarray:
     """(n, 2) character spans of multi-word phrases: maximal runs of adjacent content words (all letters,
     not a stopword), cut into pieces of at most `max_words`; punctuation and paragraph breaks end runs."""
     if len(starts) < 2:
         return np.zeros((0, 2), np.int64)
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    if codes is None:
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
     not_alpha = np.concatenate([[0], np.cumsum(~_tables()[1][np.minimum(codes, 0xFFFF)])])
     hashes, stop = _span_hashes(codes, starts, ends), _stop_hashes()
     content = (not_alpha[ends] == not_alpha[starts]) & (stop[np.minimum(np.searchsorted(stop, hashes), len(stop) - 1)] != hashes)

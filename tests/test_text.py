@@ -43,3 +43,21 @@ def test_entities_longest_match_on_word_boundaries():
     m = T.EntityMatcher(["New York", "New York City", "York"])
     assert [t[a:b] for a, b in m(t, *T.word_spans(t))] == ["New York City", "York"]
     assert T.EntityMatcher([])(t, *T.word_spans(t)) == []
+
+
+def test_sentence_end_search_equals_the_regexes_it_speeds_up():
+    """`sentence_spans` tries its regexes only at candidate characters and finds paragraph breaks with numpy;
+    on random text both give exactly what `re.finditer` gives."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(0)
+    alphabet = list("ab A.B!?。！？…\n\n \t\r\x0b\x1c\u3000\xa0\"')”’」(x1Z中文")
+    for _ in range(3000):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        codes = np.frombuffer(s.encode("utf-32-le"), dtype=np.uint32)
+        assert T._paragraph_starts(codes).tolist() == [m.start() for m in T._PARA.finditer(s)], repr(s)
+        for pattern, first in ((T._END_CJK, "。！？…!?"), (T._END_LATIN, ".!?")):
+            assert [m.span() for m in T._matches(pattern, s, codes, first)] == \
+                [m.span() for m in pattern.finditer(s)], repr(s)
