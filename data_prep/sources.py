@@ -165,6 +165,14 @@ def _read_jsonl(path: str, index: int, fields: Fields, raw: bool) -> Iterator[Re
 
 def parse_jsonl(raw: bytes, path: str, index: int, lineno: int, fields: Fields) -> Record:
     """The record of one JSONL line: its fields, or the error that names the file and line."""
+    if fields.pair is None and fields.label is None and "." not in fields.text:  # the common case, quickly
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError: named below
+            pass
+        else:
+            if type(obj) is dict and type(text := obj.get(fields.text)) is str:
+                return Record(text, index, lineno)
     where = f"{path}:{lineno}"
     line, err = _decode(raw, where)
     if err:
