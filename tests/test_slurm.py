@@ -84,12 +84,15 @@ def test_a_two_node_job_trains_what_torchrun_trains(slurm, train_data, reference
 
 
 def release_requeued(slurm, stop: threading.Event):
-    """Slurm holds a requeued job back (BeginTime a couple of minutes ahead); let it start now."""
+    """Slurm holds a requeued job back (BeginTime a couple of minutes ahead); let it start 2 s after the requeue at
+    the earliest: slurmd refuses a job whose credential is from the second its previous run's was revoked in ("Job
+    credential revoked"), and the job would end FAILED."""
     while not stop.wait(1):
         jobs = subprocess.run(["squeue", "-h", "-o", "%i %T %r"], capture_output=True, text=True, env=slurm.env).stdout
         for line in jobs.splitlines():
             job, state, reason = (line.split() + ["", ""])[:3]
             if state == "PENDING" and reason == "BeginTime":
+                time.sleep(2)
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm.env, capture_output=True)
 
 
