@@ -92,7 +92,7 @@ class DocEncoder:
         strip = self.tok.kind != "bpe"
         doc_base = np.cumsum([0] + [len(t) + len(_SEP) for t in texts])[:-1]
         chunk = _SEP.join(texts)
-        codes = np.frombuffer(chunk.encode("utf-32-le"), dtype=np.uint32)
+        codes = T.code_points(chunk)
         spans = np.array(T.sentence_spans(chunk, set(doc_base[1:].tolist()), codes), dtype=np.int64).reshape(-1, 2)
         content = np.flatnonzero(~T.spaces(codes))
         body = content[np.searchsorted(content, spans[:, 0])]  # a sentence's first non-space character

@@ -71,6 +71,11 @@ def normalize(text: str, opts: TextOptions) -> str:
     return text.strip()
 
 
+def code_points(text: str) -> np.ndarray:
+    """The text's code points (uint32), one per character, as the vectorised functions here take them."""
+    return np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+
+
 def has_cjk(text: str) -> bool:
     return CJK_RE.search(text) is not None
 
@@ -120,7 +125,7 @@ def sentence_spans(text: str, doc_starts=(), codes: np.ndarray | None = None) ->
     text. `doc_starts`: positions where a new document begins in a joined text; the whitespace just before
     one separates documents and is left out. `codes`: the text's code points, when the caller has them."""
     if codes is None:
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        codes = code_points(text)
     cuts = set(doc_starts)
     cuts.update(_paragraph_starts(codes).tolist())
     cuts.update(m.end() for m in _matches(_END_CJK, text, codes, "。！？…!?"))
@@ -211,7 +216,7 @@ def word_spans(text: str, cjk_words=None, codes: np.ndarray | None = None) -> tu
     join it), runs of punctuation, and CJK words from `cjk_words` (each CJK character without it). `codes`:
     the text's code points, when the caller has them."""
     if codes is None:
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        codes = code_points(text)
     cls = _classes(codes)
     if len(cls) > 2:  # don't, o'clock, state-of-the-art
         joiner = among(codes[1:-1], _JOINERS) & (cls[:-2] == WORD) & (cls[2:] == WORD)
@@ -250,7 +255,7 @@ def _stop_hashes() -> np.ndarray:
     if _STOP_HASHES is None:
         joined = " ".join(_STOP)
         starts, ends = word_spans(joined)
-        _STOP_HASHES = np.unique(_span_hashes(np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32), starts, ends))
+        _STOP_HASHES = np.unique(_span_hashes(code_points(joined), starts, ends))
     return _STOP_HASHES
 
 
@@ -261,10 +266,11 @@ def phrase_spans(text: str, starts: np.ndarray, ends: np.ndarray, max_words: int
     if len(starts) < 2:
         return np.zeros((0, 2), np.int64)
     if codes is None:
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        codes = code_points(text)
     not_alpha = np.concatenate([[0], np.cumsum(~_tables()[1][np.minimum(codes, 0xFFFF)])])
     hashes, stop = _span_hashes(codes, starts, ends), _stop_hashes()
-    content = (not_alpha[ends] == not_alpha[starts]) & (stop[np.minimum(np.searchsorted(stop, hashes), len(stop) - 1)] != hashes)
+    is_stop = stop[np.minimum(np.searchsorted(stop, hashes), len(stop) - 1)] == hashes  # stop is sorted
+    content = (not_alpha[ends] == not_alpha[starts]) & ~is_stop
     newlines = np.concatenate([[0], np.cumsum(codes == 10)])
     gap_break = np.ones(len(starts), dtype=bool)
     gap_break[1:] = newlines[starts[1:]] > newlines[ends[:-1]]

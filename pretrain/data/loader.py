@@ -77,13 +77,14 @@ def collate(samples: list[dict[str, np.ndarray]], unpadded: bool = False) -> dic
 def make_loader(source, micro_batch_size: int, *, rank: int = 0, world_size: int = 1, consumed_samples: int = 0,
                 total_samples: int | None = None, num_workers: int = 2, unpadded: bool = False) -> DataLoader:
     """Micro-batches of this rank's samples (packed when `unpadded`); worker processes when num_workers > 0,
-    pinned memory when CUDA is available. The loader has its own torch generator: starting it never draws from the global
-    RNG (dropout), so a resumed run stays exact."""
+    pinned memory when CUDA is available. The loader has its own torch generator: starting it never draws from the
+    global RNG (dropout), so a resumed run stays exact."""
     sampler = DistributedSampler(source, rank=rank, world_size=world_size, consumed_samples=consumed_samples,
                                  total_samples=total_samples)
-    return DataLoader(SampleDataset(source), batch_size=micro_batch_size, sampler=sampler, collate_fn=functools.partial(collate, unpadded=unpadded),
-                      num_workers=num_workers, pin_memory=torch.cuda.is_available(),
-                      persistent_workers=num_workers > 0, generator=torch.Generator(), worker_init_fn=_ignore_stop_signals)
+    return DataLoader(SampleDataset(source), batch_size=micro_batch_size, sampler=sampler,
+                      collate_fn=functools.partial(collate, unpadded=unpadded),
+                      num_workers=num_workers, pin_memory=torch.cuda.is_available(), persistent_workers=num_workers > 0,
+                      generator=torch.Generator(), worker_init_fn=_ignore_stop_signals)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
