@@ -36,7 +36,12 @@ fields. tokens: each pipeline's own count (ptm's cleaning and de-duplication giv
 tokenization differs from whole-document tokenization). RSS: peak of the summed RSS of
 the process tree. x ref: pipeline / ref at equal workers (MB/s: higher is faster; RSS: lower is leaner).
 sentencepiece threads: ref's batched encode uses every core in each process (its default); ptm divides the
-cores among its workers; megatron encodes one document at a time in each worker."""
+cores among its workers; megatron encodes one document at a time in each worker.
+floor / floor-none: not a pipeline but a lower bound on any ptm build: the pieces it cannot skip, each timed
+     alone in one process on the same corpus (json.loads per line, NFKC + whitespace clean-up, sentencepiece
+     on every sentence (floor) or every whole document (floor-none) with all cores); 1 worker: parse + clean
+     + encode wall time; w workers: their CPU time / min(w, cores), no start-up, no structure, no writing.
+     Its "x ref" is the most any ptm build could reach on this machine."""
 
 
 def make_corpus(src: Path, lang: str, mb: float, path: Path) -> int:
@@ -89,6 +94,38 @@ def reference(corpus: str, model: str, num_proc: int, out: str) -> None:
     ds.save_to_disk(out)
     tokens = pc.sum(pc.list_value_length(ds.data.column("input_ids"))).as_py()
     Path(out, "num_tokens").write_text(str(tokens))
+
+
+def floor(corpus: str, model: str, workers: int, out: str) -> None:
+    """Time the unavoidable pieces of a ptm build alone (runs in a child process); writes out/floor.json."""
+    import resource
+
+    import sentencepiece
+
+    from data_prep import text as T
+
+    sp, cores = sentencepiece.SentencePieceProcessor(model_file=model), os.cpu_count() or 1
+
+    def timed(fn):
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        result = fn()
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        return result, time.perf_counter() - t0, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+
+    def encode(texts):
+        for i in range(0, len(texts), 1000):
+            sp.encode(texts[i:i + 1000], out_type="numpy", num_threads=cores)
+
+    with open(corpus, "rb") as f:
+        lines = f.read().splitlines()
+    texts, parse, _ = timed(lambda: [json.loads(line)["text"] for line in lines])
+    docs, clean, _ = timed(lambda: [T.normalize(t, T.TextOptions()) for t in texts])
+    sentences = [s.lstrip() for d in docs for s in T.split_sentences(d)]
+    result = {}
+    for name, pieces in (("floor", sentences), ("floor-none", docs)):
+        _, wall, cpu = timed(lambda: encode(pieces))
+        result[name] = parse + clean + wall if workers == 1 else (parse + clean + cpu) / min(workers, cores)
+    Path(out, "floor.json").write_text(json.dumps(result))
 
 
 _SP = None
@@ -148,11 +185,14 @@ def main() -> None:
                          "the corpus its peak memory should not grow with the corpus")
     ap.add_argument("--reference", nargs=4, metavar=("CORPUS", "MODEL", "NUM_PROC", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--megatron", nargs=4, metavar=("CORPUS", "MODEL", "NUM_PROC", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--floor", nargs=4, metavar=("CORPUS", "MODEL", "WORKERS", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.reference:
         return reference(a.reference[0], a.reference[1], int(a.reference[2]), a.reference[3])
     if a.megatron:
         return megatron(a.megatron[0], a.megatron[1], int(a.megatron[2]), a.megatron[3])
+    if a.floor:
+        return floor(a.floor[0], a.floor[1], int(a.floor[2]), a.floor[3])
 
     with tempfile.TemporaryDirectory(prefix="ptm-bench-") as tmp:
         tmp = Path(tmp)
@@ -188,6 +228,11 @@ def main() -> None:
                                      tps=tokens / secs, rss=rss / MB))
                     for d in (out, tmp / "hf" / "datasets"):  # no cache reuse between runs
                         shutil.rmtree(d, ignore_errors=True)
+                out = tmp / f"floor-{mb:g}-{w}"
+                out.mkdir()
+                subprocess.run(py + [__file__, "--floor", str(corpus), model, str(w), str(out)], check=True, env=env)
+                for name, secs in json.loads((out / "floor.json").read_text()).items():
+                    rows.append(dict(name=name, w=w, mb=text_mb, secs=secs, mbs=text_mb / secs, tps=None, rss=None))
             corpus.unlink()
 
     print(HEADER + "\n")
@@ -195,6 +240,10 @@ def main() -> None:
     print(cols + f"{'x ref MB/s':>12}{'x ref RSS':>11}")
     for r in rows:
         ref = next(x for x in rows if x["name"] == "ref" and x["w"] == r["w"] and x["mb"] == r["mb"])
+        if r["rss"] is None:  # a floor row
+            print(f"{r['name']:<11}{r['w']:>6}{r['mb']:>11.1f}{r['secs']:>9.1f}{r['mbs']:>8.2f}{'-':>11}{'-':>13}"
+                  f"{r['mbs'] / ref['mbs']:>12.2f}{'-':>11}")
+            continue
         ratio = f"{r['mbs'] / ref['mbs']:>12.2f}{r['rss'] / ref['rss']:>11.2f}" if r["name"] != "ref" else ""
         print(f"{r['name']:<9}{r['w']:>8}{r['mb']:>11.1f}{r['secs']:>9.1f}{r['mbs']:>8.2f}{r['tps']:>11,.0f}"
               f"{r['rss']:>13.0f}{ratio}")
