@@ -16,7 +16,7 @@ import time
 import torch
 
 from pretrain import config as C
-from pretrain import engine, losses, optim
+from pretrain import engine, losses, objectives, optim
 from pretrain.data.packing import pack
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
@@ -58,10 +58,10 @@ def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False):
     eng = engine.build(cfg, model, optimizer, scheduler)
     data = make_batch(cfg, batch_size, "cpu")
     data = {k: v.to(dev.device()) for k, v in (pack(data) if unpadded else data).items()}
-    arch = cfg.model.arch
+    objective = objectives.get(cfg.data.objective)
 
     def step():
-        loss = losses.objective(losses.compute(eng, data, arch), losses.elements(data, arch))
+        loss = losses.objective(objective.compute(eng, data), objective.elements(data))
         eng.backward(loss)
         eng.step()
     return step

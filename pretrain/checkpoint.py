@@ -37,7 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pretrain import device as dev
-from pretrain.models.config import ModelConfig
+from pretrain.models.config import FEATURES, ModelConfig
 from ptm.files import fsync_dir, sha256_file, write_json, write_text
 
 FORMAT = "ptm-checkpoint"
@@ -285,7 +285,7 @@ def load_model_shard(ckpt: str, tp_rank: int, tp: int, vocab_rows: int | None = 
 # ---- the trainer's checkpoints ----------------------------------------------------------------------------
 
 MODEL_SHAPE = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size",
-               "max_position_embeddings", "type_vocab_size", "task_type_vocab_size")
+               "max_position_embeddings", "type_vocab_size", "task_type_vocab_size", *FEATURES)
 NOT_IDENTITY = ("activation_checkpointing",)  # model settings that a resume may change (memory, not math)
 
 
@@ -314,7 +314,8 @@ def tokenizer_sha256(ckpt: str) -> str | None:
 def resume_mismatches(ckpt: str, meta: dict, cfg, identity: dict) -> list[str]:
     """Why this run cannot resume `ckpt` (empty when it can): another model, tokenizer, vocabulary, objective
     or (unless checkpoint.allow_dataset_change) dataset."""
-    theirs, mine = meta.get("model", {}), dataclasses.asdict(cfg.model)
+    theirs = dataclasses.asdict(model_config(meta)) if "model" in meta else {}
+    mine = dataclasses.asdict(cfg.model)
     odd = [f"model.{k}={mine[k]!r} (checkpoint: {theirs.get(k)!r})" for k in mine
            if k not in NOT_IDENTITY and theirs.get(k) != mine[k]]
     run = meta.get("run", {})
@@ -336,7 +337,7 @@ def resume_mismatches(ckpt: str, meta: dict, cfg, identity: dict) -> list[str]:
 def adopt_model_shape(cfg, ckpt: str) -> list[str]:
     """checkpoint.init_from: model sizes the config left unset come from the checkpoint; those it set must
     agree. Returns the keys taken; raises CheckpointError listing each disagreement with both values."""
-    theirs = read_meta(ckpt)["model"]
+    theirs = dataclasses.asdict(model_config(read_meta(ckpt)))  # an older checkpoint's features from its arch
     explicit = getattr(cfg, "explicit", frozenset())
     odd, taken = [], []
     for key in MODEL_SHAPE:

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from pretrain.models.config import ARCHS, ModelConfig
-from pretrain.objectives.masking import KNOWLEDGE_LEVELS as _KNOWLEDGE_UNITS
+from pretrain import objectives
+from pretrain.models.config import ACTIVATIONS, ARCHS, HEADS, NORMS, ModelConfig
+from pretrain.objectives.ernie import TASK_SPECS, USER_LABELED
+from pretrain.objectives.masking import KNOWLEDGE_LEVELS as _KNOWLEDGE_UNITS, STRATEGIES as MASKINGS
 from ptm import shipped
 
 
@@ -30,34 +32,14 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 GRAD_ACCUM_DTYPES = ("fp32", "bf16")
 OPTIMIZERS = ("adamw", "lamb")
 SCHEDULES = ("linear", "poly", "cosine", "constant")
-OBJECTIVES = {
-    "mlm_nsp": "masked LM + next sentence prediction (BERT)",
-    "mlm_sop": "masked LM + sentence order prediction (ALBERT)",
-    "mlm": "masked LM on full sentences packed up to seq_len (RoBERTa)",
-    "clm": "causal LM on packed documents (GPT-2)",
-    "ernie": "ERNIE 2.0 multi-task continual pretraining, tasks from ernie.stages",
-}
-MASKINGS = {
-    "token": "independent tokens",
-    "whole_word": "all tokens of a word together",
-    "span": "random contiguous spans of words (SpanBERT)",
-    "knowledge": "phrase and entity spans from the dataset (ERNIE 1.0 knowledge masking)",
-}
-ERNIE_TASKS = {
-    "knowledge_masking": "masked LM with phrase and entity masking (word-aware)",
-    "capitalization": "predict whether a word is capitalised (word-aware)",
-    "token_document_relation": "predict whether a token also occurs in other segments of its document (word-aware)",
-    "sentence_reordering": "restore the order of shuffled segments (structure-aware)",
-    "sentence_distance": "adjacent sentences, same document or another document (structure-aware)",
-    "discourse_relation": "relation between two sentences, from labelled data (semantic-aware)",
-    "ir_relevance": "query-title relevance, from labelled data (semantic-aware)",
-}
-USER_LABELED = ("discourse_relation", "ir_relevance")  # these need a dataset in ernie.task_data
+OBJECTIVES = {name: o.help for name, o in objectives.REGISTRY.items()}
+ERNIE_TASKS = {name: task.help for name, task in TASK_SPECS.items()}
 KNOWLEDGE_LEVELS = tuple(_KNOWLEDGE_UNITS)
 
 # help for the `model` section, whose dataclass lives with the model (pretrain/models/config.py)
 MODEL_HELP = {
-    "arch": "bert | gpt2 | ernie",
+    "arch": " | ".join(ARCHS) + ": a preset of the features below (unset ones take the arch's) and the Hugging "
+            "Face class for conversion",
     "vocab_size": "vocabulary size; 0: the dataset's tokenizer",
     "vocab_pad_to": "embedding rows are padded to a multiple of this (must be divisible by parallel.tp)",
     "hidden_size": "width of the hidden states",
@@ -72,6 +54,14 @@ MODEL_HELP = {
     "attention_dropout": "dropout on attention probabilities",
     "init_std": "standard deviation of the normal weight initialisation",
     "activation_checkpointing": "recompute activations in the backward pass: true (every layer) or layer indices",
+    "norm": "post: LayerNorm after each residual sum and on the embeddings (BERT); pre: before each sublayer, and a "
+            "final one (GPT-2); null: the arch's",
+    "activation": " | ".join(ACTIVATIONS) + ": the MLP's activation; null: the arch's",
+    "causal": "attend to earlier tokens only (GPT-2); null: the arch's",
+    "heads": "output heads: lm (word embeddings as output projection), mlm (BERT's transform first), nsp (pooler + "
+             "2-way classifier for NSP/SOP); null: the arch's",
+    "scaled_init": "initialise residual output projections with init_std / sqrt(2 * num_layers) (GPT-2); null: the "
+                   "arch's",
 }
 
 
@@ -517,6 +507,13 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
     for k, choices in _CHOICES.items():
         errors.need(cfg.get(k) in choices, f"{k}={cfg.get(k)!r} is not one of {' | '.join(map(str, choices))}; "
                                            f"set {k} to one of them")
+    if cfg.model.arch in ARCHS:  # else the features are unset, and the arch's error says it all
+        for k, choices in (("model.norm", NORMS), ("model.activation", ACTIVATIONS)):
+            errors.need(cfg.get(k) in choices, f"{k}={cfg.get(k)!r} is not one of {' | '.join(choices)}; "
+                                               f"set {k} to one of them")
+        heads = cfg.model.heads
+        errors.need(all(h in HEADS for h in heads) and ("lm" in heads) != ("mlm" in heads),
+                    f"model.heads={heads} is not one LM head and optionally nsp; set it to [lm], [mlm] or either with nsp")
     for k in _POSITIVE:
         errors.need(cfg.get(k) > 0, f"{k}={cfg.get(k)} must be positive; set {k} to a value > 0")
     for k in _NON_NEGATIVE:
@@ -560,27 +557,13 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(isinstance(layers, bool) or all(0 <= i < m.num_layers for i in layers),
                 f"model.activation_checkpointing={layers} names layers outside 0..{m.num_layers - 1}; "
                 f"list existing layer indices or use true")
-    gpt2 = m.arch == "gpt2"
-    errors.need(gpt2 == (d.objective == "clm"), f"data.objective={d.objective} does not fit model.arch={m.arch}; "
-                                                f"GPT-2 trains with clm, BERT and ERNIE with mlm_nsp, mlm_sop, mlm "
-                                                f"or ernie")
-    errors.need(not gpt2 or m.type_vocab_size == 0, f"model.type_vocab_size={m.type_vocab_size}: GPT-2 has no "
-                                                    f"segment embeddings; set model.type_vocab_size=0")
     errors.need(m.task_type_vocab_size == 0 or m.arch == "ernie",
                 f"model.task_type_vocab_size={m.task_type_vocab_size} needs model.arch=ernie; set it to 0")
-    errors.need(d.objective not in ("mlm_nsp", "mlm_sop", "ernie") or m.type_vocab_size >= 2,
-                f"data.objective={d.objective} pairs two segments but model.type_vocab_size={m.type_vocab_size}; "
-                f"set model.type_vocab_size=2")
     errors.need(o.warmup_steps < 1 or float(o.warmup_steps).is_integer(),
                 f"optimizer.warmup_steps={o.warmup_steps} is neither whole steps nor a fraction below 1; round it")
     errors.need(o.warmup(t.steps) <= t.steps, f"optimizer.warmup_steps={o.warmup_steps} is longer than "
                                               f"train.steps={t.steps}; shorten the warmup")
     errors.need(o.min_lr <= o.lr, f"optimizer.min_lr={o.min_lr} exceeds optimizer.lr={o.lr}; lower optimizer.min_lr")
-    errors.need(d.pack_documents or d.objective == "clm",
-                f"data.pack_documents=false applies to data.objective=clm, not {d.objective}; remove it")
-    errors.need(not d.unpadded or d.objective != "clm",
-                "data.unpadded=true packs BERT and ERNIE samples; GPT-2 windows are packed by data.pack_documents; "
-                "remove data.unpadded")
     errors.need(not cfg.zero.offload or cfg.zero.stage >= 1,
                 "zero.offload needs ZeRO; set zero.stage=1 (or higher) or zero.offload=false")
     errors.need(cfg.precision != "bf16" or cfg.grad_accum_dtype == "bf16" or cfg.zero.stage >= 1,
@@ -589,45 +572,14 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(cfg.kernels != "compile" or cfg.zero.stage != 2 or dp == 1,
                 f"kernels=compile with zero.stage=2 over {dp} data-parallel ranks trains wrong bias gradients "
                 f"(DeepSpeed 0.19's ZeRO-2 reduction hooks with torch.compile); set zero.stage=1 or 3, or kernels=eager")
-    errors.need(cfg.fused_lm_loss != "on" or (tp == 1 and d.objective != "ernie"),
-                f"fused_lm_loss=on needs the whole vocabulary on one rank and one LM head: parallel.tp={tp}, "
-                f"data.objective={d.objective}; set fused_lm_loss=auto (on where it applies) or off")
-    _ernie_errors(cfg, errors)
-    return errors
-
-
-def _ernie_errors(cfg: Config, errors: _Problems) -> None:
-    e, objective = cfg.ernie, cfg.data.objective
-    for task in e.task_data:
+    errors.need(cfg.fused_lm_loss != "on" or tp == 1,
+                f"fused_lm_loss=on needs the whole vocabulary on one rank: parallel.tp={tp}; set fused_lm_loss=auto "
+                f"(on where it applies) or off")
+    for task in cfg.ernie.task_data:
         errors.need(task in USER_LABELED, f"ernie.task_data.{task}: only {' and '.join(USER_LABELED)} "
                                           f"take a dataset; remove it")
-    for i, stage in enumerate(e.stages):
+    for i, stage in enumerate(cfg.ernie.stages):
         errors.need(stage.knowledge_level in KNOWLEDGE_LEVELS,
                     f"ernie.stages[{i}].knowledge_level={stage.knowledge_level!r}: use one of {', '.join(KNOWLEDGE_LEVELS)}")
-    if objective != "ernie":
-        errors.need(not e.stages or cfg.data.masking == "knowledge",
-                    f"ernie.stages is set but data.objective={objective} and data.masking={cfg.data.masking}; set "
-                    "data.objective=ernie (ERNIE 2.0 tasks) or data.masking=knowledge (ERNIE 1.0 stages), or remove it")
-        total = sum(s.steps for s in e.stages)
-        errors.need(not e.stages or total == cfg.train.steps,
-                    f"ernie.stages add up to {total} steps but train.steps={cfg.train.steps}; make them equal")
-        return
-    errors.need(cfg.model.arch == "ernie", "data.objective=ernie needs model.arch=ernie; set model.arch=ernie")
-    errors.need(e.stages, "data.objective=ernie needs ernie.stages; give a list of {steps, tasks: {task: weight}}")
-    for i, stage in enumerate(e.stages):
-        where = f"ernie.stages[{i}]"
-        errors.need(stage.steps > 0, f"{where}.steps={stage.steps} must be positive; give the stage its steps")
-        errors.need(stage.tasks, f"{where}.tasks is empty; give at least one of {', '.join(ERNIE_TASKS)}")
-        for task, weight in stage.tasks.items():
-            errors.need(task in ERNIE_TASKS, f"{where}.tasks: unknown task '{task}'; "
-                                             f"valid tasks: {', '.join(ERNIE_TASKS)}")
-            errors.need(weight > 0, f"{where}.tasks.{task}={weight}: sampling weights must be positive; "
-                                    f"raise it or drop the task")
-            errors.need(task not in USER_LABELED or e.task_data.get(task),
-                        f"{where}.tasks: {task} needs labelled data; set ernie.task_data.{task}=PATH")
-        dropped = [t for t in (e.stages[i - 1].tasks if i else {}) if t not in stage.tasks]
-        errors.need(not dropped, f"{where}.tasks drops {', '.join(dropped)} of the stage before; ERNIE 2.0's continual "
-                                 f"multi-task learning keeps training earlier tasks: add them (a small weight will do)")
-    total = sum(s.steps for s in e.stages)
-    errors.need(not e.stages or total == cfg.train.steps,
-                f"ernie.stages add up to {total} steps but train.steps={cfg.train.steps}; make them equal")
+    objectives.get(d.objective).check(cfg, errors.need)
+    return errors

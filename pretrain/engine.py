@@ -13,6 +13,7 @@ import deepspeed
 from deepspeed.accelerator import get_accelerator
 
 from pretrain import kernels as K
+from pretrain import objectives
 from pretrain.config import Config, ConfigError
 from pretrain.optim import Lamb
 from pretrain.parallel import mcore
@@ -102,7 +103,7 @@ def _read_elsewhere(model):
     """(module, parameter) pairs where a module's forward reads a parameter that another module owns; ZeRO-3
     gathers a parameter only for its owner's forward unless told: the LM head reads the tied word embeddings, a
     post-LN block passes its LayerNorms' weights to the fused residual + LayerNorm kernel."""
-    head = model if model.cfg.arch == "gpt2" else model.mlm
+    head = model.mlm if "mlm" in model.cfg.heads else model
     yield head, model.embeddings.word.weight
     for block in model.blocks:
         if not block.pre_ln:
@@ -113,7 +114,7 @@ def _read_elsewhere(model):
 
 def _fused_lm_loss(cfg: Config, device) -> bool:
     """Whether the LM head runs liger-kernel's fused linear cross-entropy (`fused_lm_loss`)."""
-    if cfg.fused_lm_loss == "off" or cfg.parallel.tp > 1 or cfg.data.objective == "ernie":
+    if cfg.fused_lm_loss == "off" or cfg.parallel.tp > 1 or not objectives.get(cfg.data.objective).one_lm_head:
         return False
     why = K.fused_lm_loss_available(device)
     if why and cfg.fused_lm_loss == "on":

@@ -7,9 +7,10 @@ the whole global batch, counted over every micro-batch and data-parallel rank be
 task missing from one rank's micro-batch changes nothing, and any TP x DP x micro-batch split of the same
 global batch gives the same gradient.
 
-    counts = global_counts([elements(b, arch, tasks) for b in batches], dp_group)   # before any backward
-    terms = compute(model, batch, arch, tasks)                                     # per micro-batch
-    loss = objective(terms, counts)
+    objective = objectives.get(cfg.data.objective)          # its terms: pretrain/objectives/
+    counts = global_counts([objective.elements(b, tasks) for b in batches], dp_group)   # before any backward
+    terms = objective.compute(model, batch, tasks)                                      # per micro-batch
+    loss = losses.objective(terms, counts)
 """
 from __future__ import annotations
 
@@ -50,35 +51,6 @@ def vocab_parallel_argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(indices).gather(0, best[None])[0]
 
 
-def _selections(batch: dict, arch: str, tasks=()) -> dict[str, torch.Tensor]:
-    """Each term's elements as a boolean mask over the batch (tokens [b, s] or sequences [b]), in a fixed
-    order that is the same on every rank; `tasks`: the ERNIE 2.0 stage's."""
-    if "task" in batch:
-        from pretrain.data.ernie import TASKS
-        from pretrain.models.ernie_heads import SEQUENCE_TASKS, TOKEN_TASKS
-
-        out = {"mlm": batch["labels"] != -100} if "knowledge_masking" in tasks else {}
-        token_task = batch["token_task"] if "token_task" in batch else batch["task"][:, None]  # packed or padded
-        for name in TOKEN_TASKS:
-            if name in tasks:
-                out[name] = (token_task == TASKS.index(name)) & (batch["token_labels"] != -100)
-        for name in [*SEQUENCE_TASKS, "discourse_relation", "ir_relevance"]:
-            if name in tasks:
-                out[name] = batch["task"] == TASKS.index(name)
-        return out
-    if arch == "gpt2":
-        return {"lm": batch["labels"] != -100}
-    out = {"mlm": batch["labels"] != -100}
-    if "next_sentence_label" in batch:
-        out["nsp"] = batch["next_sentence_label"] != -100
-    return out
-
-
-def elements(batch: dict, arch: str, tasks=()) -> dict[str, torch.Tensor]:
-    """The number of elements of each term in a micro-batch, from its labels alone (no forward pass)."""
-    return {name: mask.sum() for name, mask in _selections(batch, arch, tasks).items()}
-
-
 def global_counts(per_batch: list[dict[str, torch.Tensor]], group) -> dict[str, torch.Tensor]:
     """Each term's elements in the whole global batch: summed over this rank's micro-batches, then over the
     data-parallel ranks of `group`."""
@@ -93,64 +65,16 @@ def objective(terms: dict[str, Term], counts: dict[str, torch.Tensor]) -> torch.
     return sum(t.loss / counts[name].clamp(min=1).to(t.loss.dtype) for name, t in terms.items())
 
 
-def compute(model, batch: dict, arch: str, tasks=()) -> dict[str, Term]:
-    """The batch's loss terms (summed, not averaged); `tasks`: the ERNIE 2.0 stage's. When training with the
-    engine's `fused_lm_loss`, the LM head returns its loss (and correct count) instead of logits."""
-    select = _selections(batch, arch, tasks)
-    if "task" in batch:
-        return _ernie(model, batch, select)
-    fused = getattr(model, "fused_lm_loss", False) and torch.is_grad_enabled()
-    if arch == "gpt2":
-        if fused:
-            loss, _ = model(batch["input_ids"], labels=batch["labels"])["lm_loss"]
-            return {"lm": Term(loss, select["lm"].sum())}
-        logits = model(batch["input_ids"])["logits"]
-        return {"lm": Term(K.cross_entropy(logits, batch["labels"]).sum(), select["lm"].sum())}
-    masked = select["mlm"]
-    target = batch["labels"][masked]
-    out = model(batch["input_ids"], batch.get("attention_mask"), batch["token_type_ids"], batch.get("task_type_ids"),
-                positions=masked, labels=target if fused else None, **{k: batch[k] for k in PACKED if k in batch})
-    if fused:
-        terms = {"mlm": Term(out["lm_loss"][0], target.new_tensor(len(target)), out["lm_loss"][1])}
-    else:
-        terms = {"mlm": _token_term(out["logits"], target)}
-    if "nsp" in select:
-        terms["nsp"] = _class_term(out["nsp_logits"], batch["next_sentence_label"])
-    return terms
-
-
-def _token_term(logits: torch.Tensor, target: torch.Tensor) -> Term:
+def token_term(logits: torch.Tensor, target: torch.Tensor) -> Term:
     """Masked/causal LM over vocab-parallel logits of the selected tokens."""
     correct = (vocab_parallel_argmax(logits.detach()) == target).sum() if len(target) else target.new_zeros(())
     return Term(K.cross_entropy(logits, target).sum(), target.new_tensor(len(target)), correct)
 
 
-def _class_term(logits: torch.Tensor, target: torch.Tensor) -> Term:
+def class_term(logits: torch.Tensor, target: torch.Tensor) -> Term:
     """A classification head's cross-entropy, in fp32 whatever the model's precision."""
     return Term(F.cross_entropy(logits.float(), target, reduction="sum"), target.new_tensor(len(target)),
                 (logits.detach().argmax(-1) == target).sum())
-
-
-def _ernie(model, batch: dict, select: dict[str, torch.Tensor]) -> dict[str, Term]:
-    """ERNIE 2.0: one term per task of the stage. Every head of the stage runs on every rank, on no rows when
-    the batch has none of its samples, so that ranks make the same ZeRO-3 gathers and gradient reductions
-    whatever their data."""
-    h = model(batch["input_ids"], batch.get("attention_mask"), batch["token_type_ids"], batch["task_type_ids"],
-              hidden=True, position_ids=batch.get("position_ids"), sample_index=batch.get("sample_index"))["hidden"]
-    terms = {}
-    if "mlm" in select:
-        masked = select["mlm"]
-        terms["mlm"] = _token_term(model.lm_logits(h[masked]), batch["labels"][masked])
-    for name, head in model.tasks.token.items():
-        if name in select:
-            rows = select[name]
-            terms[name] = _class_term(head(h[rows]), batch["token_labels"][rows])
-    pooled = model.pooled(h, batch.get("cls_index"))
-    for name, head in model.tasks.sequence.items():
-        if name in select:
-            rows = select[name]
-            terms[name] = _class_term(head(pooled[rows]), batch["seq_label"][rows])
-    return terms
 
 
 class Tally:

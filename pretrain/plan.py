@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 
 from data_prep import PrepError
+from pretrain import objectives
 from pretrain.config import Config, ConfigError, load
 from pretrain.models.config import ModelConfig, padded_vocab_size
 
@@ -62,10 +63,11 @@ def _modules(m: ModelConfig) -> list[tuple[int, int]]:
                   (0, m.task_type_vocab_size * h)]
     # LayerNorm, QKV (column), output (row: bias replicated), LayerNorm, fc1 (column), fc2 (row)
     block = [(0, 2 * h), (3 * h * h + 3 * h, 0), (h * h, h), (0, 2 * h), (f * h + f, 0), (f * h, h)]
-    if m.arch == "gpt2":
-        heads = [(0, 2 * h)]  # final LayerNorm; the LM head is the word embeddings
-    else:  # embedding LayerNorm; MLM bias (vocab-split), transform dense and LayerNorm; pooler; NSP/SOP
-        heads = [(0, 2 * h), (v, 0), (0, h * h + h), (0, 2 * h), (0, h * h + h), (0, 2 * h + 2)]
+    heads = [(0, 2 * h)]  # the embedding LayerNorm (post-LN) or the final one (pre-LN)
+    if "mlm" in m.heads:  # MLM bias (vocab-split), transform dense and LayerNorm; "lm" is the word embeddings
+        heads += [(v, 0), (0, h * h + h), (0, 2 * h)]
+    if "nsp" in m.heads:  # pooler, NSP/SOP classifier
+        heads += [(0, h * h + h), (0, 2 * h + 2)]
     return embeddings + block * m.num_layers + heads
 
 
@@ -85,11 +87,8 @@ def largest_module(m: ModelConfig, tp: int = 1) -> int:
 # --------------------------------------------------------------------------------------------- FLOPs
 
 def predicted_tokens(cfg: Config) -> int:
-    """Tokens per sequence the LM head runs on: all for GPT-2, the masked positions for masked LM."""
-    d = cfg.data
-    if cfg.model.arch == "gpt2":
-        return d.seq_len
-    return d.max_predictions_per_seq or math.ceil(d.mask_prob * d.seq_len)
+    """Tokens per sequence the LM head runs on: all for causal LM, the masked positions for masked LM."""
+    return objectives.get(cfg.data.objective).predicted_tokens(cfg.data)
 
 
 def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None = None) -> float:
@@ -101,14 +100,14 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
       + 12 * L * h * s^2              attention scores QK^T and P @ V over the full s x s square
                                       (causal masking's halving is not applied, as in Megatron and nanoGPT)
       + 6 * p * h * V                 LM head logits on the predicted tokens
-      + 6 * p * h^2                   BERT/ERNIE: the MLM transform dense on the predicted tokens
+      + 6 * p * h^2                   with an mlm head: its transform dense on the predicted tokens
 
     For f = 4h and p = s this is Megatron's 72*s*L*h^2 * (1 + s/(6h) + V/(12*L*h)). Embedding lookups, norms,
     softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
     h, s, p = m.hidden_size, seq_len, seq_len if predicted is None else predicted
     blocks = 6 * s * m.num_layers * (4 * h * h + 2 * h * m.ffn_hidden_size)
     attention = 12 * m.num_layers * h * s * s
-    head = 6 * p * h * (padded_vocab_size(m) + (0 if m.arch == "gpt2" else h))
+    head = 6 * p * h * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
     return float(blocks + attention + head)
 
 

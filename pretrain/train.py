@@ -18,13 +18,12 @@ import torch.distributed as dist
 from data_prep.dataset import Corpus
 from pretrain import checkpoint as C
 from pretrain import device as dev
-from pretrain import engine, losses, optim, plan, signals
+from pretrain import engine, losses, objectives, optim, plan, signals
 from pretrain import kernels as K
 from pretrain.config import Config, ConfigError
 from pretrain.data.factory import build_sources
 from pretrain.data.loader import make_loader
 from pretrain.data.packing import padding_fraction
-from pretrain.models.ernie_heads import ErnieTaskHeads
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
 from pretrain.parallel.layout import loss_scale
@@ -91,10 +90,9 @@ class Trainer:
         self.identity = C.run_identity(cfg, self.corpora)
         sample = self.corpora[0].shards[0].values["input_ids"][:10_000_000]
         self.most_frequent = int(np.bincount(sample, minlength=cfg.model.vocab_size).argmax())
+        self.objective = objectives.get(cfg.data.objective)
         model = Pretraining(cfg.model)
-        if cfg.data.objective == "ernie":
-            labelled = {task: Corpus(path).manifest["num_labels"] for task, path in cfg.ernie.task_data.items()}
-            model.tasks = ErnieTaskHeads(cfg.model.hidden_size, cfg.model.init_std, labelled)
+        self.objective.add_heads(model, cfg)
         self.params = C.param_info(model.named_parameters(), mcore.tp_size())
         if self.resume:
             self._load_resumed(model, meta)
@@ -191,11 +189,10 @@ class Trainer:
         batches = [next(micro_batches) for _ in range(self.accumulation)]
         padding = sum(map(padding_fraction, batches)) / len(batches)  # on the host: no device sync
         batches = list(map(self._to_device, batches))
-        counts = losses.global_counts([losses.elements(b, self.cfg.model.arch, tasks) for b in batches],
-                                      mcore.dp_group())
+        counts = losses.global_counts([self.objective.elements(b, tasks) for b in batches], mcore.dp_group())
         tally, finite = losses.Tally(), torch.ones((), device=self.device)
         for i, batch in enumerate(batches):
-            terms = losses.compute(self.engine, batch, self.cfg.model.arch, tasks)
+            terms = self.objective.compute(self.engine, batch, tasks)
             loss = losses.objective(terms, counts) * (self.accumulation * self.dp)
             finite = finite * torch.isfinite(loss.detach()).float()
             self.engine.backward(loss)
@@ -263,7 +260,7 @@ class Trainer:
         for n, batch in enumerate(self._loader(valid, 0, 0)):
             if n == self.cfg.train.eval_steps:
                 break
-            terms = losses.compute(self.engine, self._to_device(batch), self.cfg.model.arch, self._tasks(step))
+            terms = self.objective.compute(self.engine, self._to_device(batch), self._tasks(step))
             baseline = {}
             if "mlm" in terms and terms["mlm"].correct is not None:  # always answering the most frequent token
                 target = batch["labels"][batch["labels"] != -100]

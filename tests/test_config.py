@@ -8,6 +8,7 @@ import yaml
 
 from pretrain import config as C
 from pretrain.config import Config, ConfigError, load
+from pretrain.models.config import ARCH_FEATURES, ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
@@ -272,6 +273,30 @@ def test_ernie_stage_at():
 def test_warmup_steps_or_fraction():
     assert load("bert-tiny", ["optimizer.warmup_steps=0.1"]).optimizer.warmup(300) == 30
     assert load("bert-tiny", ["optimizer.warmup_steps=25"]).optimizer.warmup(300) == 25
+
+
+def test_model_features_come_from_the_arch_unless_set():
+    """The model reads features; `arch` only fills those a config leaves unset, and the resolved config (what
+    checkpoints keep) names every one."""
+    g = load("gpt2-tiny").model
+    assert (g.norm, g.activation, g.causal, g.heads, g.scaled_init) == ("pre", "gelu_tanh", True, ["lm"], True)
+    b = load("bert-tiny", ["model.norm=pre", "model.heads=[mlm]"]).model
+    assert (b.norm, b.activation, b.causal, b.heads, b.scaled_init) == ("pre", "gelu", False, ["mlm"], False)
+    assert "norm: pre" in load("bert-tiny", ["model.norm=pre"]).to_yaml()
+    assert ModelConfig(arch="gpt2").heads is not ARCH_FEATURES["gpt2"]["heads"]  # not shared between configs
+    assert problems(["model.heads=[nsp]", "data.objective=mlm"]) == [
+        "model.heads=['nsp'] is not one LM head and optionally nsp; set it to [lm], [mlm] or either with nsp"]
+    assert any("data.objective=mlm_nsp trains the model's nsp head" in p for p in problems(["model.heads=[mlm]"]))
+
+
+def test_every_objective_is_one_registered_module():
+    """The config's choices and help, the data factory and the trainer all come from the registry."""
+    from pretrain import objectives
+
+    assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie")
+    assert all(o.help and C.OBJECTIVES[name] == o.help for name, o in objectives.REGISTRY.items())
+    with pytest.raises(ValueError, match="data.objective 'electra' is not one of mlm_nsp | mlm_sop"):
+        objectives.get("electra")
 
 
 def test_data_paths():

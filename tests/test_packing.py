@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from pretrain import losses
+from pretrain import objectives
 from pretrain.data.packing import pack, padding_fraction, rows_for
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
@@ -38,7 +38,7 @@ def test_packed_batch_gives_the_padded_loss_and_gradients():
     for b in (batch, packed):
         mcore.initialize(tp=1, seed=0)
         model = Pretraining(dataclasses.replace(tiny("bert"), max_position_embeddings=16)).train()
-        terms = losses.compute(model, b, "bert")
+        terms = objectives.get("mlm_nsp").compute(model, b)
         sum(t.loss for t in terms.values()).backward()
         results.append((terms, {n: p.grad for n, p in model.named_parameters()}))
     (padded, grads), (unpadded, packed_grads) = results
@@ -66,8 +66,8 @@ def test_packing_without_the_block_diagonal_mask_would_differ():
 def test_packed_ernie2_batch_gives_the_padded_task_terms_and_gradients():
     """ERNIE 2.0: per-token tasks (capitalisation) select their tokens through each token's task, sequence tasks
     (sentence distance) pool each sample's [CLS], knowledge masking is masked LM."""
-    from pretrain.data.ernie import TASKS, TASK_TYPE
     from pretrain.models.ernie_heads import ErnieTaskHeads
+    from pretrain.objectives.ernie import TASK_SPECS, TASKS
 
     tasks = ("knowledge_masking", "capitalization", "sentence_distance")
     lengths = [16, 3, 9, 7, 5, 12]
@@ -77,7 +77,7 @@ def test_packed_ernie2_batch_gives_the_padded_task_terms_and_gradients():
     task = torch.tensor([TASKS.index(tasks[i % 3]) for i in range(len(lengths))])
     real = batch["attention_mask"].bool()
     batch.update(task=task, seq_label=torch.randint(0, 3, (len(lengths),), generator=g),
-                 task_type_ids=torch.tensor([TASK_TYPE[TASKS[t]] for t in task])[:, None] * real,
+                 task_type_ids=torch.tensor([TASK_SPECS[TASKS[t]].group for t in task])[:, None] * real,
                  token_labels=torch.where(real & (task[:, None] == TASKS.index("capitalization")),
                                           torch.randint(0, 2, real.shape, generator=g), -100))
     batch["labels"] = torch.where(task[:, None] == TASKS.index("knowledge_masking"), batch["labels"], -100)
@@ -89,7 +89,7 @@ def test_packed_ernie2_batch_gives_the_padded_task_terms_and_gradients():
         cfg = dataclasses.replace(tiny("ernie"), max_position_embeddings=16, task_type_vocab_size=3)
         model = Pretraining(cfg).train()
         model.tasks = ErnieTaskHeads(cfg.hidden_size, cfg.init_std)
-        terms = losses.compute(model, b, "ernie", tasks)
+        terms = objectives.get("ernie").compute(model, b, tasks)
         sum(t.loss for t in terms.values()).backward()
         results.append((terms, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
     (padded, grads), (unpadded, packed_grads) = results

@@ -186,6 +186,24 @@ def test_precision_zero_optimizer_matrix_resumes_exactly(matrix, name):
 
 # ---- refusing what does not fit ---------------------------------------------------------------------------
 
+def test_a_checkpoint_from_before_model_features_resumes_as_its_arch():
+    """Checkpoints written before the model section named its features (norm, heads, ...) take their arch's; a
+    run whose features differ from those is refused like any other model change."""
+    import dataclasses
+
+    from pretrain.config import load
+    from pretrain.models.config import FEATURES
+
+    cfg = load("gpt2-tiny")
+    cfg.model.vocab_size = 100
+    identity = {"tokenizer_sha256": "a", "vocab_size": 100, "objective": "clm", "datasets": [], "seed": cfg.seed}
+    old = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k not in FEATURES}
+    meta = {"model": old, "run": identity}
+    assert C.resume_mismatches("ckpt", meta, cfg, identity) == []
+    cfg.model.norm = "post"
+    assert "model.norm='post' (checkpoint: 'pre')" in C.resume_mismatches("ckpt", meta, cfg, identity)[0]
+
+
 @pytest.fixture(scope="module")
 def trained_bert(train_data, tmp_path_factory):
     """A finished 2-step bert-tiny run (one process)."""

@@ -85,7 +85,7 @@ def test_ernie2_schedule_switches_tasks_at_the_stage_boundaries(dataset, tmp_pat
     """Three stages, each adding a task and keeping the earlier ones (continual multi-task learning): each stage's
     samples come from its tasks; the tasks in the loss change at each boundary; a task's head receives gradient in
     exactly the steps of the stages that include it; each evaluation reports the stage of its step and its tasks."""
-    from pretrain.data.ernie import TASKS
+    from pretrain.objectives.ernie import TASKS
     from pretrain.data.factory import build_sources
     from pretrain.train import Trainer
 
@@ -147,7 +147,7 @@ def test_ernie1_knowledge_masking_stages(dataset, tmp_path):
 def test_ernie2_semantic_task_from_labelled_pairs(dataset, corpus, sp_model, tmp_path):
     """IR relevance from a user's labelled Arrow dataset: query and title from the same docstring (1) or not (0)."""
     from conftest import write_jsonl
-    from pretrain.data.ernie import TASKS
+    from pretrain.objectives.ernie import TASKS
     from pretrain.data.factory import build_sources
     from pretrain.train import train
 

@@ -21,14 +21,9 @@ from functools import cached_property
 import numpy as np
 
 from data_prep.dataset import Corpus
-from pretrain.config import ERNIE_TASKS, USER_LABELED
 from pretrain.data.bert import BertDataset, _truncate_pair
 from pretrain.data.indexes import Stream, rng
-from pretrain.models.ernie_heads import PERMUTATIONS, TOKEN_TASKS
-
-TASKS = list(ERNIE_TASKS)
-TASK_TYPE = {"knowledge_masking": 0, "capitalization": 0, "token_document_relation": 0,
-             "sentence_reordering": 1, "sentence_distance": 1, "discourse_relation": 2, "ir_relevance": 2}
+from pretrain.objectives.ernie import PERMUTATIONS, TASK_SPECS, TASKS, TOKEN_TASKS, USER_LABELED
 
 
 def labelled_corpus(task: str, path: str | None, main: str) -> Corpus:
@@ -102,7 +97,7 @@ class ErnieDataset(BertDataset):
         return {"input_ids": ids, "token_type_ids": types, "attention_mask": (np.arange(self.seq_len) < length)
                 .astype(np.int64), "labels": labels, "token_labels": token_labels,
                 "seq_label": np.array(seq_label, dtype=np.int64), "task": np.array(TASKS.index(task), dtype=np.int64),
-                "task_type_ids": np.full(self.seq_len, TASK_TYPE[task], dtype=np.int64)}
+                "task_type_ids": np.full(self.seq_len, TASK_SPECS[task].group, dtype=np.int64)}
 
     def _labelled(self, g, task: str) -> dict[str, np.ndarray]:
         """A random example of the task's labelled dataset: [CLS] A [SEP] B [SEP] (B from pair_start on)."""

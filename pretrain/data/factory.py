@@ -1,14 +1,10 @@
 """Train and validation sources from the `data` section of the training config."""
 from __future__ import annotations
 
-import math
-
 from data_prep.dataset import Corpus
-from pretrain.data.bert import OBJECTIVES as BERT_OBJECTIVES, BertDataset
+from pretrain import objectives
 from pretrain.data.blend import BlendedDataset
-from pretrain.data.gpt import GPTDataset
 from pretrain.data.indexes import split_documents
-from pretrain.objectives.masking import Masker
 
 
 def build_sources(data, seed: int, *, cache_dir: str | None = None, knowledge_level: str = "entity",
@@ -17,11 +13,7 @@ def build_sources(data, seed: int, *, cache_dir: str | None = None, knowledge_le
     there are several; documents are held out by `split_documents`; valid is None when valid_fraction is 0.
     `tasks` ({task: weight}, the current ERNIE 2.0 stage) and `task_data` ({task: labelled dataset}) are for
     data.objective == "ernie"."""
-    if data.objective not in ("clm", "ernie") and data.objective not in BERT_OBJECTIVES:
-        raise ValueError(f"data.objective {data.objective!r} has no sample builder; "
-                         f"available: clm, {', '.join(BERT_OBJECTIVES)}")
-    if data.objective == "ernie" and not tasks:
-        raise ValueError("data.objective=ernie needs the current stage's tasks (ernie.stages)")
+    objective = objectives.get(data.objective)
     corpora = [Corpus(p) for p in data.paths]
     if len({c.manifest["tokenizer"]["sha256"] for c in corpora}) > 1:
         raise ValueError(f"data.path: {', '.join(data.paths)} were encoded with different tokenizers; "
@@ -32,19 +24,8 @@ def build_sources(data, seed: int, *, cache_dir: str | None = None, knowledge_le
         if not len(docs):
             raise ValueError(f"{path}: data.valid_fraction={data.valid_fraction} holds out no document; "
                              "raise it, or set it to 0 to train without validation")
-        if data.objective == "clm":
-            return GPTDataset(path, data.seq_len, seed=seed, docs=docs, cache_dir=cache_dir, pack=data.pack_documents)
-        masker = Masker(corpus.special_ids, corpus.vocab_size,
-                        strategy="knowledge" if data.objective == "ernie" else data.masking, mask_prob=data.mask_prob,
-                        max_predictions=data.max_predictions_per_seq or math.ceil(data.mask_prob * data.seq_len),
-                        knowledge_level=knowledge_level)
-        if data.objective == "ernie":
-            from pretrain.data.ernie import ErnieDataset
-
-            return ErnieDataset(path, data.seq_len, masker, tasks=tasks, task_data=task_data, seed=seed, docs=docs,
-                                cache_dir=cache_dir)
-        return BertDataset(path, data.seq_len, masker, objective=data.objective, short_seq_prob=data.short_seq_prob,
-                           seed=seed, docs=docs, cache_dir=cache_dir)
+        return objective.source(data, path, corpus, docs, seed=seed, cache_dir=cache_dir,
+                                knowledge_level=knowledge_level, tasks=tasks, task_data=task_data or {})
 
     def part(which: int):
         try:

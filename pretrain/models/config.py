@@ -1,14 +1,29 @@
-"""The model's shape and options (the `model` section of a training config)."""
+"""The model's shape and options (the `model` section of a training config).
+
+The model reads *features* (LayerNorm position, activation, attention direction, heads, initialisation),
+never an architecture name. `arch` names a preset combination of them: a feature the config leaves unset
+(None) takes the arch's value, so `arch: gpt2` alone is GPT-2, and a config may change any one feature.
+`arch` also picks the Hugging Face class and key map for conversion.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ARCHS = ("bert", "gpt2", "ernie")
+NORMS = ("post", "pre")  # post-LN (BERT): embedding LayerNorm; pre-LN (GPT-2): a final LayerNorm
+ACTIVATIONS = ("gelu", "gelu_tanh")
+HEADS = ("lm", "mlm", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; pooler + 2-way head
+ARCH_FEATURES = {
+    "bert": dict(norm="post", activation="gelu", causal=False, heads=["mlm", "nsp"], scaled_init=False),
+    "gpt2": dict(norm="pre", activation="gelu_tanh", causal=True, heads=["lm"], scaled_init=True),
+    "ernie": dict(norm="post", activation="gelu", causal=False, heads=["mlm", "nsp"], scaled_init=False),
+}
+ARCHS = tuple(ARCH_FEATURES)
+FEATURES = tuple(ARCH_FEATURES["bert"])
 
 
 @dataclass
 class ModelConfig:
-    arch: str = "bert"  # bert | gpt2 | ernie
+    arch: str = "bert"  # one of ARCHS
     vocab_size: int = 0  # 0: the dataset's vocabulary
     vocab_pad_to: int = 128  # embedding rows are padded to a multiple of this (and of parallel.tp)
     hidden_size: int = 768
@@ -23,6 +38,17 @@ class ModelConfig:
     attention_dropout: float = 0.1
     init_std: float = 0.02
     activation_checkpointing: bool | list[int] = field(default=False)  # all layers, or these layer indices
+    # features: None takes the arch's (ARCH_FEATURES)
+    norm: str | None = None
+    activation: str | None = None
+    causal: bool | None = None
+    heads: list[str] | None = None
+    scaled_init: bool | None = None
+
+    def __post_init__(self):
+        for key, value in ARCH_FEATURES.get(self.arch, {}).items():  # an unknown arch: ConfigError in validation
+            if getattr(self, key) is None:
+                setattr(self, key, list(value) if isinstance(value, list) else value)
 
 
 def padded_vocab_size(cfg: ModelConfig) -> int:

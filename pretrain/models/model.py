@@ -1,10 +1,14 @@
-"""One transformer for BERT, GPT-2 and ERNIE, read top to bottom.
+"""One transformer for BERT, GPT-2 and ERNIE, read top to bottom. It reads features from its config
+(pretrain/models/config.py), never an architecture name:
 
-    BERT  (Devlin et al.; HF BertForPreTraining): post-LayerNorm blocks, learned positions, segment
-          embeddings, GELU, pooler, MLM head tied to the word embeddings, NSP/SOP head.
-    GPT-2 (HF GPT2LMHeadModel): pre-LayerNorm blocks, final LayerNorm, tanh-GELU, LM head tied to the word
-          embeddings, residual projections initialised with std / sqrt(2 * layers).
-    ERNIE (HF ErnieForPreTraining): BERT plus task-type embeddings (ERNIE 2.0's task id).
+    norm          post: LayerNorm after each residual sum and on the embeddings (BERT, ERNIE);
+                  pre: LayerNorm before each sublayer and a final one (GPT-2)
+    activation    gelu (BERT) | gelu_tanh (GPT-2)
+    causal        attention to earlier tokens only (GPT-2)
+    heads         lm: the word embeddings as output projection (GPT-2); mlm: BERT's dense + GELU + LayerNorm
+                  transform first, plus a bias; nsp: pooler + 2-way classifier (NSP/SOP)
+    scaled_init   residual output projections initialised with std / sqrt(2 * layers) (GPT-2)
+    type_vocab_size, task_type_vocab_size: segment (BERT) and task-type (ERNIE 2.0) embeddings
 
 The linear layers and the word embeddings are megatron-core's tensor-parallel layers, so the same code
 runs with the weights split over `tp` ranks (heads and MLP columns split, vocabulary split); with tp=1
@@ -30,13 +34,12 @@ from pretrain.parallel import mcore
 class Embeddings(nn.Module):
     def __init__(self, cfg, mp_config, init):
         super().__init__()
-        self.bert_like = cfg.arch != "gpt2"
         self.word = tp.VocabParallelEmbedding(padded_vocab_size(cfg), cfg.hidden_size, init_method=init,
                                               config=mp_config, tp_group=mcore.tp_group())
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size) if cfg.type_vocab_size else None
         self.task_type = nn.Embedding(cfg.task_type_vocab_size, cfg.hidden_size) if cfg.task_type_vocab_size else None
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if self.bert_like else None
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.norm == "post" else None
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(self, input_ids, token_type_ids=None, task_type_ids=None, position_ids=None):
@@ -60,7 +63,7 @@ class Attention(nn.Module):
         super().__init__()
         self.heads = cfg.num_heads // mcore.tp_size()
         self.head_dim = cfg.hidden_size // cfg.num_heads
-        self.causal = cfg.arch == "gpt2"
+        self.causal = cfg.causal
         self.dropout = cfg.attention_dropout
         self.qkv = tp.ColumnParallelLinear(cfg.hidden_size, 3 * cfg.hidden_size, config=mp_config, init_method=init,
                                            bias=True, gather_output=False, tp_group=mcore.tp_group())
@@ -80,7 +83,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg, mp_config, init, out_init):
         super().__init__()
-        self.approximate = "tanh" if cfg.arch == "gpt2" else "none"
+        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
         self.fc1 = tp.ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, config=mp_config, init_method=init,
                                            bias=True, gather_output=False, skip_bias_add=True, tp_group=mcore.tp_group())
         self.fc2 = tp.RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, config=mp_config, init_method=out_init,
@@ -92,11 +95,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """A transformer layer: post-LN (BERT, ERNIE) or pre-LN (GPT-2)."""
+    """A transformer layer, post-LN or pre-LN."""
 
     def __init__(self, cfg, mp_config, init, out_init):
         super().__init__()
-        self.pre_ln = cfg.arch == "gpt2"
+        self.pre_ln = cfg.norm == "pre"
         self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.attn = Attention(cfg, mp_config, init, out_init)
         self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
@@ -133,9 +136,9 @@ class MLMHead(nn.Module):
 
 
 class Pretraining(nn.Module):
-    """Embeddings, blocks and the heads of `cfg.arch`. `forward` returns vocab-parallel logits (only at
-    `positions` when given: the MLM head is then run on the masked tokens alone) and, for BERT-like
-    models, the NSP/SOP logits.
+    """Embeddings, blocks and the heads of `cfg.heads`. `forward` returns vocab-parallel logits (only at
+    `positions` when given: the MLM head is then run on the masked tokens alone) and, with an nsp head, the
+    NSP/SOP logits.
 
     Unpadded batches (pretrain/data/packing.py) hold several samples per row: `position_ids` restart per
     sample, `sample_index` (1, 2, ... per sample, 0 for padding) replaces `attention_mask` and makes attention
@@ -149,14 +152,15 @@ class Pretraining(nn.Module):
         self.cfg = cfg
         mp_config = mcore.model_parallel_config()
         init = _normal(cfg.init_std)
-        out_init = _normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)) if cfg.arch == "gpt2" else init
+        out_init = _normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)) if cfg.scaled_init else init
         self.embeddings = Embeddings(cfg, mp_config, init)
         self.blocks = nn.ModuleList(Block(cfg, mp_config, init, out_init) for _ in range(cfg.num_layers))
         self.checkpointed = _checkpointed_layers(cfg.activation_checkpointing, cfg.num_layers)
-        if cfg.arch == "gpt2":
+        if cfg.norm == "pre":
             self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        else:
+        if "mlm" in cfg.heads:
             self.mlm = MLMHead(cfg, self.embeddings.word.num_embeddings_per_partition)
+        if "nsp" in cfg.heads:
             self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
             self.nsp = nn.Linear(cfg.hidden_size, 2)
         self._init_replicated(cfg.init_std)
@@ -188,33 +192,32 @@ class Pretraining(nn.Module):
         mask = None
         if sample_index is not None:  # [b, 1, s, s]: within a sample (padding attends to padding)
             mask = sample_index[:, None, :, None] == sample_index[:, None, None, :]
-        elif attention_mask is not None and self.cfg.arch != "gpt2":
+        elif attention_mask is not None and not self.cfg.causal:
             mask = attention_mask[:, None, None, :].bool()  # [b, 1, 1, s]: True = attend
         for i, block in enumerate(self.blocks):
             x = _checkpoint(block, x, mask) if i in self.checkpointed and self.training else block(x, mask)
-        return self.final_norm(x) if self.cfg.arch == "gpt2" else x
+        return self.final_norm(x) if self.cfg.norm == "pre" else x
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, positions=None,
                 hidden=False, position_ids=None, sample_index=None, cls_index=None, labels=None):
         h = self.encode(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, sample_index)
         if hidden:  # ERNIE 2.0's losses run their heads on the hidden states
             return {"hidden": h}
-        if self.cfg.arch == "gpt2":
-            if labels is not None:
-                return {"lm_loss": K.linear_cross_entropy(h.flatten(0, 1), self.embeddings.word.weight, None,
-                                                          labels.flatten(), self.cfg.vocab_size)}
-            return {"logits": self.lm_logits(h)}
-        out = {"nsp_logits": self.nsp_logits(h, cls_index)}
+        out = {"nsp_logits": self.nsp_logits(h, cls_index)} if "nsp" in self.cfg.heads else {}
         predicted = h if positions is None else h[positions]
-        if labels is not None:
+        if labels is None:
+            out["logits"] = self.lm_logits(predicted)
+        elif "mlm" in self.cfg.heads:
             out["lm_loss"] = self.mlm(predicted, self.embeddings.word, labels, self.cfg.vocab_size)
         else:
-            out["logits"] = self.lm_logits(predicted)
+            out["lm_loss"] = K.linear_cross_entropy(predicted.flatten(0, -2), self.embeddings.word.weight, None,
+                                                    labels.flatten(), self.cfg.vocab_size)
         return out
 
     def lm_logits(self, h):
-        """Vocab-parallel logits of hidden states (the MLM head for BERT-like models), padding rows masked."""
-        logits = _tied_logits(h, self.embeddings.word) if self.cfg.arch == "gpt2" else self.mlm(h, self.embeddings.word)
+        """Vocab-parallel logits of hidden states (through the MLM transform with an mlm head), padding rows
+        masked."""
+        logits = self.mlm(h, self.embeddings.word) if "mlm" in self.cfg.heads else _tied_logits(h, self.embeddings.word)
         return logits.masked_fill(self.vocab_padding, torch.finfo(logits.dtype).min)
 
     def nsp_logits(self, h, cls_index=None):

@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-STRATEGIES = ("token", "whole_word", "span", "knowledge")
+STRATEGIES = {
+    "token": "independent tokens",
+    "whole_word": "all tokens of a word together",
+    "span": "random contiguous spans of words (SpanBERT)",
+    "knowledge": "phrase and entity spans from the dataset (ERNIE 1.0 knowledge masking)",
+}
 KNOWLEDGE_LEVELS = {"token": (), "phrase": ("phrase",), "entity": ("phrase", "entity")}
 IGNORE = -100  # label of positions that are not predicted
 
