@@ -11,7 +11,9 @@ from checkpoints_tools import hf_keys
 from pretrain import checkpoint as C
 from pretrain.models.config import ModelConfig
 
-_HF_CLASSES = {"bert": "BertForPreTraining", "ernie": "ErnieForPreTraining", "gpt2": "GPT2LMHeadModel"}
+_HF_CLASSES = {"bert": "BertForPreTraining", "ernie": "ErnieForPreTraining", "roberta": "RobertaForMaskedLM",
+               "albert": "AlbertForPreTraining", "gpt2": "GPT2LMHeadModel"}
+_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # ptm -> HF hidden_act
 
 
 def hf_config(cfg: ModelConfig, special: dict):
@@ -28,11 +30,22 @@ def hf_config(cfg: ModelConfig, special: dict):
             architectures=[_HF_CLASSES["gpt2"]])
     common = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads, intermediate_size=cfg.ffn_hidden_size, hidden_act="gelu",
+        num_attention_heads=cfg.num_heads, intermediate_size=cfg.ffn_hidden_size, hidden_act=_ACTIVATIONS[cfg.activation],
         hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
         max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
         layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_std, pad_token_id=special.get("pad", 0),
         architectures=[_HF_CLASSES[cfg.arch]])
+    if cfg.arch == "albert":  # every layer is the one shared layer: one group of one layer
+        if cfg.share_layers != "all":
+            raise C.CheckpointError(f"Hugging Face's ALBERT shares whole layers; a model with share_layers="
+                                    f"{cfg.share_layers} has no HF class: keep it in ptm's format, or train with "
+                                    "share_layers=all to export it")
+        return transformers.AlbertConfig(embedding_size=cfg.embedding_size or cfg.hidden_size, num_hidden_groups=1,
+                                         inner_group_num=1, bos_token_id=special.get("cls"),
+                                         eos_token_id=special.get("sep"), **common)
+    if cfg.arch == "roberta":  # positions from pad_token_id + 1: the model's padding id, the tokenizer's
+        common.update(pad_token_id=cfg.pad_token_id, bos_token_id=special.get("cls"), eos_token_id=special.get("sep"))
+        return transformers.RobertaConfig(**common)
     if cfg.arch == "ernie":
         return transformers.ErnieConfig(use_task_id=cfg.task_type_vocab_size > 0,
                                         task_type_vocab_size=max(cfg.task_type_vocab_size, 1), **common)
@@ -46,10 +59,21 @@ def model_config_from_hf(hf) -> ModelConfig:
                            max_position_embeddings=hf.n_positions, type_vocab_size=0, task_type_vocab_size=0,
                            layer_norm_eps=hf.layer_norm_epsilon, hidden_dropout=hf.resid_pdrop,
                            attention_dropout=hf.attn_pdrop, init_std=hf.initializer_range)
-    if hf.model_type not in ("bert", "ernie"):
-        raise C.CheckpointError(f"model type {hf.model_type!r} is not supported; ptm imports bert, ernie and gpt2")
+    if hf.model_type not in ("bert", "ernie", "roberta", "albert"):
+        raise C.CheckpointError(f"model type {hf.model_type!r} is not supported; ptm imports bert, ernie, roberta, "
+                                "albert and gpt2")
+    activation = {v: k for k, v in _ACTIVATIONS.items()}.get(hf.hidden_act)
+    if activation is None:
+        raise C.CheckpointError(f"hidden_act={hf.hidden_act!r} is not one ptm has ({', '.join(_ACTIVATIONS.values())})")
+    extra = {}
+    if hf.model_type == "albert":
+        if (hf.num_hidden_groups, hf.inner_group_num) != (1, 1):
+            raise C.CheckpointError(f"ALBERT with num_hidden_groups={hf.num_hidden_groups}, inner_group_num="
+                                    f"{hf.inner_group_num}: ptm imports one shared layer (1, 1), as every released ALBERT")
+        extra["embedding_size"] = hf.embedding_size if hf.embedding_size != hf.hidden_size else 0
     task = hf.task_type_vocab_size if getattr(hf, "use_task_id", False) else 0
-    return ModelConfig(arch=hf.model_type, vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.hidden_size,
+    pad = hf.pad_token_id if hf.model_type == "roberta" else -1
+    return ModelConfig(arch=hf.model_type, pad_token_id=pad, activation=activation, **extra, vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.hidden_size,
                        num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads,
                        ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
                        type_vocab_size=hf.type_vocab_size, task_type_vocab_size=task,
@@ -69,10 +93,11 @@ def export_tokenizer(tok_dir: str, out: str, arch: str, nfkc: bool, max_length: 
     files = [os.path.join(tok_dir, name) for name in meta["files"]]
     if meta["kind"] == "wordpiece":
         hf = transformers.BertTokenizerFast.from_pretrained(tok_dir, do_lower_case=meta["lowercase"])
-    elif meta["kind"] == "bpe":
-        hf = transformers.GPT2TokenizerFast.from_pretrained(tok_dir)
+    elif meta["kind"] == "bpe":  # RoBERTa's adds <s> A </s></s> B </s> around the same byte-level BPE
+        cls = transformers.RobertaTokenizerFast if arch == "roberta" else transformers.GPT2TokenizerFast
+        hf = cls.from_pretrained(tok_dir)
     else:
-        inputs = ["input_ids", "attention_mask"] + ([] if arch == "gpt2" else ["token_type_ids"])
+        inputs = ["input_ids", "attention_mask"] + ([] if arch in ("gpt2", "roberta") else ["token_type_ids"])
         hf = transformers.PreTrainedTokenizerFast(tokenizer_object=_sentencepiece_to_fast(files[0], arch),
                                                   unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
                                                   sep_token="[SEP]", mask_token="[MASK]", model_input_names=inputs)
@@ -91,7 +116,8 @@ def export_tokenizer(tok_dir: str, out: str, arch: str, nfkc: bool, max_length: 
 
 def _sentencepiece_to_fast(model_file: str, arch: str):
     """transformers' own sentencepiece converter (ids identical to sentencepiece's), with byte fallback
-    decoding and BERT's [CLS] A [SEP] B [SEP] template for BERT-like models."""
+    decoding and, for bidirectional models, BERT's [CLS] A [SEP] B [SEP] template (RoBERTa's [CLS] A [SEP] [SEP] B
+    [SEP], one segment type)."""
     from tokenizers import decoders, processors
     from transformers.convert_slow_tokenizer import SpmConverter
 
@@ -107,8 +133,9 @@ def _sentencepiece_to_fast(model_file: str, arch: str):
                                      decoders.Strip(content=" ", left=1)])
     if arch != "gpt2":
         cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        pair = "[CLS] $A [SEP] [SEP] $B [SEP]" if arch == "roberta" else "[CLS] $A [SEP] $B:1 [SEP]:1"
         tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+            single="[CLS] $A [SEP]", pair=pair, special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
     return tok
 
 
@@ -147,8 +174,8 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     tok_dir = os.path.join(ckpt, "tokenizer")
     with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
         special = json.load(f)["special_ids"]
+    config = hf_config(cfg, special)  # first: it refuses what HF has no class for
     weights = hf_keys.to_hf(cfg.arch, C.load_full_model(ckpt), cfg.num_layers, cfg.num_heads, cfg.vocab_size)
-    config = hf_config(cfg, special)
     for key, value in meta.get("hf_token_ids", {}).items():  # imported models keep their own special ids
         setattr(config, key, value)
     model = getattr(transformers, _HF_CLASSES[cfg.arch])(config)

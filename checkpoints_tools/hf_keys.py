@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-# ptm name -> HF name, per layer "{i}" and for the rest; HF prefix is "bert." / "ernie." / "transformer."
+# ptm name -> HF name, per layer "{i}" and for the rest; HF prefix is "bert." / "ernie." / "roberta." / "albert." /
+# "transformer."
 _BERT_LAYER = {
     "attn.out.weight": "attention.output.dense.weight", "attn.out.bias": "attention.output.dense.bias",
     "attn_norm.weight": "attention.output.LayerNorm.weight", "attn_norm.bias": "attention.output.LayerNorm.bias",
@@ -26,6 +27,11 @@ _BERT = {
     "mlm.bias": "cls.predictions.bias",
     "nsp.weight": "cls.seq_relationship.weight", "nsp.bias": "cls.seq_relationship.bias",
 }
+_ROBERTA_HEAD = {  # RobertaForMaskedLM's lm_head (no pooler, no NSP)
+    "mlm.dense.weight": "lm_head.dense.weight", "mlm.dense.bias": "lm_head.dense.bias",
+    "mlm.norm.weight": "lm_head.layer_norm.weight", "mlm.norm.bias": "lm_head.layer_norm.bias",
+    "mlm.bias": "lm_head.bias",
+}
 _GPT2_LAYER = {
     "attn_norm.weight": "ln_1.weight", "attn_norm.bias": "ln_1.bias",
     "attn.out.weight": "attn.c_proj.weight", "attn.out.bias": "attn.c_proj.bias",
@@ -37,22 +43,59 @@ _GPT2 = {
     "embeddings.word.weight": "transformer.wte.weight", "embeddings.position.weight": "transformer.wpe.weight",
     "final_norm.weight": "transformer.ln_f.weight", "final_norm.bias": "transformer.ln_f.bias",
 }
+_ALBERT_LAYER = {  # AlbertForPreTraining, one layer group of one layer (share_layers=all): blocks.0
+    "attn.out.weight": "attention.dense.weight", "attn.out.bias": "attention.dense.bias",
+    "attn_norm.weight": "attention.LayerNorm.weight", "attn_norm.bias": "attention.LayerNorm.bias",
+    "mlp.fc1.weight": "ffn.weight", "mlp.fc1.bias": "ffn.bias",
+    "mlp.fc2.weight": "ffn_output.weight", "mlp.fc2.bias": "ffn_output.bias",
+    "mlp_norm.weight": "full_layer_layer_norm.weight", "mlp_norm.bias": "full_layer_layer_norm.bias",
+}
+_ALBERT = {
+    "embeddings.proj.weight": "albert.encoder.embedding_hidden_mapping_in.weight",
+    "embeddings.proj.bias": "albert.encoder.embedding_hidden_mapping_in.bias",
+    "pooler.weight": "albert.pooler.weight", "pooler.bias": "albert.pooler.bias",
+    "mlm.dense.weight": "predictions.dense.weight", "mlm.dense.bias": "predictions.dense.bias",
+    "mlm.norm.weight": "predictions.LayerNorm.weight", "mlm.norm.bias": "predictions.LayerNorm.bias",
+    "mlm.bias": "predictions.bias",
+    "nsp.weight": "sop_classifier.classifier.weight", "nsp.bias": "sop_classifier.classifier.bias",
+}
 _VOCAB_ROWS = ("embeddings.word.weight", "mlm.bias")  # padded to the ptm model's vocabulary
 
 
 def hf_prefix(arch: str) -> str:
-    return {"bert": "bert.", "ernie": "ernie.", "gpt2": "transformer."}[arch]
+    return {"bert": "bert.", "ernie": "ernie.", "roberta": "roberta.", "albert": "albert.", "gpt2": "transformer."}[arch]
+
+
+def _blocks(arch: str, num_layers: int) -> int:
+    """ptm blocks that hold parameters: ALBERT's layers share one (share_layers=all, HF's one layer group)."""
+    return 1 if arch == "albert" else num_layers
+
+
+def _layer(arch: str) -> str:
+    """HF prefix of layer {i}."""
+    if arch == "albert":
+        return "albert.encoder.albert_layer_groups.0.albert_layers.{i}."
+    return "transformer.h.{i}." if arch == "gpt2" else hf_prefix(arch) + "encoder.layer.{i}."
+
+
+def _qkv(arch: str) -> str:
+    """HF prefix of layer {i}'s query/key/value (GPT-2: its fused c_attn)."""
+    return _layer(arch) + {"gpt2": "attn.c_attn", "albert": "attention"}.get(arch, "attention.self")
 
 
 def key_map(arch: str, num_layers: int, task_types: bool = False) -> dict[str, str]:
     """Every ptm parameter name (except the fused QKV) -> its HF name; `task_types`: ERNIE's use_task_id."""
     if arch == "gpt2":
-        m = dict(_GPT2)
-        m.update({f"blocks.{i}.{k}": f"transformer.h.{i}.{v}" for i in range(num_layers) for k, v in _GPT2_LAYER.items()})
-        return m
-    p = hf_prefix(arch)
-    m = {k: v.format(p=p) for k, v in _BERT.items() if task_types or k != "embeddings.task_type.weight"}
-    m.update({f"blocks.{i}.{k}": f"{p}encoder.layer.{i}.{v}" for i in range(num_layers) for k, v in _BERT_LAYER.items()})
+        m, layer = dict(_GPT2), _GPT2_LAYER
+    else:
+        p = hf_prefix(arch)
+        m = {k: v.format(p=p) for k, v in _BERT.items() if task_types or k != "embeddings.task_type.weight"}
+        heads = {"roberta": _ROBERTA_HEAD, "albert": _ALBERT}.get(arch)
+        if heads:
+            m = {k: v for k, v in m.items() if not k.startswith(("mlm.", "pooler.", "nsp."))} | heads
+        layer = _ALBERT_LAYER if arch == "albert" else _BERT_LAYER
+    m.update({f"blocks.{i}.{k}": _layer(arch).format(i=i) + v for i in range(_blocks(arch, num_layers))
+              for k, v in layer.items()})
     return m
 
 
@@ -88,8 +131,8 @@ def from_hf(arch: str, hf: dict, num_layers: int, num_heads: int, vocab_rows: in
         if ours in _VOCAB_ROWS and t.shape[0] < vocab_rows:
             t = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], *t.shape[1:])])
         out[ours] = t.contiguous()
-    p = "transformer.h.{i}.attn.c_attn" if arch == "gpt2" else hf_prefix(arch) + "encoder.layer.{i}.attention.self"
-    for i in range(num_layers):
+    p = _qkv(arch)
+    for i in range(_blocks(arch, num_layers)):
         for kind in ("weight", "bias"):
             if arch == "gpt2":
                 fused = hf[f"{p.format(i=i)}.{kind}"]
@@ -110,8 +153,8 @@ def to_hf(arch: str, ours: dict, num_layers: int, num_heads: int, vocab_size: in
         if mine in _VOCAB_ROWS:
             t = t[:vocab_size]
         out[theirs] = (t.t() if _conv1d(arch, mine) else t).contiguous()
-    p = "transformer.h.{i}.attn.c_attn" if arch == "gpt2" else hf_prefix(arch) + "encoder.layer.{i}.attention.self"
-    for i in range(num_layers):
+    p = _qkv(arch)
+    for i in range(_blocks(arch, num_layers)):
         for kind in ("weight", "bias"):
             q, k, v = split_qkv(ours[f"blocks.{i}.attn.qkv.{kind}"], num_heads)
             if arch == "gpt2":
@@ -123,6 +166,10 @@ def to_hf(arch: str, ours: dict, num_layers: int, num_heads: int, vocab_size: in
     word = out[key_map(arch, num_layers)["embeddings.word.weight"]]
     if arch == "gpt2":
         out["lm_head.weight"] = word
+    elif arch in ("roberta", "albert"):
+        head = "lm_head" if arch == "roberta" else "predictions"
+        out[f"{head}.decoder.weight"] = word
+        out[f"{head}.decoder.bias"] = out[f"{head}.bias"]
     else:
         out["cls.predictions.decoder.weight"] = word
         out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]

@@ -33,7 +33,7 @@ from data_prep import text as T
 from data_prep.encode import DocEncoder
 from data_prep.shards import SHARD_SUFFIX, ShardWriter, to_numpy, write_table_atomic
 from data_prep.sources import Fields, detect_format, expand_inputs, parse_jsonl, read_records
-from data_prep.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from data_prep.tokenizer import Tokenizer, load_tokenizer, train_byte_bpe, train_sentencepiece
 from ptm.files import sha256_file, write_json, write_text
 
 FORMAT_VERSION = 1
@@ -57,7 +57,7 @@ class BuildOptions:
     on_error: str = "fail"  # fail | skip
     tokenizer: str | None = None
     vocab_size: int = 32000
-    model_type: str = "unigram"
+    model_type: str = "unigram"  # sentencepiece unigram | bpe, or byte_bpe (byte-level BPE, RoBERTa's specials)
     num_unused: int = 100
     tokenizer_sample: int = 1_000_000
     entities: str | None = None
@@ -204,9 +204,13 @@ def sample_sentences(files: list[str], opts: BuildOptions) -> list[str]:
 def train_tokenizer(files: list[str], opts: BuildOptions, directory: str) -> Tokenizer:
     t0 = time.time()
     sentences = sample_sentences(files, opts)
-    _log(f"training a {opts.vocab_size}-piece {opts.model_type} sentencepiece model on {len(sentences):,} sentences")
-    tok = train_sentencepiece(sentences, directory, vocab_size=opts.vocab_size, model_type=opts.model_type,
-                              num_unused=opts.num_unused, threads=os.cpu_count() or 1)
+    kind = "byte-level BPE" if opts.model_type == "byte_bpe" else f"{opts.model_type} sentencepiece"
+    _log(f"training a {opts.vocab_size}-piece {kind} model on {len(sentences):,} sentences")
+    if opts.model_type == "byte_bpe":
+        tok = train_byte_bpe(sentences, directory, vocab_size=opts.vocab_size, threads=os.cpu_count() or 1)
+    else:
+        tok = train_sentencepiece(sentences, directory, vocab_size=opts.vocab_size, model_type=opts.model_type,
+                                  num_unused=opts.num_unused, threads=os.cpu_count() or 1)
     _log(f"tokenizer trained in {time.time() - t0:.1f}s -> {directory}")
     return tok
 

@@ -45,9 +45,13 @@ def _input_options(p: argparse.ArgumentParser) -> None:
 
 def _tokenizer_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("tokenizer training (when no --tokenizer is given)")
-    g.add_argument("--vocab-size", type=int, default=32000, help="pieces in the trained sentencepiece model")
-    g.add_argument("--model-type", choices=["unigram", "bpe"], default="unigram", help="sentencepiece algorithm")
-    g.add_argument("--num-unused", type=int, default=100, help="reserved [unusedN] tokens after the specials")
+    g.add_argument("--vocab-size", type=int, default=32000, help="pieces in the trained tokenizer")
+    g.add_argument("--model-type", choices=["unigram", "bpe", "byte_bpe"], default="unigram",
+                   help="unigram or bpe: a sentencepiece model with BERT's specials [PAD] [UNK] [CLS] [SEP] [MASK] "
+                        "(byte fallback); byte_bpe: a byte-level BPE (vocab.json + merges.txt, as GPT-2 and RoBERTa) "
+                        "with RoBERTa's specials <s> <pad> </s> <unk> <mask>")
+    g.add_argument("--num-unused", type=int, default=100,
+                   help="reserved [unusedN] tokens after the specials (sentencepiece)")
     g.add_argument("--tokenizer-sample", type=int, default=1_000_000,
                    help="sentences sampled (uniformly, seeded) from the corpus to train on; bounds time and memory")
 

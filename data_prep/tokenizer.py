@@ -220,3 +220,23 @@ def train_sentencepiece(sentences: list[str], directory: str, *, vocab_size: int
     os.makedirs(directory, exist_ok=True)
     write_bytes(os.path.join(directory, "spm.model"), model.getvalue())
     return Tokenizer("sentencepiece", directory, ["spm.model"], threads=threads).save(directory)
+
+
+BYTE_BPE_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # RoBERTa's, at ids 0-4
+
+
+def train_byte_bpe(sentences: list[str], directory: str, *, vocab_size: int, threads: int) -> Tokenizer:
+    """Train a byte-level BPE (GPT-2/RoBERTa: vocab.json + merges.txt, no unknown pieces) with RoBERTa's special
+    tokens at ids 0-4, using Hugging Face tokenizers."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    if not sentences:
+        raise PrepError("no text to train a tokenizer on; check the inputs and filters")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(sentences, vocab_size=vocab_size, special_tokens=list(BYTE_BPE_SPECIALS), show_progress=False)
+    if bpe.get_vocab_size() < vocab_size:
+        raise PrepError(f"the corpus yields {bpe.get_vocab_size()} byte-level BPE pieces, fewer than --vocab-size "
+                        f"{vocab_size}; lower --vocab-size or give more text")
+    os.makedirs(directory, exist_ok=True)
+    bpe.save_model(directory)
+    return Tokenizer("bpe", directory, ["vocab.json", "merges.txt"], threads=threads).save(directory)

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import yaml
 
 from pretrain import objectives
-from pretrain.models.config import ACTIVATIONS, ARCHS, HEADS, NORMS, ModelConfig
+from pretrain.models.config import (ACTIVATIONS, ARCHS, HEADS, NORMS, POSITIONS, SHARING, ModelConfig, embedding_width,
+                                    positions_needed)
 from pretrain.objectives.ernie import TASK_SPECS, USER_LABELED
 from pretrain.objectives.masking import KNOWLEDGE_LEVELS as _KNOWLEDGE_UNITS, STRATEGIES as MASKINGS
 from ptm import shipped
@@ -43,6 +44,8 @@ MODEL_HELP = {
     "vocab_size": "vocabulary size; 0: the dataset's tokenizer",
     "vocab_pad_to": "embedding rows are padded to a multiple of this (must be divisible by parallel.tp)",
     "hidden_size": "width of the hidden states",
+    "embedding_size": "width of the embeddings, projected to hidden_size (ALBERT's factorised embedding); the MLM head "
+                      "maps back to it; 0: hidden_size",
     "num_layers": "transformer layers",
     "num_heads": "attention heads",
     "ffn_hidden_size": "inner width of the MLP",
@@ -62,6 +65,11 @@ MODEL_HELP = {
              "2-way classifier for NSP/SOP); null: the arch's",
     "scaled_init": "initialise residual output projections with init_std / sqrt(2 * num_layers) (GPT-2); null: the "
                    "arch's",
+    "position_encoding": "learned (absolute positions from 0) | roberta (from pad_token_id + 1, padding tokens at "
+                         "pad_token_id, as HF RoBERTa); null: the arch's",
+    "pad_token_id": "the padding id, which position_encoding=roberta numbers positions from; -1: the dataset's",
+    "share_layers": "none | all (one layer's parameters for every layer, ALBERT) | attention | ffn (only those "
+                    "sublayers shared); null: the arch's",
 }
 
 
@@ -86,6 +94,9 @@ class DataConfig:
     max_predictions_per_seq: int = _opt(0, "most masked tokens per sequence; 0: ceil(mask_prob * seq_len)")
     masking: str = _opt("token", " | ".join(MASKINGS))
     short_seq_prob: float = _opt(0.1, "probability of a shorter sequence (BERT's short_seq_prob)")
+    similar_words: str = _opt("", "data.masking=correction (MacBERT): a UTF-8 file, one word per line followed by its "
+                                  "similar words (synonyms, embedding neighbours), whitespace-separated; words without "
+                                  "one of as many tokens are replaced by random words")
     pack_documents: bool = _opt(True, "clm: concatenate documents into full windows (Megatron); false: a window never "
                                       "crosses a document's end and the last one is padded")
     unpadded: bool = _opt(False, "BERT/ERNIE: pack each micro batch's samples into as few rows as their lengths allow, "
@@ -482,7 +493,7 @@ _POSITIVE = ("model.vocab_pad_to", "model.hidden_size", "model.num_layers", "mod
              "train.eval_steps", "optimizer.lr", "optimizer.eps", "parallel.tp", "parallel.timeout_s",
              "fp16.loss_scale_window",
              "fp16.hysteresis", "fp16.min_loss_scale")
-_NON_NEGATIVE = ("model.vocab_size", "model.type_vocab_size", "model.task_type_vocab_size",
+_NON_NEGATIVE = ("model.vocab_size", "model.embedding_size", "model.type_vocab_size", "model.task_type_vocab_size",
                  "data.max_predictions_per_seq", "data.num_workers", "train.grad_clip", "train.eval_interval",
                  "optimizer.weight_decay", "optimizer.warmup_steps", "optimizer.min_lr", "optimizer.poly_power",
                  "checkpoint.interval", "checkpoint.keep", "fp16.initial_scale_power")
@@ -508,7 +519,8 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
         errors.need(cfg.get(k) in choices, f"{k}={cfg.get(k)!r} is not one of {' | '.join(map(str, choices))}; "
                                            f"set {k} to one of them")
     if cfg.model.arch in ARCHS:  # else the features are unset, and the arch's error says it all
-        for k, choices in (("model.norm", NORMS), ("model.activation", ACTIVATIONS)):
+        for k, choices in (("model.norm", NORMS), ("model.activation", ACTIVATIONS),
+                           ("model.position_encoding", POSITIONS), ("model.share_layers", SHARING)):
             errors.need(cfg.get(k) in choices, f"{k}={cfg.get(k)!r} is not one of {' | '.join(choices)}; "
                                                f"set {k} to one of them")
         heads = cfg.model.heads
@@ -544,9 +556,12 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
                 f"train.global_batch_size={t.global_batch_size} is not divisible by train.micro_batch_size x "
                 f"data-parallel size = {t.micro_batch_size} x {dp} = {per_step}; "
                 f"set train.global_batch_size to a multiple of {per_step}")
-    errors.need(d.seq_len <= m.max_position_embeddings,
-                f"data.seq_len={d.seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}; "
-                f"lower data.seq_len or raise model.max_position_embeddings")
+    needed = positions_needed(m, d.seq_len)
+    errors.need(needed <= m.max_position_embeddings,
+                f"data.seq_len={d.seq_len} needs {needed} positions but model.max_position_embeddings="
+                f"{m.max_position_embeddings}; lower data.seq_len or raise model.max_position_embeddings"
+                + (f" (position_encoding=roberta starts at pad_token_id + 1 = {m.pad_token_id + 1})"
+                   if needed > d.seq_len else ""))
     errors.need(d.max_predictions_per_seq <= d.seq_len,
                 f"data.max_predictions_per_seq={d.max_predictions_per_seq} exceeds data.seq_len={d.seq_len}; "
                 f"lower it (0: ceil(mask_prob * seq_len))")
@@ -557,6 +572,14 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(isinstance(layers, bool) or all(0 <= i < m.num_layers for i in layers),
                 f"model.activation_checkpointing={layers} names layers outside 0..{m.num_layers - 1}; "
                 f"list existing layer indices or use true")
+    errors.need("lm" not in m.heads or embedding_width(m) == m.hidden_size,
+                f"model.embedding_size={m.embedding_size} differs from model.hidden_size={m.hidden_size}, but the lm "
+                f"head projects hidden states onto the word embeddings; use the mlm head or model.embedding_size=0")
+    errors.need(not d.similar_words or d.masking == "correction",
+                f"data.similar_words is set but data.masking={d.masking}; similar words replace masked words only with "
+                "data.masking=correction (MacBERT): set it, or remove data.similar_words")
+    errors.need(not d.similar_words or os.path.isfile(d.similar_words),
+                f"data.similar_words={d.similar_words} not found; give a UTF-8 file of words and their similar words")
     errors.need(m.task_type_vocab_size == 0 or m.arch == "ernie",
                 f"model.task_type_vocab_size={m.task_type_vocab_size} needs model.arch=ernie; set it to 0")
     errors.need(o.warmup_steps < 1 or float(o.warmup_steps).is_integer(),

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from data_prep import PrepError
 from pretrain import objectives
 from pretrain.config import Config, ConfigError, load
-from pretrain.models.config import ModelConfig, padded_vocab_size
+from pretrain.models.config import ModelConfig, embedding_width, padded_vocab_size
 
 GIB = 1 << 30
 CUDA_CONTEXT = GIB  # assumed: CUDA context, cuBLAS/NCCL workspaces, allocator slack
@@ -57,18 +57,26 @@ PEAK_FLOPS = (
 # ------------------------------------------------------------------------------------------ parameters
 
 def _modules(m: ModelConfig) -> list[tuple[int, int]]:
-    """(TP-split, replicated) counts of the parameters each module of `Pretraining(m)` owns directly."""
-    h, f, v = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m)
-    embeddings = [(v * h, 0), (0, m.max_position_embeddings * h), (0, m.type_vocab_size * h),
-                  (0, m.task_type_vocab_size * h)]
-    # LayerNorm, QKV (column), output (row: bias replicated), LayerNorm, fc1 (column), fc2 (row)
-    block = [(0, 2 * h), (3 * h * h + 3 * h, 0), (h * h, h), (0, 2 * h), (f * h + f, 0), (f * h, h)]
-    heads = [(0, 2 * h)]  # the embedding LayerNorm (post-LN) or the final one (pre-LN)
+    """(TP-split, replicated) counts of the parameters each module of `Pretraining(m)` owns directly; a shared
+    layer (share_layers) once."""
+    h, f, v, e = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m)
+    embeddings = [(v * e, 0), (0, m.max_position_embeddings * e), (0, m.type_vocab_size * e),
+                  (0, m.task_type_vocab_size * e)] + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
+    norms = [(0, 2 * h), (0, 2 * h)]
+    attention = [(3 * h * h + 3 * h, 0), (h * h, h)]  # QKV (column), output (row: bias replicated)
+    mlp = [(f * h + f, 0), (f * h, h)]  # fc1 (column), fc2 (row)
+    if m.share_layers == "all":
+        blocks = norms + attention + mlp
+    else:
+        shared = {"attention": attention, "ffn": mlp}.get(m.share_layers, [])
+        blocks = (norms + (attention if m.share_layers != "attention" else [])
+                  + (mlp if m.share_layers != "ffn" else [])) * m.num_layers + shared
+    heads = [(0, 2 * (e if m.norm == "post" else h))]  # the embedding LayerNorm (post-LN) or the final one (pre-LN)
     if "mlm" in m.heads:  # MLM bias (vocab-split), transform dense and LayerNorm; "lm" is the word embeddings
-        heads += [(v, 0), (0, h * h + h), (0, 2 * h)]
+        heads += [(v, 0), (0, h * e + e), (0, 2 * e)]
     if "nsp" in m.heads:  # pooler, NSP/SOP classifier
         heads += [(0, h * h + h), (0, 2 * h + 2)]
-    return embeddings + block * m.num_layers + heads
+    return embeddings + blocks + heads
 
 
 def count_parameters(m: ModelConfig, tp: int = 1) -> int:
@@ -99,16 +107,19 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
         6 * s * L * (4h^2 + 2hf)      block matmuls: QKV, attention output, MLP
       + 12 * L * h * s^2              attention scores QK^T and P @ V over the full s x s square
                                       (causal masking's halving is not applied, as in Megatron and nanoGPT)
-      + 6 * p * h * V                 LM head logits on the predicted tokens
-      + 6 * p * h^2                   with an mlm head: its transform dense on the predicted tokens
+      + 6 * p * e * V                 LM head logits on the predicted tokens (e: the embedding width, = h
+                                      unless factorised as ALBERT's)
+      + 6 * p * h * e                 with an mlm head: its transform dense on the predicted tokens
+      + 6 * s * e * h                 with e != h: the embedding projection
 
     For f = 4h and p = s this is Megatron's 72*s*L*h^2 * (1 + s/(6h) + V/(12*L*h)). Embedding lookups, norms,
     softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
-    h, s, p = m.hidden_size, seq_len, seq_len if predicted is None else predicted
-    blocks = 6 * s * m.num_layers * (4 * h * h + 2 * h * m.ffn_hidden_size)
+    h, s, p, e = m.hidden_size, seq_len, seq_len if predicted is None else predicted, embedding_width(m)
+    blocks = 6 * s * m.num_layers * (4 * h * h + 2 * h * m.ffn_hidden_size)  # every layer, shared or not
     attention = 12 * m.num_layers * h * s * s
-    head = 6 * p * h * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
-    return float(blocks + attention + head)
+    head = 6 * p * e * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
+    projection = 6 * s * e * h if e != h else 0  # ALBERT's embedding projection
+    return float(blocks + attention + head + projection)
 
 
 def peak_flops(device_name: str, precision: str) -> float | None:

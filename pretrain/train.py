@@ -54,6 +54,15 @@ def _datasets(cfg: Config) -> list[Corpus]:
     elif cfg.model.vocab_size != vocab:
         raise ConfigError(f"model.vocab_size {cfg.model.vocab_size} does not match the dataset's tokenizer "
                           f"({vocab} ids in {cfg.data.paths[0]}); set model.vocab_size=0 to take the dataset's")
+    pad = corpora[0].special_ids.get("pad")
+    if cfg.model.position_encoding == "roberta" and cfg.model.pad_token_id != pad:
+        if pad is None:
+            raise ConfigError(f"model.position_encoding=roberta numbers positions from the padding id, and the tokenizer "
+                              f"of {cfg.data.paths[0]} has none; build the dataset with one that has [PAD] or <pad>")
+        if cfg.model.pad_token_id != -1:
+            raise ConfigError(f"model.pad_token_id {cfg.model.pad_token_id} is not the dataset's padding id ({pad} in "
+                              f"{cfg.data.paths[0]}); set model.pad_token_id=-1 to take the dataset's")
+        cfg.model.pad_token_id = pad
     return corpora
 
 
@@ -87,6 +96,7 @@ class Trainer:
         self.rank0 = dist.get_rank() == 0
         self.device = dev.device()
         self.corpora = _datasets(cfg)
+        cfg.validate(dp=self.dp)  # again, with the dataset's vocabulary and padding id
         self.identity = C.run_identity(cfg, self.corpora)
         sample = self.corpora[0].shards[0].values["input_ids"][:10_000_000]
         self.most_frequent = int(np.bincount(sample, minlength=cfg.model.vocab_size).argmax())

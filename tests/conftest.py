@@ -130,6 +130,18 @@ def gpt2_vocab(corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def roberta_vocab(corpus, tmp_path_factory):
+    """RoBERTa-style byte-level BPE files: vocab.json + merges.txt with <s> <pad> </s> <unk> <mask> (pad id 1)."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    d = str(tmp_path_factory.mktemp("roberta"))
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(corpus["en"], vocab_size=1500, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    tok.save_model(d)
+    return os.path.join(d, "vocab.json")
+
+
+@pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """A real single-node Slurm cluster on loopback (needs root and Debian's slurmctld/slurmd)."""
     from slurm_cluster import SlurmCluster

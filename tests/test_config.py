@@ -44,7 +44,7 @@ def test_base_can_name_a_preset_and_presets_load_by_name(tmp_path):
     path = write(tmp_path / "mine.yaml", "base: bert-tiny\ntrain:\n  steps: 10\n")
     cfg = load(path)
     assert cfg.train.steps == 10 and cfg.model.hidden_size == load("bert-tiny").model.hidden_size == 128
-    with pytest.raises(ConfigError, match="config file nope.yaml not found .*preset: bert-base, bert-large"):
+    with pytest.raises(ConfigError, match="config file nope.yaml not found .*preset: albert-base, albert-tiny, bert-base, bert-large"):
         load("nope.yaml")
 
 
@@ -160,9 +160,15 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["zero.stage=4"], 1, "zero.stage=4 is not one of 0 | 1 | 2 | 3"),
     (["model.arch=t5"], 1, "model.arch='t5' is not one of bert | gpt2 | ernie"),
     (["data.objective=mlm_xyz"], 1, "data.objective='mlm_xyz' is not one of mlm_nsp | mlm_sop | mlm | clm | ernie"),
-    (["data.masking=random"], 1, "data.masking='random' is not one of token | whole_word | span | knowledge"),
-    (["data.seq_len=256"], 1, ("data.seq_len=256 exceeds model.max_position_embeddings=128; lower data.seq_len or "
-                              "raise model.max_position_embeddings")),
+    (["data.masking=random"], 1,
+     "data.masking='random' is not one of token | whole_word | span | ngram | correction | knowledge"),
+    (["data.similar_words=nope.txt"], 1, "data.similar_words is set but data.masking=token; similar words replace"),
+    (["data.similar_words=nope.txt", "data.masking=correction"], 1, "data.similar_words=nope.txt not found"),
+    (["data.seq_len=256"], 1, ("data.seq_len=256 needs 256 positions but model.max_position_embeddings=128; lower "
+                              "data.seq_len or raise model.max_position_embeddings")),
+    (["model.arch=roberta", "model.pad_token_id=1", "data.objective=mlm", "data.seq_len=127"], 1,
+     "data.seq_len=127 needs 129 positions but model.max_position_embeddings=128; lower data.seq_len or raise "
+     "model.max_position_embeddings (position_encoding=roberta starts at pad_token_id + 1 = 2)"),
     (["zero.stage=0", "zero.offload=true"], 1, "zero.offload needs ZeRO; set zero.stage=1"),
     (["train.steps=0"], 1, "train.steps=0 must be positive"),
     (["optimizer.weight_decay=-1"], 1, "optimizer.weight_decay=-1.0 must not be negative"),
@@ -238,7 +244,8 @@ def test_preset_loads_validates_and_round_trips(path):
 def test_the_required_presets_exist():
     names = {os.path.basename(p)[:-5] for p in PRESETS}
     assert {"bert-base", "bert-large", "bert-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt2-tiny",
-            "ernie-base", "ernie2-base", "ernie-tiny"} <= names
+            "ernie-base", "ernie2-base", "ernie-tiny", "roberta-base", "roberta-tiny", "albert-base",
+            "albert-tiny", "macbert-base", "macbert-tiny"} <= names
 
 
 def shape(cfg):
@@ -253,6 +260,9 @@ def test_preset_shapes():
     assert shape(load("gpt2-medium"))[1:4] == (24, 1024, 16)
     assert shape(load("gpt2-large"))[1:4] == (36, 1280, 20)
     assert shape(load("gpt2-xl"))[1:4] == (48, 1600, 25)
+    roberta = load("roberta-base")
+    assert shape(roberta) == ("roberta", 12, 768, 12, 3072, 514, 50265) and roberta.model.type_vocab_size == 1
+    assert (roberta.data.objective, roberta.optimizer.betas, roberta.model.heads) == ("mlm", [0.9, 0.98], ["mlm"])
     tiny = load("bert-tiny")
     assert shape(tiny)[:4] == ("bert", 2, 128, 2) and tiny.data.seq_len == 64 and tiny.optimizer.lr == 2e-3
     assert 100 <= tiny.train.steps <= 2000

@@ -8,7 +8,7 @@ import pytest
 from data_prep.dataset import Corpus
 from helpers import quick_build
 from pretrain.data.bert import BertDataset, _truncate_pair
-from pretrain.objectives.masking import IGNORE, Masker
+from pretrain.objectives.masking import IGNORE, Masker, SimilarWords
 
 ENTITIES = "Python\nmodule\nobject\nfile\nstring\n李白\n杜甫\n长安\n"
 
@@ -236,6 +236,49 @@ def test_span_masking_masks_runs_of_whole_words(dataset, located):
         edges = np.flatnonzero(np.diff(np.r_[0, masked.astype(int), 0]))
         lengths += [len(np.unique(unit[a:b])) for a, b in zip(edges[::2], edges[1::2])]
     assert np.mean(lengths) > 2.5  # geometric(0.2) clipped at 10 has mean 3.6 words; whole words ~1
+
+
+def test_ngram_masking_masks_1_to_3_whole_words_with_albert_probabilities(dataset, located):
+    """ALBERT's n-grams: units of n = 1, 2, 3 whole words with probabilities 6/11, 3/11, 2/11; masking never splits
+    a word."""
+    runs = [r for i in range(150) for r in masked_runs(make(dataset, strategy="ngram"), located, i, words_of(located))]
+    assert split_units(runs) == 0 and sum(m.sum() for m, _ in runs) > 500
+    c = Corpus(dataset)
+    masker, rng = Masker(c.special_ids, c.vocab_size, strategy="ngram"), np.random.default_rng(0)
+    word_start = rng.random(30000) < 0.6
+    word_start[0] = True
+    starts = masker._unit_starts(rng, np.ones(30000, dtype=bool), word_start, ())
+    words_per_unit = np.bincount(np.cumsum(starts)[word_start])[1:]
+    assert set(words_per_unit.tolist()) == {1, 2, 3}
+    share = np.bincount(words_per_unit, minlength=4)[1:] / len(words_per_unit)
+    np.testing.assert_allclose(share, [6 / 11, 3 / 11, 2 / 11], atol=0.015)
+
+
+def test_correction_masking_puts_similar_words_where_masks_were(dataset, tmp_path):
+    """MacBERT: no [MASK] ever; a chosen word with similar words of as many tokens becomes one of them 80% of the
+    time, stays 10% (counted on one-token words); the similar-words file is read in the dataset's tokens."""
+    c = Corpus(dataset)
+    tok = c.tokenizer()
+    words = sorted({p[1:] for p in map(tok.piece, range(c.vocab_size)) if p.startswith("\u2581") and p[1:].isalpha()
+                    and len(p) > 3})
+    (tmp_path / "similar.txt").write_text("".join(f"{w} {words[(i + 1) % len(words)]}\n" for i, w in enumerate(words)))
+    similar = SimilarWords(str(tmp_path / "similar.txt"), tok)
+    assert len(similar) >= len(words)  # every word, as one "▁word" token
+    data = make(dataset, strategy="correction", similar=similar)
+    outcomes = []
+    for i in range(300):
+        s = data.sample(0, i)
+        assert c.special_ids["mask"] not in s["input_ids"]
+        for at in np.flatnonzero(s["labels"] != IGNORE):
+            key = (int(s["labels"][at]),)
+            after = int(original(s)[at + 1])
+            if key in similar.table and (tok.piece(after).startswith("\u2581") or after in c.special_ids.values()):
+                now = int(s["input_ids"][at])
+                outcomes.append("similar" if any(now == x[0] for x in similar.table[key]) else
+                                "kept" if now == key[0] else "random")
+    share = {k: outcomes.count(k) / len(outcomes) for k in ("similar", "kept", "random")}
+    assert len(outcomes) > 300
+    assert abs(share["similar"] - 0.8) < 0.06 and abs(share["kept"] - 0.1) < 0.05, share
 
 
 @pytest.mark.parametrize("level,kinds", [("entity", ("phrase", "entity")), ("phrase", ("phrase",))])

@@ -1,5 +1,6 @@
 """The same global batch trains the same model whatever the layout, for every objective: BERT (mlm_nsp, whole-word
-masking, padded samples), ERNIE 2.0 (two tasks of one stage) and GPT-2 (unpacked documents, padded windows), under
+masking, padded samples), ERNIE 2.0 (two tasks of one stage), GPT-2 (unpacked documents, padded windows) and RoBERTa
+(mlm on full sentences, its positions) ALBERT (shared layers, factorised embeddings, n-gram masking, SOP) and MacBERT (correction masking), under
 TP=2 x DP=2 with ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
 
 Every loss is a sum over its elements divided by their count in the whole global batch (pretrain/losses.py); with
@@ -24,6 +25,9 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "ernie": (["ernie-tiny", "ernie.stages=[{steps: 4, tasks: {knowledge_masking: 1, sentence_distance: 1}}]"], 2,
               "mlm_loss"),
     "gpt2": (["gpt2-tiny", "model.num_heads=4", "data.pack_documents=false"], 4, "lm_loss"),
+    "roberta": (["roberta-tiny", "model.max_position_embeddings=40"], 2, "mlm_loss"),  # positions from the pad id + 1
+    "albert": (["albert-tiny"], 2, "mlm_loss"),  # one block for 4 layers, split once by TP, one copy for ZeRO
+    "macbert": (["macbert-tiny"], 2, "mlm_loss"),  # correction masking: random words (no similar-words file here)
 }
 STAGES = (1, 2, 3)
 OPTIMIZERS = ("lamb", "adamw")
@@ -177,3 +181,14 @@ def test_multi_tensor_lamb_trains_the_same_weights(trained):
     TP=2 x DP=2: ZeRO-0 (one optimizer tensor per parameter) and ZeRO-3 (partitions)."""
     assert diff(trained, "gpt2", "lamb-z0-multi", "lamb-z0ref") < 1e-5
     assert diff(trained, "bert", "lamb-z3-multi", "lamb-ref") < 1e-5
+
+
+def test_roberta_numbers_positions_from_the_datasets_padding_id(trained, train_data):
+    """model.pad_token_id=-1 (the presets') becomes the dataset's padding id, and the run's config records it."""
+    import yaml
+
+    from data_prep.dataset import Corpus
+
+    model = yaml.safe_load((trained / "roberta-lamb-ref" / "config.yaml").read_text())["model"]
+    assert model["pad_token_id"] == Corpus(train_data).special_ids["pad"] >= 0
+    assert model["position_encoding"] == "roberta"

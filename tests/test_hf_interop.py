@@ -1,6 +1,7 @@
 """to-hf / from-hf: transformers loads what ptm writes (weights, config, tokenizer) and the reverse."""
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -20,11 +21,13 @@ def one_process_group():
     mcore.initialize(tp=1, seed=0)
 
 
-def _checkpoint(tmp_path, arch, tok_dir, nfkc=True):
-    vocab = load_tokenizer(tok_dir).vocab_size
-    cfg = ModelConfig(arch=arch, vocab_size=vocab, hidden_size=32, num_layers=2, num_heads=4, ffn_hidden_size=64,
-                      max_position_embeddings=64, type_vocab_size=0 if arch == "gpt2" else 2,
-                      layer_norm_eps=1e-5 if arch == "gpt2" else 1e-12, hidden_dropout=0, attention_dropout=0)
+def _checkpoint(tmp_path, arch, tok_dir, nfkc=True, **features):
+    tok = load_tokenizer(tok_dir)
+    cfg = ModelConfig(arch=arch, vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=4,
+                      ffn_hidden_size=64, max_position_embeddings=64,
+                      type_vocab_size={"gpt2": 0, "roberta": 1}.get(arch, 2),
+                      layer_norm_eps=1e-5 if arch == "gpt2" else 1e-12, hidden_dropout=0, attention_dropout=0,
+                      pad_token_id=tok.special["pad"] if arch == "roberta" else -1, **features)
     torch.manual_seed(0)
     model = Pretraining(cfg).eval()
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000007"
@@ -78,15 +81,25 @@ def test_gpt2_to_hf_generates(gpt2_vocab, tmp_path):
     assert gen("def add(a, b):", max_new_tokens=5, do_sample=False)[0]["generated_text"].startswith("def add(a, b):")
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie"])
-def test_hf_to_ptm_to_hf_is_bit_exact(arch, wordpiece_vocab, gpt2_vocab, tmp_path):
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", "roberta", "albert"])
+def test_hf_to_ptm_to_hf_is_bit_exact(arch, wordpiece_vocab, gpt2_vocab, roberta_vocab, tmp_path):
     torch.manual_seed(0)
-    vocab_file = gpt2_vocab if arch == "gpt2" else wordpiece_vocab
+    vocab_file = {"gpt2": gpt2_vocab, "roberta": roberta_vocab}.get(arch, wordpiece_vocab)
     vocab = load_tokenizer(vocab_file).vocab_size
     if arch == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64)
         model = transformers.GPT2LMHeadModel(cfg)
         tok = transformers.GPT2TokenizerFast.from_pretrained(os.path.dirname(vocab_file))
+    elif arch == "roberta":
+        cfg = transformers.RobertaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=48, max_position_embeddings=66, type_vocab_size=1)
+        model = transformers.RobertaForMaskedLM(cfg)
+        tok = transformers.RobertaTokenizerFast.from_pretrained(os.path.dirname(vocab_file))
+    elif arch == "albert":
+        cfg = transformers.AlbertConfig(vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=3,
+                                        num_attention_heads=4, intermediate_size=48, max_position_embeddings=64)
+        model = transformers.AlbertForPreTraining(cfg)
+        tok = transformers.BertTokenizerFast.from_pretrained(os.path.dirname(vocab_file))
     else:
         common = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                       intermediate_size=48, max_position_embeddings=64)
@@ -105,6 +118,70 @@ def test_hf_to_ptm_to_hf_is_bit_exact(arch, wordpiece_vocab, gpt2_vocab, tmp_pat
     for k, v in a.items():
         if k not in ("transformers_version", "dtype", "torch_dtype"):
             assert b.get(k) == v, (k, v, b.get(k))
+
+
+def test_roberta_to_hf_fills_masks_and_from_hf_takes_a_base_model(roberta_vocab, tmp_path):
+    """RoBERTa exports as RobertaForMaskedLM with RoBERTa's tokenizer (<s> A </s>, same ids as data_prep) and the
+    same logits; a base RobertaModel imports with its lm_head reported as initialised and the same hidden states."""
+    tok_dir = tmp_path / "tok"
+    load_tokenizer(roberta_vocab).save(str(tok_dir))
+    model, cfg = _checkpoint(tmp_path, "roberta", str(tok_dir), nfkc=False)
+    assert cfg.pad_token_id == 1
+    out = tmp_path / "hf"
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert type(hf).__name__ == "RobertaForMaskedLM" and type(tok).__name__.startswith("RobertaTokenizer") and tok.is_fast
+    text = "The function returns the sum of two numbers."
+    enc = tok([text, "Short one."], padding=True, return_tensors="pt")
+    ids, _, _, _ = load_tokenizer(roberta_vocab).encode([text])
+    assert enc["input_ids"][0].tolist() == [0, *ids.tolist(), 2] and (enc["input_ids"][1] == 1).any()
+    with torch.no_grad():
+        torch.testing.assert_close(model(enc["input_ids"], enc["attention_mask"])["logits"][..., :cfg.vocab_size],
+                                   hf(**enc).logits, rtol=0, atol=1e-5)
+    answers = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out))("The function returns the <mask>.")
+    assert len(answers) == 5
+
+    base = transformers.RobertaModel(hf.config, add_pooling_layer=False).eval()
+    base.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    proc = run_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
+    assert "initialised (not in" in proc.stdout and "lm_head" in proc.stdout
+    imported = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
+    assert (imported.arch, imported.pad_token_id, imported.heads) == ("roberta", 1, ["mlm"])
+    ours = Pretraining(imported).eval()
+    ours.load_state_dict(C.load_full_model(str(tmp_path / "ckpt")))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.encode(enc["input_ids"], enc["attention_mask"]),
+                                   base(**enc).last_hidden_state, rtol=0, atol=1e-5)
+
+
+def test_albert_to_hf_and_back(sp_model, tmp_path):
+    """ALBERT exports as AlbertForPreTraining (MLM + SOP heads) with the same logits; a base AlbertModel imports with
+    its heads reported; a model sharing only its attention has no HF class and is refused in one line."""
+    model, cfg = _checkpoint(tmp_path, "albert", sp_model, embedding_size=16)
+    out = tmp_path / "hf"
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    hf = transformers.AutoModelForPreTraining.from_pretrained(out).eval()
+    assert type(hf).__name__ == "AlbertForPreTraining" and hf.config.embedding_size == 16
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    enc = tok("Return the sum of two numbers.", "Second segment here.", return_tensors="pt")
+    with torch.no_grad():
+        ref, mine = hf(**enc), model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+    torch.testing.assert_close(mine["logits"][..., :cfg.vocab_size], ref.prediction_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(mine["nsp_logits"], ref.sop_logits, rtol=0, atol=1e-5)
+    transformers.AlbertModel(hf.config).save_pretrained(tmp_path / "base")
+    for f in out.iterdir():  # the tokenizer files as exported (a released ALBERT ships its spiece.model)
+        if not f.name.startswith(("model", "config")):
+            shutil.copy(f, tmp_path / "base")
+    proc = run_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
+    assert "predictions" in proc.stdout and "sop_classifier" in proc.stdout
+    imported = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
+    assert (imported.arch, imported.embedding_size, imported.share_layers, imported.activation) == (
+        "albert", 16, "all", "gelu_tanh")
+    _checkpoint(tmp_path / "partial", "albert", sp_model, share_layers="attention")
+    proc = run_cli("checkpoints_tools", "to-hf", tmp_path / "partial" / "run", "--out", tmp_path / "no", check=False)
+    assert proc.returncode == 2 and "share_layers=attention has no HF class" in proc.stderr
 
 
 def test_from_hf_base_model_initialises_and_reports_heads(wordpiece_vocab, tmp_path):

@@ -26,10 +26,12 @@ def tiny(arch: str) -> ModelConfig:
 
 
 FEATURE_MIXES = {"bert-pre-lm": ("bert", dict(norm="pre", heads=["lm"])), "gpt2-mlm-nsp": ("gpt2", dict(heads=["mlm", "nsp"])),
-                 "bert-no-nsp": ("bert", dict(heads=["mlm"]))}
+                 "bert-no-nsp": ("bert", dict(heads=["mlm"])), "albert-e16": ("albert", dict(embedding_size=16)),
+                 "bert-share-attention": ("bert", dict(share_layers="attention")),
+                 "gpt2-share-ffn": ("gpt2", dict(share_layers="ffn"))}
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", *FEATURE_MIXES])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", "roberta", *FEATURE_MIXES])
 def test_parameter_counts_match_the_model(arch):
     """Also for features mixed differently than any arch does: the count follows the features, not the name."""
     from deepspeed.runtime.zero.stage3 import model_to_params
@@ -171,3 +173,19 @@ def test_every_plan_option_has_help():
     subs = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
     for action in subs.choices["plan"]._actions:
         assert action.help and len(action.help) > 10, action.option_strings
+
+
+@pytest.mark.parametrize("preset", ["bert-base", "roberta-base", "albert-base", "gpt2"])
+def test_preset_parameter_counts_equal_hugging_face_classes(preset):
+    """`ptm plan`'s count of a published size (vocabulary unpadded) equals the HF class's, built on the meta device."""
+    import torch
+    import transformers
+
+    from checkpoints_tools.hf import _HF_CLASSES, hf_config
+
+    m = dataclasses.replace(load(preset).model, vocab_pad_to=1, pad_token_id=1)
+    with torch.device("meta"):
+        hf = getattr(transformers, _HF_CLASSES[m.arch])(hf_config(m, {"pad": 1, "cls": 0, "sep": 2, "eod": 0}))
+    assert count_parameters(m) == hf.num_parameters()
+    if preset == "albert-base":  # the published 12M: layers shared, embeddings factorised
+        assert 11e6 < count_parameters(m) < 12.5e6

@@ -101,3 +101,21 @@ def test_too_large_vocab_is_a_clear_error(tmp_path):
     src = write_jsonl(tmp_path / "d.jsonl", [{"text": "tiny corpus with few words."}])
     with pytest.raises(PrepError, match="--vocab-size"):
         quick_build([src], tmp_path / "ds", vocab_size=50000)
+
+
+def test_byte_level_bpe_trained_by_data_prep_has_roberta_specials(corpus, tmp_path):
+    """`--model-type byte_bpe`: RoBERTa's specials at ids 0-4 (padding 1), every text encoded without unknowns and
+    decoded back exactly, and transformers' RoBERTa tokenizer gives the same ids."""
+    docs = corpus["en"][:200]
+    src = write_jsonl(tmp_path / "en.jsonl", [{"text": t} for t in docs])
+    m = quick_build([src], tmp_path / "ds", model_type="byte_bpe", vocab_size=800, dedup=False,
+                    text=TextOptions(nfkc=False, whitespace="keep"))
+    assert m["tokenizer"]["kind"] == "bpe"
+    assert {k: m["special_ids"][k] for k in ("cls", "pad", "sep", "unk", "mask")} == dict(cls=0, pad=1, sep=2, unk=3,
+                                                                                         mask=4)
+    ref = transformers.RobertaTokenizerFast.from_pretrained(str(tmp_path / "ds" / "tokenizer"))
+    c = Corpus(str(tmp_path / "ds"))
+    for i, t in enumerate(docs[:50]):
+        ids = c.tokens(i).tolist()
+        assert ids == ref(t.strip(), add_special_tokens=False)["input_ids"] and 3 not in ids
+        assert ref.decode(ids) == t.strip()

@@ -12,10 +12,16 @@ from dataclasses import dataclass, field
 NORMS = ("post", "pre")  # post-LN (BERT): embedding LayerNorm; pre-LN (GPT-2): a final LayerNorm
 ACTIVATIONS = ("gelu", "gelu_tanh")
 HEADS = ("lm", "mlm", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; pooler + 2-way head
+POSITIONS = ("learned", "roberta")  # learned absolute; RoBERTa's: numbered from pad_token_id + 1, padding at pad_token_id
+SHARING = ("none", "all", "attention", "ffn")  # ALBERT's cross-layer parameter sharing
+_BERT = dict(norm="post", activation="gelu", causal=False, heads=["mlm", "nsp"], scaled_init=False,
+             position_encoding="learned", share_layers="none")
 ARCH_FEATURES = {
-    "bert": dict(norm="post", activation="gelu", causal=False, heads=["mlm", "nsp"], scaled_init=False),
-    "gpt2": dict(norm="pre", activation="gelu_tanh", causal=True, heads=["lm"], scaled_init=True),
-    "ernie": dict(norm="post", activation="gelu", causal=False, heads=["mlm", "nsp"], scaled_init=False),
+    "bert": _BERT,
+    "gpt2": dict(_BERT, norm="pre", activation="gelu_tanh", causal=True, heads=["lm"], scaled_init=True),
+    "ernie": _BERT,
+    "roberta": dict(_BERT, heads=["mlm"], position_encoding="roberta"),
+    "albert": dict(_BERT, activation="gelu_tanh", share_layers="all"),
 }
 ARCHS = tuple(ARCH_FEATURES)
 FEATURES = tuple(ARCH_FEATURES["bert"])
@@ -27,12 +33,14 @@ class ModelConfig:
     vocab_size: int = 0  # 0: the dataset's vocabulary
     vocab_pad_to: int = 128  # embedding rows are padded to a multiple of this (and of parallel.tp)
     hidden_size: int = 768
+    embedding_size: int = 0  # width of the embeddings, projected to hidden_size when smaller (ALBERT); 0: hidden_size
     num_layers: int = 12
     num_heads: int = 12
     ffn_hidden_size: int = 3072
     max_position_embeddings: int = 512
     type_vocab_size: int = 2  # segment embeddings (BERT, ERNIE); 0 for GPT-2
     task_type_vocab_size: int = 0  # ERNIE 2.0 task embeddings (HF use_task_id); 0: none
+    pad_token_id: int = -1  # the padding id (position_encoding=roberta numbers positions from it); -1: the dataset's
     layer_norm_eps: float = 1e-12
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -44,11 +52,22 @@ class ModelConfig:
     causal: bool | None = None
     heads: list[str] | None = None
     scaled_init: bool | None = None
+    position_encoding: str | None = None
+    share_layers: str | None = None
 
     def __post_init__(self):
         for key, value in ARCH_FEATURES.get(self.arch, {}).items():  # an unknown arch: ConfigError in validation
             if getattr(self, key) is None:
                 setattr(self, key, list(value) if isinstance(value, list) else value)
+
+
+def embedding_width(cfg: ModelConfig) -> int:
+    return cfg.embedding_size or cfg.hidden_size
+
+
+def positions_needed(cfg: ModelConfig, seq_len: int) -> int:
+    """Rows of the position table that sequences of `seq_len` use (RoBERTa's start past the padding id)."""
+    return seq_len + (cfg.pad_token_id + 1 if cfg.position_encoding == "roberta" else 0)
 
 
 def padded_vocab_size(cfg: ModelConfig) -> int:

@@ -8,6 +8,12 @@
     heads         lm: the word embeddings as output projection (GPT-2); mlm: BERT's dense + GELU + LayerNorm
                   transform first, plus a bias; nsp: pooler + 2-way classifier (NSP/SOP)
     scaled_init   residual output projections initialised with std / sqrt(2 * layers) (GPT-2)
+    position_encoding  learned: absolute positions 0, 1, ...; roberta: numbered from pad_token_id + 1, padding
+                  tokens at pad_token_id (HF RoBERTa's create_position_ids_from_input_ids)
+    embedding_size  embeddings narrower than the hidden states, projected up (ALBERT's factorisation); the MLM
+                  head's transform maps back down to it for the tied output projection
+    share_layers  none | all (one block run num_layers times, ALBERT) | attention | ffn (one attention or MLP
+                  module, owned by the model, that every block calls)
     type_vocab_size, task_type_vocab_size: segment (BERT) and task-type (ERNIE 2.0) embeddings
 
 The linear layers and the word embeddings are megatron-core's tensor-parallel layers, so the same code
@@ -27,24 +33,29 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pretrain import kernels as K
-from pretrain.models.config import padded_vocab_size
+from pretrain.models.config import embedding_width, padded_vocab_size
 from pretrain.parallel import mcore
 
 
 class Embeddings(nn.Module):
     def __init__(self, cfg, mp_config, init):
         super().__init__()
-        self.word = tp.VocabParallelEmbedding(padded_vocab_size(cfg), cfg.hidden_size, init_method=init,
-                                              config=mp_config, tp_group=mcore.tp_group())
-        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size) if cfg.type_vocab_size else None
-        self.task_type = nn.Embedding(cfg.task_type_vocab_size, cfg.hidden_size) if cfg.task_type_vocab_size else None
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if cfg.norm == "post" else None
+        e = embedding_width(cfg)
+        self.word = tp.VocabParallelEmbedding(padded_vocab_size(cfg), e, init_method=init, config=mp_config,
+                                              tp_group=mcore.tp_group())
+        self.position = nn.Embedding(cfg.max_position_embeddings, e)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, e) if cfg.type_vocab_size else None
+        self.task_type = nn.Embedding(cfg.task_type_vocab_size, e) if cfg.task_type_vocab_size else None
+        self.norm = nn.LayerNorm(e, eps=cfg.layer_norm_eps) if cfg.norm == "post" else None
         self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.proj = nn.Linear(e, cfg.hidden_size) if e != cfg.hidden_size else None
+        self.pad = cfg.pad_token_id if cfg.position_encoding == "roberta" else None
 
     def forward(self, input_ids, token_type_ids=None, task_type_ids=None, position_ids=None):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        if self.pad is not None:
+            position_ids = torch.where(input_ids == self.pad, self.pad, position_ids + self.pad + 1)
         x = self.word(input_ids) + self.position(position_ids)
         if self.token_type is not None:
             x = x + self.token_type(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
@@ -52,7 +63,8 @@ class Embeddings(nn.Module):
             x = x + self.task_type(task_type_ids if task_type_ids is not None else torch.zeros_like(input_ids))
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x)
+        x = self.dropout(x)
+        return self.proj(x) if self.proj is not None else x
 
 
 class Attention(nn.Module):
@@ -95,15 +107,19 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """A transformer layer, post-LN or pre-LN."""
+    """A transformer layer, post-LN or pre-LN. `shared`: an Attention or MLP that the model owns and other blocks
+    call too; the block uses it without registering it, so its parameters exist once."""
 
-    def __init__(self, cfg, mp_config, init, out_init):
+    def __init__(self, cfg, mp_config, init, out_init, shared: nn.Module | None = None):
         super().__init__()
         self.pre_ln = cfg.norm == "pre"
         self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.attn = Attention(cfg, mp_config, init, out_init)
         self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.mlp = MLP(cfg, mp_config, init, out_init)
+        for name, cls in (("attn", Attention), ("mlp", MLP)):
+            if isinstance(shared, cls):
+                object.__setattr__(self, name, shared)
+            else:
+                setattr(self, name, cls(cfg, mp_config, init, out_init))
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(self, x, mask):
@@ -119,17 +135,19 @@ class Block(nn.Module):
 
 
 class MLMHead(nn.Module):
-    """BERT's masked-LM head: dense + GELU + LayerNorm, then the tied word embeddings plus a bias."""
+    """BERT's masked-LM head: dense (to the embedding width) + activation + LayerNorm, then the tied word
+    embeddings plus a bias."""
 
     def __init__(self, cfg, vocab_per_rank: int):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dense = nn.Linear(cfg.hidden_size, embedding_width(cfg))
+        self.norm = nn.LayerNorm(embedding_width(cfg), eps=cfg.layer_norm_eps)
+        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
         self.bias = nn.Parameter(torch.zeros(vocab_per_rank))
         tp.set_tensor_model_parallel_attributes(self.bias, is_parallel=True, dim=0, stride=1)
 
     def forward(self, h, word: tp.VocabParallelEmbedding, labels=None, vocab_size: int = 0):
-        x = self.norm(F.gelu(self.dense(h)))
+        x = self.norm(F.gelu(self.dense(h), approximate=self.approximate))
         if labels is not None:  # (summed loss, correct), the logits never whole
             return K.linear_cross_entropy(x, word.weight, self.bias, labels, vocab_size)
         return _tied_logits(x, word) + self.bias
@@ -154,7 +172,11 @@ class Pretraining(nn.Module):
         init = _normal(cfg.init_std)
         out_init = _normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)) if cfg.scaled_init else init
         self.embeddings = Embeddings(cfg, mp_config, init)
-        self.blocks = nn.ModuleList(Block(cfg, mp_config, init, out_init) for _ in range(cfg.num_layers))
+        share = cfg.share_layers
+        self.shared = {"attention": Attention, "ffn": MLP}[share](cfg, mp_config, init, out_init) \
+            if share in ("attention", "ffn") else None
+        self.blocks = nn.ModuleList(Block(cfg, mp_config, init, out_init, self.shared)
+                                    for _ in range(1 if share == "all" else cfg.num_layers))
         self.checkpointed = _checkpointed_layers(cfg.activation_checkpointing, cfg.num_layers)
         if cfg.norm == "pre":
             self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
@@ -194,7 +216,8 @@ class Pretraining(nn.Module):
             mask = sample_index[:, None, :, None] == sample_index[:, None, None, :]
         elif attention_mask is not None and not self.cfg.causal:
             mask = attention_mask[:, None, None, :].bool()  # [b, 1, 1, s]: True = attend
-        for i, block in enumerate(self.blocks):
+        for i in range(self.cfg.num_layers):
+            block = self.blocks[i % len(self.blocks)]  # one block for every layer with share_layers=all
             x = _checkpoint(block, x, mask) if i in self.checkpointed and self.training else block(x, mask)
         return self.final_norm(x) if self.cfg.norm == "pre" else x
 

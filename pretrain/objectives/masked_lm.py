@@ -58,12 +58,15 @@ class MaskedLM(Objective):
 
 
 def masker(data, corpus, strategy: str, knowledge_level: str):
-    """The dynamic masker of `data` (the config's data section) for `corpus`'s vocabulary."""
-    from pretrain.objectives.masking import Masker
+    """The dynamic masker of `data` (the config's data section) for `corpus`'s vocabulary (and, for MacBERT's
+    correction masking, `data.similar_words` in its tokens)."""
+    from pretrain.objectives.masking import Masker, SimilarWords
 
+    similar = SimilarWords(data.similar_words, corpus.tokenizer()) if strategy == "correction" and data.similar_words \
+        else None
     return Masker(corpus.special_ids, corpus.vocab_size, strategy=strategy, mask_prob=data.mask_prob,
                   max_predictions=data.max_predictions_per_seq or math.ceil(data.mask_prob * data.seq_len),
-                  knowledge_level=knowledge_level)
+                  knowledge_level=knowledge_level, similar=similar)
 
 
 MASKED_LM = (
