@@ -9,7 +9,7 @@ import torch
 
 from checkpoints_tools import hf_keys
 from pretrain import checkpoint as C
-from pretrain.models.config import ModelConfig
+from pretrain.models.config import ModelConfig, embedding_width
 
 _HF_CLASSES = {"bert": "BertForPreTraining", "ernie": "ErnieForPreTraining", "roberta": "RobertaForMaskedLM",
                "albert": "AlbertForPreTraining", "gpt2": "GPT2LMHeadModel"}
@@ -30,7 +30,8 @@ def hf_config(cfg: ModelConfig, special: dict):
             architectures=[_HF_CLASSES["gpt2"]])
     common = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads, intermediate_size=cfg.ffn_hidden_size, hidden_act=_ACTIVATIONS[cfg.activation],
+        num_attention_heads=cfg.num_heads, intermediate_size=cfg.ffn_hidden_size,
+        hidden_act=_ACTIVATIONS[cfg.activation],
         hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
         max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
         layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_std, pad_token_id=special.get("pad", 0),
@@ -40,7 +41,7 @@ def hf_config(cfg: ModelConfig, special: dict):
             raise C.CheckpointError(f"Hugging Face's ALBERT shares whole layers; a model with share_layers="
                                     f"{cfg.share_layers} has no HF class: keep it in ptm's format, or train with "
                                     "share_layers=all to export it")
-        return transformers.AlbertConfig(embedding_size=cfg.embedding_size or cfg.hidden_size, num_hidden_groups=1,
+        return transformers.AlbertConfig(embedding_size=embedding_width(cfg), num_hidden_groups=1,
                                          inner_group_num=1, bos_token_id=special.get("cls"),
                                          eos_token_id=special.get("sep"), **common)
     if cfg.arch == "roberta":  # positions from pad_token_id + 1: the model's padding id, the tokenizer's
@@ -69,11 +70,13 @@ def model_config_from_hf(hf) -> ModelConfig:
     if hf.model_type == "albert":
         if (hf.num_hidden_groups, hf.inner_group_num) != (1, 1):
             raise C.CheckpointError(f"ALBERT with num_hidden_groups={hf.num_hidden_groups}, inner_group_num="
-                                    f"{hf.inner_group_num}: ptm imports one shared layer (1, 1), as every released ALBERT")
+                                    f"{hf.inner_group_num}: ptm imports one shared layer (1, 1), as every released "
+                                    "ALBERT has")
         extra["embedding_size"] = hf.embedding_size if hf.embedding_size != hf.hidden_size else 0
     task = hf.task_type_vocab_size if getattr(hf, "use_task_id", False) else 0
     pad = hf.pad_token_id if hf.model_type == "roberta" else -1
-    return ModelConfig(arch=hf.model_type, pad_token_id=pad, activation=activation, **extra, vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.hidden_size,
+    return ModelConfig(arch=hf.model_type, pad_token_id=pad, activation=activation, **extra,
+                       vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.hidden_size,
                        num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads,
                        ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
                        type_vocab_size=hf.type_vocab_size, task_type_vocab_size=task,

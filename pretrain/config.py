@@ -501,7 +501,8 @@ _UNIT = {"[0, 1)": lambda x: 0 <= x < 1, "(0, 1)": lambda x: 0 < x < 1, "[0, 1]"
 _FRACTIONS = {"model.hidden_dropout": "[0, 1)", "model.attention_dropout": "[0, 1)", "data.mask_prob": "(0, 1)",
               "data.short_seq_prob": "[0, 1]", "data.valid_fraction": "[0, 1)"}
 _CHOICES = {"kernels": ("auto", "eager", "compile"), "fused_lm_loss": ("auto", "on", "off"),
-            "optimizer.multi_tensor": ("auto", "on", "off"), "precision": PRECISIONS, "grad_accum_dtype": GRAD_ACCUM_DTYPES, "model.arch": ARCHS, "data.objective": tuple(OBJECTIVES),
+            "optimizer.multi_tensor": ("auto", "on", "off"), "precision": PRECISIONS, "grad_accum_dtype": GRAD_ACCUM_DTYPES,
+            "model.arch": ARCHS, "data.objective": tuple(OBJECTIVES),
             "data.masking": tuple(MASKINGS), "optimizer.name": OPTIMIZERS, "optimizer.schedule": SCHEDULES,
             "zero.stage": (0, 1, 2, 3)}
 
@@ -525,7 +526,8 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
                                                f"set {k} to one of them")
         heads = cfg.model.heads
         errors.need(all(h in HEADS for h in heads) and ("lm" in heads) != ("mlm" in heads),
-                    f"model.heads={heads} is not one LM head and optionally nsp; set it to [lm], [mlm] or either with nsp")
+                    f"model.heads={heads} is not one LM head and optionally nsp; set it to [lm], [mlm] or either "
+                    f"with nsp")
     for k in _POSITIVE:
         errors.need(cfg.get(k) > 0, f"{k}={cfg.get(k)} must be positive; set {k} to a value > 0")
     for k in _NON_NEGATIVE:

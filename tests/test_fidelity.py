@@ -1,7 +1,7 @@
 """The same global batch trains the same model whatever the layout, for every objective: BERT (mlm_nsp, whole-word
-masking, padded samples), ERNIE 2.0 (two tasks of one stage), GPT-2 (unpacked documents, padded windows) and RoBERTa
-(mlm on full sentences, its positions) ALBERT (shared layers, factorised embeddings, n-gram masking, SOP) and MacBERT (correction masking), under
-TP=2 x DP=2 with ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
+masking, padded samples), ERNIE 2.0 (two tasks of one stage), GPT-2 (unpacked documents, padded windows), RoBERTa
+(mlm on full sentences, its positions), ALBERT (shared layers, factorised embeddings, n-gram masking, SOP) and MacBERT
+(correction masking), under TP=2 x DP=2 with ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
 
 Every loss is a sum over its elements divided by their count in the whole global batch (pretrain/losses.py); with
 per-micro-batch means the BERT differences were up to 1.4e-1. The one-process references run under ZeRO-1: DeepSpeed

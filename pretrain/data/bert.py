@@ -23,9 +23,10 @@ import numpy as np
 from data_prep.text import has
 from pretrain.data.indexes import Stream, packed_chunks, pair_chunks, rng, sentence_table, shuffle
 from pretrain.data.source import CorpusSource
+from pretrain.objectives.masked_lm import MASKED_LM
 from pretrain.objectives.masking import Masker
 
-OBJECTIVES = ("mlm_nsp", "mlm_sop", "mlm")
+OBJECTIVES = tuple(o.name for o in MASKED_LM)
 
 
 class BertDataset(CorpusSource):

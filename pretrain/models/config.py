@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 NORMS = ("post", "pre")  # post-LN (BERT): embedding LayerNorm; pre-LN (GPT-2): a final LayerNorm
 ACTIVATIONS = ("gelu", "gelu_tanh")
 HEADS = ("lm", "mlm", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; pooler + 2-way head
-POSITIONS = ("learned", "roberta")  # learned absolute; RoBERTa's: numbered from pad_token_id + 1, padding at pad_token_id
+POSITIONS = ("learned", "roberta")  # absolute; RoBERTa's: from pad_token_id + 1, padding at pad_token_id
 SHARING = ("none", "all", "attention", "ffn")  # ALBERT's cross-layer parameter sharing
 _BERT = dict(norm="post", activation="gelu", causal=False, heads=["mlm", "nsp"], scaled_init=False,
              position_encoding="learned", share_layers="none")

@@ -95,7 +95,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg, mp_config, init, out_init):
         super().__init__()
-        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
+        self.approximate = _approximation(cfg)
         self.fc1 = tp.ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, config=mp_config, init_method=init,
                                            bias=True, gather_output=False, skip_bias_add=True, tp_group=mcore.tp_group())
         self.fc2 = tp.RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, config=mp_config, init_method=out_init,
@@ -142,7 +142,7 @@ class MLMHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, embedding_width(cfg))
         self.norm = nn.LayerNorm(embedding_width(cfg), eps=cfg.layer_norm_eps)
-        self.approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
+        self.approximate = _approximation(cfg)
         self.bias = nn.Parameter(torch.zeros(vocab_per_rank))
         tp.set_tensor_model_parallel_attributes(self.bias, is_parallel=True, dim=0, stride=1)
 
@@ -255,6 +255,11 @@ class Pretraining(nn.Module):
 def _tied_logits(h, word: tp.VocabParallelEmbedding):
     """h @ word_embeddings.T for this rank's vocabulary slice; the input's gradient is summed over TP."""
     return F.linear(tp.copy_to_tensor_model_parallel_region(h), word.weight)
+
+
+def _approximation(cfg) -> str:
+    """F.gelu's `approximate` for the config's activation."""
+    return "tanh" if cfg.activation == "gelu_tanh" else "none"
 
 
 def _normal(std):

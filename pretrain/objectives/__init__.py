@@ -56,6 +56,16 @@ class Objective:
         """Tokens per sequence the LM head runs on (`data`: the config's data section)."""
         return data.max_predictions_per_seq or math.ceil(data.mask_prob * data.seq_len)
 
+    def masker(self, data, corpus, strategy: str, knowledge_level: str):
+        """The dynamic masker of `data` (the config's data section) for `corpus`'s vocabulary (and, for MacBERT's
+        correction masking, `data.similar_words` in its tokens)."""
+        from pretrain.objectives.masking import Masker, SimilarWords
+
+        similar = SimilarWords(data.similar_words, corpus.tokenizer()) \
+            if strategy == "correction" and data.similar_words else None
+        return Masker(corpus.special_ids, corpus.vocab_size, strategy=strategy, mask_prob=data.mask_prob,
+                      max_predictions=self.predicted_tokens(data), knowledge_level=knowledge_level, similar=similar)
+
     def source(self, data, path: str, corpus, docs, *, seed: int, cache_dir: str | None, knowledge_level: str,
                tasks: dict[str, float] | None, task_data: dict[str, str]):
         """The sample source over documents `docs` of the dataset `corpus` at `path`."""

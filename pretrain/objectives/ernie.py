@@ -66,12 +66,12 @@ class Ernie(Objective):
 
     def source(self, data, path, corpus, docs, *, seed, cache_dir, knowledge_level, tasks, task_data):
         from pretrain.data.ernie import ErnieDataset
-        from pretrain.objectives.masked_lm import masker
 
         if not tasks:
             raise ValueError("data.objective=ernie needs the current stage's tasks (ernie.stages)")
-        return ErnieDataset(path, data.seq_len, masker(data, corpus, "knowledge", knowledge_level), tasks=tasks,
-                            task_data=task_data, seed=seed, docs=docs, cache_dir=cache_dir)
+        masker = self.masker(data, corpus, "knowledge", knowledge_level)
+        return ErnieDataset(path, data.seq_len, masker, tasks=tasks, task_data=task_data, seed=seed, docs=docs,
+                            cache_dir=cache_dir)
 
     def add_heads(self, model, cfg) -> None:
         from data_prep.dataset import Corpus

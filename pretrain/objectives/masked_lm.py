@@ -8,8 +8,6 @@ Terms: `mlm` over the masked tokens, `nsp` over the sequences (NSP or SOP, on th
 """
 from __future__ import annotations
 
-import math
-
 from pretrain.objectives import Objective
 
 
@@ -25,8 +23,9 @@ class MaskedLM(Objective):
     def source(self, data, path, corpus, docs, *, seed, cache_dir, knowledge_level, tasks, task_data):
         from pretrain.data.bert import BertDataset
 
-        return BertDataset(path, data.seq_len, masker(data, corpus, data.masking, knowledge_level), objective=self.name,
-                           short_seq_prob=data.short_seq_prob, seed=seed, docs=docs, cache_dir=cache_dir)
+        masker = self.masker(data, corpus, data.masking, knowledge_level)
+        return BertDataset(path, data.seq_len, masker, objective=self.name, short_seq_prob=data.short_seq_prob,
+                           seed=seed, docs=docs, cache_dir=cache_dir)
 
     def select(self, batch, tasks=()):
         out = {"mlm": batch["labels"] != -100}
@@ -55,18 +54,6 @@ class MaskedLM(Objective):
         if "nsp" in select:
             terms["nsp"] = losses.class_term(out["nsp_logits"], batch["next_sentence_label"])
         return terms
-
-
-def masker(data, corpus, strategy: str, knowledge_level: str):
-    """The dynamic masker of `data` (the config's data section) for `corpus`'s vocabulary (and, for MacBERT's
-    correction masking, `data.similar_words` in its tokens)."""
-    from pretrain.objectives.masking import Masker, SimilarWords
-
-    similar = SimilarWords(data.similar_words, corpus.tokenizer()) if strategy == "correction" and data.similar_words \
-        else None
-    return Masker(corpus.special_ids, corpus.vocab_size, strategy=strategy, mask_prob=data.mask_prob,
-                  max_predictions=data.max_predictions_per_seq or math.ceil(data.mask_prob * data.seq_len),
-                  knowledge_level=knowledge_level, similar=similar)
 
 
 MASKED_LM = (

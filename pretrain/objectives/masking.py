@@ -113,7 +113,9 @@ class Masker:
             if r >= self.mask_fraction + self.random_fraction:
                 continue
             choice = self.similar.pick(rng, ids[word]) if self.similar and r < self.mask_fraction else None
-            ids[word] = choice if choice is not None else self.random_ids[rng.integers(len(self.random_ids), size=len(word))]
+            if choice is None:
+                choice = self.random_ids[rng.integers(len(self.random_ids), size=len(word))]
+            ids[word] = choice
         return ids
 
 
@@ -127,8 +129,8 @@ class SimilarWords:
         self.table: dict[tuple[int, ...], list[np.ndarray]] = {}
         with open(path, encoding="utf-8") as f:
             rows = [line.split() for line in f if line.strip()]
+        words = sorted({w for row in rows for w in row})
         for prefix in ("", " ", "\u3002"):  # text start; after a space; inside text (after a CJK full stop)
-            words = sorted({w for row in rows for w in row})
             encoded = dict(zip(words, _encode_after(tokenizer, prefix, words)))
             for word, *similar in rows:
                 key = encoded[word]
