@@ -9,10 +9,16 @@ import torch
 
 from checkpoints_tools import hf_keys
 from pretrain import checkpoint as C
-from pretrain.models.config import ModelConfig, embedding_width
+from pretrain.models.config import ModelConfig, embedding_width, generator_config
 
 _HF_CLASSES = {"bert": "BertForPreTraining", "ernie": "ErnieForPreTraining", "roberta": "RobertaForMaskedLM",
-               "albert": "AlbertForPreTraining", "gpt2": "GPT2LMHeadModel"}
+               "albert": "AlbertForPreTraining", "electra": "ElectraForPreTraining", "nezha": "NezhaForPreTraining",
+               "gpt2": "GPT2LMHeadModel"}
+ELECTRA_GENERATOR = ("generator", "ElectraForMaskedLM")  # ELECTRA's export: the generator in this subdirectory
+NEZHA_AUTO_MAP = {"AutoConfig": "configuration_nezha.NezhaConfig", "AutoModel": "modeling_nezha.NezhaModel",
+                  "AutoModelForPreTraining": "modeling_nezha.NezhaForPreTraining",
+                  "AutoModelForMaskedLM": "modeling_nezha.NezhaForMaskedLM"}  # transformers ships no NEZHA: ours
+ELECTRA_GENERATOR_SIZE = 0.25  # the generator made for a discriminator imported alone (ELECTRA-small's and -large's)
 _ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # ptm -> HF hidden_act
 
 
@@ -44,6 +50,14 @@ def hf_config(cfg: ModelConfig, special: dict):
         return transformers.AlbertConfig(embedding_size=embedding_width(cfg), num_hidden_groups=1,
                                          inner_group_num=1, bos_token_id=special.get("cls"),
                                          eos_token_id=special.get("sep"), **common)
+    if cfg.arch == "electra":  # the discriminator, or with an mlm head the generator (ElectraForMaskedLM)
+        if "mlm" in cfg.heads:
+            common["architectures"] = [ELECTRA_GENERATOR[1]]
+        return transformers.ElectraConfig(embedding_size=embedding_width(cfg), **common)
+    if cfg.arch == "nezha":  # ptm's own classes (checkpoints_tools/nezha), written next to the weights
+        from checkpoints_tools.nezha.configuration_nezha import NezhaConfig
+
+        return NezhaConfig(max_relative_position=cfg.max_relative_position, auto_map=NEZHA_AUTO_MAP, **common)
     if cfg.arch == "roberta":  # positions from pad_token_id + 1: the model's padding id, the tokenizer's
         common.update(pad_token_id=cfg.pad_token_id, bos_token_id=special.get("cls"), eos_token_id=special.get("sep"))
         return transformers.RobertaConfig(**common)
@@ -53,16 +67,18 @@ def hf_config(cfg: ModelConfig, special: dict):
     return transformers.BertConfig(**common)
 
 
-def model_config_from_hf(hf) -> ModelConfig:
+def model_config_from_hf(hf, generator=None) -> ModelConfig:
+    """The ptm model of an HF config (ELECTRA: the discriminator's, sized with its `generator`'s; without one, a
+    generator of ELECTRA_GENERATOR_SIZE)."""
     if hf.model_type == "gpt2":
         return ModelConfig(arch="gpt2", vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.n_embd,
                            num_layers=hf.n_layer, num_heads=hf.n_head, ffn_hidden_size=hf.n_inner or 4 * hf.n_embd,
                            max_position_embeddings=hf.n_positions, type_vocab_size=0, task_type_vocab_size=0,
                            layer_norm_eps=hf.layer_norm_epsilon, hidden_dropout=hf.resid_pdrop,
                            attention_dropout=hf.attn_pdrop, init_std=hf.initializer_range)
-    if hf.model_type not in ("bert", "ernie", "roberta", "albert"):
+    if hf.model_type not in ("bert", "ernie", "roberta", "albert", "electra", "nezha"):
         raise C.CheckpointError(f"model type {hf.model_type!r} is not supported; ptm imports bert, ernie, roberta, "
-                                "albert and gpt2")
+                                "albert, electra, nezha and gpt2")
     activation = {v: k for k, v in _ACTIVATIONS.items()}.get(hf.hidden_act)
     if activation is None:
         raise C.CheckpointError(f"hidden_act={hf.hidden_act!r} is not one ptm has ({', '.join(_ACTIVATIONS.values())})")
@@ -72,16 +88,34 @@ def model_config_from_hf(hf) -> ModelConfig:
             raise C.CheckpointError(f"ALBERT with num_hidden_groups={hf.num_hidden_groups}, inner_group_num="
                                     f"{hf.inner_group_num}: ptm imports one shared layer (1, 1), as every released "
                                     "ALBERT has")
+    if hf.model_type == "nezha":
+        extra["max_relative_position"] = hf.max_relative_position
+    if hf.model_type in ("albert", "electra"):
         extra["embedding_size"] = hf.embedding_size if hf.embedding_size != hf.hidden_size else 0
+    if hf.model_type == "electra":
+        if ELECTRA_GENERATOR[1] in (hf.architectures or []):
+            raise C.CheckpointError(f"this is ELECTRA's generator ({ELECTRA_GENERATOR[1]}); pass the discriminator's "
+                                    f"directory (ElectraForPreTraining), with the generator in its "
+                                    f"{ELECTRA_GENERATOR[0]}/ subdirectory")
+        extra["generator_size"] = generator.hidden_size / hf.hidden_size if generator else ELECTRA_GENERATOR_SIZE
     task = hf.task_type_vocab_size if getattr(hf, "use_task_id", False) else 0
     pad = hf.pad_token_id if hf.model_type == "roberta" else -1
-    return ModelConfig(arch=hf.model_type, pad_token_id=pad, activation=activation, **extra,
-                       vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.hidden_size,
-                       num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads,
-                       ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
-                       type_vocab_size=hf.type_vocab_size, task_type_vocab_size=task,
-                       layer_norm_eps=hf.layer_norm_eps, hidden_dropout=hf.hidden_dropout_prob,
-                       attention_dropout=hf.attention_probs_dropout_prob, init_std=hf.initializer_range)
+    cfg = ModelConfig(arch=hf.model_type, pad_token_id=pad, activation=activation, **extra,
+                      vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.hidden_size,
+                      num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads,
+                      ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
+                      type_vocab_size=hf.type_vocab_size, task_type_vocab_size=task,
+                      layer_norm_eps=hf.layer_norm_eps, hidden_dropout=hf.hidden_dropout_prob,
+                      attention_dropout=hf.attention_probs_dropout_prob, init_std=hf.initializer_range)
+    if generator is not None:
+        g = generator_config(cfg)
+        theirs = (generator.hidden_size, generator.num_attention_heads, generator.intermediate_size,
+                  generator.num_hidden_layers, generator.embedding_size)
+        if (g.hidden_size, g.num_heads, g.ffn_hidden_size, g.num_layers, g.embedding_size) != theirs:
+            raise C.CheckpointError(f"the generator's sizes (hidden, heads, MLP, layers, embedding: {theirs}) are not "
+                                    f"the discriminator's scaled by {cfg.generator_size:.4g}; ptm's generator is "
+                                    "model.generator_size times as wide and as deep, on the same embeddings")
+    return cfg
 
 
 # ---- tokenizers -------------------------------------------------------------------------------------
@@ -168,47 +202,68 @@ def import_tokenizer(hf_dir: str, out: str) -> None:
 # ---- checkpoints ------------------------------------------------------------------------------------
 
 def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
-    """Write a transformers model directory (config, safetensors weights, tokenizer) from a ptm checkpoint."""
-    import transformers
-
+    """Write a transformers model directory (config, safetensors weights, tokenizer) from a ptm checkpoint (ELECTRA:
+    the discriminator, and the generator in its `generator` subdirectory)."""
     ckpt = C.check_complete(C.resolve(ckpt_or_run))
     meta = C.read_meta(ckpt)
     cfg = C.model_config(meta)
     tok_dir = os.path.join(ckpt, "tokenizer")
     with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
         special = json.load(f)["special_ids"]
-    config = hf_config(cfg, special)  # first: it refuses what HF has no class for
-    weights = hf_keys.to_hf(cfg.arch, C.load_full_model(ckpt), cfg.num_layers, cfg.num_heads, cfg.vocab_size)
+    models = [(cfg, out, _HF_CLASSES[cfg.arch])]
+    if cfg.arch == "electra":  # the discriminator in `out`, the generator in out/generator
+        models.append((generator_config(cfg), os.path.join(out, ELECTRA_GENERATOR[0]), ELECTRA_GENERATOR[1]))
+    configs = [hf_config(m, special) for m, _, _ in models]  # first: it refuses what HF has no class for
+    state = C.load_full_model(ckpt)
+    states = hf_keys.electra_split(state) if cfg.arch == "electra" else (state,)
+    for (model_cfg, where, cls), config, weights in zip(models, configs, states):
+        _write_hf(model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
+        export_tokenizer(tok_dir, where, cfg.arch, meta.get("nfkc", False), cfg.max_position_embeddings)
+    return out
+
+
+def _write_hf(cfg: ModelConfig, config, state: dict, cls: str, out: str, meta: dict, ckpt: str,
+              max_shard_size: str) -> None:
+    """One transformers model `cls` of `config` holding ptm weights `state`, saved to `out`."""
+    weights = hf_keys.to_hf(cfg.arch, state, cfg.num_layers, cfg.num_heads, cfg.vocab_size)
     for key, value in meta.get("hf_token_ids", {}).items():  # imported models keep their own special ids
         setattr(config, key, value)
-    model = getattr(transformers, _HF_CLASSES[cfg.arch])(config)
+    model = _hf_class(cls)(config)
     result = model.load_state_dict(weights, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith(("position_ids", ".attn.bias", ".attn.masked_bias"))]
     if missing or result.unexpected_keys:
-        raise C.CheckpointError(f"{ckpt} does not fit {_HF_CLASSES[cfg.arch]}: missing {missing[:5]}, "
+        raise C.CheckpointError(f"{ckpt} does not fit {cls}: missing {missing[:5]}, "
                                 f"unexpected {result.unexpected_keys[:5]}")
     model.save_pretrained(out, max_shard_size=max_shard_size)
-    export_tokenizer(tok_dir, out, cfg.arch, meta.get("nfkc", False), cfg.max_position_embeddings)
-    return out
+    if cfg.arch == "nezha":  # the modeling code travels with the weights (config.json's auto_map names it)
+        for name in ("configuration_nezha.py", "modeling_nezha.py"):
+            shutil.copy(os.path.join(os.path.dirname(__file__), "nezha", name), out)
 
 
 def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
     """A ptm checkpoint (step 0) from a transformers directory; returns it and the heads that HF did not
     have and were initialised (base models such as BertModel or GPT2Model)."""
-    import transformers
-
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         what = "has no config.json" if os.path.isdir(hf_dir) else "is not a directory"
         raise C.CheckpointError(f"{hf_dir} {what}: not a Hugging Face model directory; pass the directory that "
                                 "save_pretrained wrote (config.json, weights, tokenizer files)")
-    hf_cfg = transformers.AutoConfig.from_pretrained(hf_dir)
-    cfg = model_config_from_hf(hf_cfg)
-    cls = getattr(transformers, _HF_CLASSES[cfg.arch])
-    torch.manual_seed(0)
-    model, info = cls.from_pretrained(hf_dir, output_loading_info=True)
-    state, missing = hf_keys.from_hf(cfg.arch, model.state_dict(), cfg.num_layers, cfg.num_heads, cfg.vocab_size,
-                                     task_types=cfg.task_type_vocab_size > 0)
-    initialised = sorted(k for k in info["missing_keys"] if not k.endswith("position_ids")) + missing
+    hf_cfg = _auto_config(hf_dir)
+    gen_dir = os.path.join(hf_dir, ELECTRA_GENERATOR[0])
+    gen_cfg = _auto_config(gen_dir) \
+        if hf_cfg.model_type == "electra" and os.path.isfile(os.path.join(gen_dir, "config.json")) else None
+    cfg = model_config_from_hf(hf_cfg, gen_cfg)
+    state, initialised = _import_weights(cfg, hf_dir, _HF_CLASSES[cfg.arch])
+    if cfg.arch == "electra":  # the generator from generator/, else a new one
+        g = generator_config(cfg)
+        if gen_cfg is not None:
+            gen, missing = _import_weights(g, gen_dir, ELECTRA_GENERATOR[1])
+        else:
+            from pretrain.parallel import mcore
+
+            mcore.initialize(1, 0)
+            gen = {k: p.detach() for k, p in _fresh(cfg).generator.named_parameters()}
+            missing = [f"generator.{k}" for k in gen]
+        state, initialised = hf_keys.electra_join(state, gen), initialised + missing
     os.makedirs(out, exist_ok=True)
     C.save_model(out, state)
     import_tokenizer(hf_dir, os.path.join(out, "tokenizer"))
@@ -218,6 +273,48 @@ def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
                  extra={"source": os.path.abspath(hf_dir), "initialised": initialised, "nfkc": _uses_nfkc(hf_dir),
                         "hf_token_ids": token_ids})
     return out, initialised
+
+
+def _import_weights(cfg: ModelConfig, hf_dir: str, cls: str) -> tuple[dict, list[str]]:
+    """The ptm state dict of the HF model `cls` in `hf_dir`, and what HF lacked (initialised)."""
+    torch.manual_seed(0)
+    model, info = _hf_class(cls).from_pretrained(hf_dir, output_loading_info=True)
+    state, missing = hf_keys.from_hf(cfg.arch, model.state_dict(), cfg.num_layers, cfg.num_heads, cfg.vocab_size,
+                                     task_types=cfg.task_type_vocab_size > 0)
+    absent = ("mlm." if "rtd" in cfg.heads else "rtd.",)  # ELECTRA's key map names both models' heads
+    absent += ("embeddings.proj.",) if embedding_width(cfg) == cfg.hidden_size else ()  # and the projection
+    missing = [k for k in missing if not k.startswith(absent)]
+    return state, sorted(k for k in info["missing_keys"] if not k.endswith("position_ids")) + missing
+
+
+def _hf_class(name: str):
+    """A transformers model class by name; NEZHA's from ptm's modeling file (never from the directory imported)."""
+    if name.startswith("Nezha"):
+        from checkpoints_tools.nezha import modeling_nezha
+
+        return getattr(modeling_nezha, name)
+    import transformers
+
+    return getattr(transformers, name)
+
+
+def _auto_config(hf_dir: str):
+    """The HF config in `hf_dir` (NEZHA's read by ptm's class: transformers does not know the model type)."""
+    import transformers
+
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        if json.load(f).get("model_type") == "nezha":
+            from checkpoints_tools.nezha.configuration_nezha import NezhaConfig
+
+            return NezhaConfig.from_pretrained(hf_dir)
+    return transformers.AutoConfig.from_pretrained(hf_dir)
+
+
+def _fresh(cfg: ModelConfig):
+    from pretrain.models.model import Pretraining
+
+    torch.manual_seed(0)
+    return Pretraining(cfg)
 
 
 def _params(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, dict]:

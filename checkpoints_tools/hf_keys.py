@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 # ptm name -> HF name, per layer "{i}" and for the rest; HF prefix is "bert." / "ernie." / "roberta." / "albert." /
-# "transformer."
+# "electra." / "nezha." / "transformer."
 _BERT_LAYER = {
     "attn.out.weight": "attention.output.dense.weight", "attn.out.bias": "attention.output.dense.bias",
     "attn_norm.weight": "attention.output.LayerNorm.weight", "attn_norm.bias": "attention.output.LayerNorm.bias",
@@ -59,11 +59,24 @@ _ALBERT = {
     "mlm.bias": "predictions.bias",
     "nsp.weight": "sop_classifier.classifier.weight", "nsp.bias": "sop_classifier.classifier.bias",
 }
+_ELECTRA = {  # ElectraForPreTraining (an rtd head) or, for the generator, ElectraForMaskedLM (an mlm head)
+    "embeddings.proj.weight": "electra.embeddings_project.weight",
+    "embeddings.proj.bias": "electra.embeddings_project.bias",
+    "rtd.dense.weight": "discriminator_predictions.dense.weight", "rtd.dense.bias": "discriminator_predictions.dense.bias",
+    "rtd.score.weight": "discriminator_predictions.dense_prediction.weight",
+    "rtd.score.bias": "discriminator_predictions.dense_prediction.bias",
+    "mlm.dense.weight": "generator_predictions.dense.weight", "mlm.dense.bias": "generator_predictions.dense.bias",
+    "mlm.norm.weight": "generator_predictions.LayerNorm.weight", "mlm.norm.bias": "generator_predictions.LayerNorm.bias",
+    "mlm.bias": "generator_lm_head.bias",
+}
+ELECTRA_SHARED = ("embeddings.word.weight", "embeddings.position.weight", "embeddings.token_type.weight",
+                  "embeddings.norm.weight", "embeddings.norm.bias")  # the generator's, read from the discriminator
 _VOCAB_ROWS = ("embeddings.word.weight", "mlm.bias")  # padded to the ptm model's vocabulary
 
 
 def hf_prefix(arch: str) -> str:
-    return {"bert": "bert.", "ernie": "ernie.", "roberta": "roberta.", "albert": "albert.", "gpt2": "transformer."}[arch]
+    return {"bert": "bert.", "ernie": "ernie.", "roberta": "roberta.", "albert": "albert.", "electra": "electra.",
+            "nezha": "nezha.", "gpt2": "transformer."}[arch]
 
 
 def _blocks(arch: str, num_layers: int) -> int:
@@ -89,8 +102,10 @@ def key_map(arch: str, num_layers: int, task_types: bool = False) -> dict[str, s
         m, layer = dict(_GPT2), _GPT2_LAYER
     else:
         p = hf_prefix(arch)
-        m = {k: v.format(p=p) for k, v in _BERT.items() if task_types or k != "embeddings.task_type.weight"}
-        heads = {"roberta": _ROBERTA_HEAD, "albert": _ALBERT}.get(arch)
+        absent = ("embeddings.task_type.weight",) if not task_types else ()
+        absent += ("embeddings.position.weight",) if arch == "nezha" else ()  # relative positions: no table
+        m = {k: v.format(p=p) for k, v in _BERT.items() if k not in absent}
+        heads = {"roberta": _ROBERTA_HEAD, "albert": _ALBERT, "electra": _ELECTRA}.get(arch)
         if heads:
             m = {k: v for k, v in m.items() if not k.startswith(("mlm.", "pooler.", "nsp."))} | heads
         layer = _ALBERT_LAYER if arch == "albert" else _BERT_LAYER
@@ -166,6 +181,9 @@ def to_hf(arch: str, ours: dict, num_layers: int, num_heads: int, vocab_size: in
     word = out[key_map(arch, num_layers)["embeddings.word.weight"]]
     if arch == "gpt2":
         out["lm_head.weight"] = word
+    elif arch == "electra":
+        if "mlm.bias" in ours:  # the generator
+            out["generator_lm_head.weight"] = word
     elif arch in ("roberta", "albert"):
         head = "lm_head" if arch == "roberta" else "predictions"
         out[f"{head}.decoder.weight"] = word
@@ -174,3 +192,17 @@ def to_hf(arch: str, ours: dict, num_layers: int, num_heads: int, vocab_size: in
         out["cls.predictions.decoder.weight"] = word
         out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
     return out
+
+
+def electra_split(ours: dict) -> tuple[dict, dict]:
+    """An ELECTRA state dict -> (the discriminator's, the generator's), each a whole model's: the generator gets the
+    discriminator's embedding tables, which it reads in ptm."""
+    disc = {k: v for k, v in ours.items() if not k.startswith("generator.")}
+    gen = {k.removeprefix("generator."): v for k, v in ours.items() if k.startswith("generator.")}
+    return disc, gen | {k: ours[k] for k in ELECTRA_SHARED if k in ours}
+
+
+def electra_join(disc: dict, gen: dict) -> dict:
+    """Inverse of electra_split: the generator's own parameters under `generator.` (its embedding tables are the
+    discriminator's)."""
+    return disc | {f"generator.{k}": v for k, v in gen.items() if k not in ELECTRA_SHARED}

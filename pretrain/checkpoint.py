@@ -285,7 +285,8 @@ def load_model_shard(ckpt: str, tp_rank: int, tp: int, vocab_rows: int | None = 
 # ---- the trainer's checkpoints ----------------------------------------------------------------------------
 
 MODEL_SHAPE = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size",
-               "max_position_embeddings", "type_vocab_size", "task_type_vocab_size", *FEATURES)
+               "max_position_embeddings", "type_vocab_size", "task_type_vocab_size", "embedding_size", "generator_size",
+               *FEATURES)
 NOT_IDENTITY = ("activation_checkpointing",)  # model settings that a resume may change (memory, not math)
 
 

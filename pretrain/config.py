@@ -22,7 +22,7 @@ import yaml
 
 from pretrain import objectives
 from pretrain.models.config import (ACTIVATIONS, ARCHS, HEADS, NORMS, POSITIONS, SHARING, ModelConfig, embedding_width,
-                                    positions_needed)
+                                    generator_config, positions_needed)
 from pretrain.objectives.ernie import TASK_SPECS, USER_LABELED
 from pretrain.objectives.masking import KNOWLEDGE_LEVELS as _KNOWLEDGE_UNITS, STRATEGIES as MASKINGS
 from ptm import shipped
@@ -61,12 +61,18 @@ MODEL_HELP = {
             "final one (GPT-2); null: the arch's",
     "activation": " | ".join(ACTIVATIONS) + ": the MLP's activation; null: the arch's",
     "causal": "attend to earlier tokens only (GPT-2); null: the arch's",
-    "heads": "output heads: lm (word embeddings as output projection), mlm (BERT's transform first), nsp (pooler + "
-             "2-way classifier for NSP/SOP); null: the arch's",
+    "heads": "output heads: lm (word embeddings as output projection), mlm (BERT's transform first), rtd (ELECTRA's "
+             "replaced-token detection, with a generator), nsp (pooler + 2-way classifier for NSP/SOP); null: the arch's",
+    "generator_size": "ELECTRA (heads [rtd]): the generator's width (hidden size, heads, MLP) as a fraction of the "
+                      "model's; it shares the model's embeddings (the paper: 1/4 to 1/2)",
     "scaled_init": "initialise residual output projections with init_std / sqrt(2 * num_layers) (GPT-2); null: the "
                    "arch's",
     "position_encoding": "learned (absolute positions from 0) | roberta (from pad_token_id + 1, padding tokens at "
-                         "pad_token_id, as HF RoBERTa); null: the arch's",
+                         "pad_token_id, as HF RoBERTa) | relative (NEZHA's functional relative positions: fixed "
+                         "sinusoids of the clipped distance added to keys and values inside attention, no position "
+                         "table); null: the arch's",
+    "max_relative_position": "position_encoding=relative: attention tells distances apart up to this many tokens "
+                             "(NEZHA: 64)",
     "pad_token_id": "the padding id, which position_encoding=roberta numbers positions from; -1: the dataset's",
     "share_layers": "none | all (one layer's parameters for every layer, ALBERT) | attention | ffn (only those "
                     "sublayers shared); null: the arch's",
@@ -97,6 +103,8 @@ class DataConfig:
     similar_words: str = _opt("", "data.masking=correction (MacBERT): a UTF-8 file, one word per line followed by its "
                                   "similar words (synonyms, embedding neighbours), whitespace-separated; words without "
                                   "one of as many tokens are replaced by random words")
+    rtd_weight: float = _opt(50.0, "electra: the weight of the discriminator's replaced-token-detection loss against "
+                                   "the generator's masked-LM loss (the paper's lambda)")
     pack_documents: bool = _opt(True, "clm: concatenate documents into full windows (Megatron); false: a window never "
                                       "crosses a document's end and the last one is padded")
     unpadded: bool = _opt(False, "BERT/ERNIE: pack each micro batch's samples into as few rows as their lengths allow, "
@@ -487,18 +495,18 @@ def describe() -> str:
 
 # ----------------------------------------------------------------------------------------- validation
 
-_POSITIVE = ("model.vocab_pad_to", "model.hidden_size", "model.num_layers", "model.num_heads", "model.ffn_hidden_size",
+_POSITIVE = ("model.max_relative_position", "model.vocab_pad_to", "model.hidden_size", "model.num_layers", "model.num_heads", "model.ffn_hidden_size",
              "model.max_position_embeddings", "model.init_std", "model.layer_norm_eps", "data.seq_len",
              "train.steps", "train.global_batch_size", "train.micro_batch_size", "train.log_interval",
              "train.eval_steps", "optimizer.lr", "optimizer.eps", "parallel.tp", "parallel.timeout_s",
              "fp16.loss_scale_window",
              "fp16.hysteresis", "fp16.min_loss_scale")
-_NON_NEGATIVE = ("model.vocab_size", "model.embedding_size", "model.type_vocab_size", "model.task_type_vocab_size",
+_NON_NEGATIVE = ("data.rtd_weight", "model.vocab_size", "model.embedding_size", "model.type_vocab_size", "model.task_type_vocab_size",
                  "data.max_predictions_per_seq", "data.num_workers", "train.grad_clip", "train.eval_interval",
                  "optimizer.weight_decay", "optimizer.warmup_steps", "optimizer.min_lr", "optimizer.poly_power",
                  "checkpoint.interval", "checkpoint.keep", "fp16.initial_scale_power")
 _UNIT = {"[0, 1)": lambda x: 0 <= x < 1, "(0, 1)": lambda x: 0 < x < 1, "[0, 1]": lambda x: 0 <= x <= 1}
-_FRACTIONS = {"model.hidden_dropout": "[0, 1)", "model.attention_dropout": "[0, 1)", "data.mask_prob": "(0, 1)",
+_FRACTIONS = {"model.generator_size": "[0, 1]", "model.hidden_dropout": "[0, 1)", "model.attention_dropout": "[0, 1)", "data.mask_prob": "(0, 1)",
               "data.short_seq_prob": "[0, 1]", "data.valid_fraction": "[0, 1)"}
 _CHOICES = {"kernels": ("auto", "eager", "compile"), "fused_lm_loss": ("auto", "on", "off"),
             "optimizer.multi_tensor": ("auto", "on", "off"), "precision": PRECISIONS, "grad_accum_dtype": GRAD_ACCUM_DTYPES,
@@ -525,9 +533,10 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
             errors.need(cfg.get(k) in choices, f"{k}={cfg.get(k)!r} is not one of {' | '.join(choices)}; "
                                                f"set {k} to one of them")
         heads = cfg.model.heads
-        errors.need(all(h in HEADS for h in heads) and ("lm" in heads) != ("mlm" in heads),
+        errors.need(all(h in HEADS for h in heads) and sum(h in heads for h in ("lm", "mlm", "rtd")) == 1
+                    and not ("rtd" in heads and "nsp" in heads),
                     f"model.heads={heads} is not one LM head and optionally nsp; set it to [lm], [mlm] or either "
-                    f"with nsp")
+                    f"with nsp, or [rtd] (ELECTRA)")
     for k in _POSITIVE:
         errors.need(cfg.get(k) > 0, f"{k}={cfg.get(k)} must be positive; set {k} to a value > 0")
     for k in _NON_NEGATIVE:
@@ -577,6 +586,16 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need("lm" not in m.heads or embedding_width(m) == m.hidden_size,
                 f"model.embedding_size={m.embedding_size} differs from model.hidden_size={m.hidden_size}, but the lm "
                 f"head projects hidden states onto the word embeddings; use the mlm head or model.embedding_size=0")
+    errors.need(("rtd" in m.heads) == (m.generator_size > 0),
+                f"model.generator_size={m.generator_size} with model.heads={m.heads}: ELECTRA's rtd head trains with a "
+                f"generator and only it has one; set model.generator_size to a fraction in (0, 1] with heads [rtd], "
+                f"else 0")
+    if "rtd" in m.heads and 0 < m.generator_size <= 1:
+        g = generator_config(m)
+        errors.need(g.hidden_size % g.num_heads == 0 and g.num_heads % tp == 0 and g.ffn_hidden_size % tp == 0,
+                    f"model.generator_size={m.generator_size} gives a generator of hidden size {g.hidden_size}, "
+                    f"{g.num_heads} heads and MLP width {g.ffn_hidden_size}, which parallel.tp={tp} and the heads must "
+                    f"divide; pick a fraction that keeps them whole (e.g. 1/4 or 1/3 of a 12-head model)")
     errors.need(not d.similar_words or d.masking == "correction",
                 f"data.similar_words is set but data.masking={d.masking}; similar words replace masked words only with "
                 "data.masking=correction (MacBERT): set it, or remove data.similar_words")

@@ -101,15 +101,17 @@ def _allow_half_on_cpu() -> None:
 
 def _read_elsewhere(model):
     """(module, parameter) pairs where a module's forward reads a parameter that another module owns; ZeRO-3
-    gathers a parameter only for its owner's forward unless told: the LM head reads the tied word embeddings, a
+    gathers a parameter only for its owner's forward unless told: the LM heads read the tied word embeddings, a
     post-LN block passes its LayerNorms' weights to the fused residual + LayerNorm kernel."""
-    head = model.mlm if "mlm" in model.cfg.heads else model
-    yield head, model.embeddings.word.weight
-    for block in model.blocks:
-        if not block.pre_ln:
-            for norm in (block.attn_norm, block.mlp_norm):
-                yield block, norm.weight
-                yield block, norm.bias
+    for m in (model, getattr(model, "generator", None)):  # ELECTRA's generator: its MLM head, its blocks
+        if m is None:
+            continue
+        yield (m.mlm if "mlm" in m.cfg.heads else m), model.embeddings.word.weight
+        for block in m.blocks:
+            if not block.pre_ln:
+                for norm in (block.attn_norm, block.mlp_norm):
+                    yield block, norm.weight
+                    yield block, norm.bias
 
 
 def _fused_lm_loss(cfg: Config, device) -> bool:

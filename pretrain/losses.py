@@ -30,11 +30,14 @@ PACKED = ("position_ids", "sample_index", "cls_index")  # the fields of an unpad
 @dataclass
 class Term:
     """One loss term of a micro-batch: the summed loss of its elements (with grad), how many elements there
-    are, and how many were predicted right (None: not tracked)."""
+    are, how many were predicted right (None: not tracked), its weight in the objective, and other metrics as
+    {name: (hits, count)} (e.g. a baseline's accuracy)."""
 
     loss: torch.Tensor
     count: torch.Tensor
     correct: torch.Tensor | None = None
+    weight: float = 1.0
+    ratios: dict[str, tuple[float, float]] | None = None
 
 
 def vocab_parallel_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -61,8 +64,8 @@ def global_counts(per_batch: list[dict[str, torch.Tensor]], group) -> dict[str, 
 
 
 def objective(terms: dict[str, Term], counts: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The sum of the terms, each divided by its global element count (0 for a term with no elements)."""
-    return sum(t.loss / counts[name].clamp(min=1).to(t.loss.dtype) for name, t in terms.items())
+    """The weighted sum of the terms, each divided by its global element count (0 for a term with no elements)."""
+    return sum(t.weight * t.loss / counts[name].clamp(min=1).to(t.loss.dtype) for name, t in terms.items())
 
 
 def token_term(logits: torch.Tensor, target: torch.Tensor) -> Term:
@@ -83,22 +86,26 @@ class Tally:
 
     def __init__(self):
         self.sums: dict[str, list[float]] = {}
+        self.weights: dict[str, float] = {}
 
     def add(self, terms: dict[str, Term], extra: dict[str, tuple[float, float]] | None = None) -> None:
-        """Add a micro-batch's terms, and `extra` {name: (hits, count)} ratios (e.g. a baseline accuracy)."""
+        """Add a micro-batch's terms, their ratios and `extra` {metric: (hits, count)} (e.g. a baseline accuracy)."""
+        ratios = dict(extra or {})
         for name, t in terms.items():
             row = self.sums.setdefault(name, [0.0, 0.0, 0.0 if t.correct is not None else float("nan")])
             row[0] += float(t.loss.detach())
             row[1] += float(t.count)
             row[2] += float(t.correct) if t.correct is not None else 0.0
-        for name, (hits, count) in (extra or {}).items():
+            self.weights[name] = t.weight
+            ratios.update(t.ratios or {})
+        for name, (hits, count) in ratios.items():
             row = self.sums.setdefault(name, [float("nan"), 0.0, 0.0])
             row[1] += count
             row[2] += hits
 
     def metrics(self, group) -> dict[str, float]:
-        """`{term}_loss` and `{term}_acc` over everything added on every rank of `group`, and `loss`, the
-        objective (the sum of the terms' means)."""
+        """`{term}_loss` and `{term}_acc` over everything added on every rank of `group`, the ratios by their
+        names, and `loss`, the objective (the weighted sum of the terms' means)."""
         names = sorted(self.sums)
         if not names:
             return {}
@@ -108,9 +115,11 @@ class Tally:
         for name, (loss, count, correct) in zip(names, sums.tolist()):
             if count == 0:
                 continue
-            if loss == loss:  # not NaN: a loss term
-                out[f"{name}_loss"] = loss / count
-                total += loss / count
+            if loss != loss:  # NaN: a ratio
+                out[name] = correct / count
+                continue
+            out[f"{name}_loss"] = loss / count
+            total += self.weights[name] * loss / count
             if correct == correct:
                 out[f"{name}_acc"] = correct / count
         out["loss"] = total

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from data_prep import PrepError
 from pretrain import objectives
 from pretrain.config import Config, ConfigError, load
-from pretrain.models.config import ModelConfig, embedding_width, padded_vocab_size
+from pretrain.models.config import ModelConfig, embedding_width, generator_config, padded_vocab_size
 
 GIB = 1 << 30
 CUDA_CONTEXT = GIB  # assumed: CUDA context, cuBLAS/NCCL workspaces, allocator slack
@@ -56,12 +56,14 @@ PEAK_FLOPS = (
 
 # ------------------------------------------------------------------------------------------ parameters
 
-def _modules(m: ModelConfig) -> list[tuple[int, int]]:
+def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int, int]]:
     """(TP-split, replicated) counts of the parameters each module of `Pretraining(m)` owns directly; a shared
-    layer (share_layers) once."""
+    layer (share_layers) once; `shared_embeddings`: the tables and their LayerNorm belong to another model (ELECTRA's
+    generator reads the discriminator's)."""
     h, f, v, e = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m)
-    embeddings = [(v * e, 0), (0, m.max_position_embeddings * e), (0, m.type_vocab_size * e),
-                  (0, m.task_type_vocab_size * e)] + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
+    positions = 0 if m.position_encoding == "relative" else m.max_position_embeddings  # NEZHA's are functions
+    tables = [(v * e, 0), (0, positions * e), (0, m.type_vocab_size * e), (0, m.task_type_vocab_size * e)]
+    embeddings = ([] if shared_embeddings else tables) + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
     norms = [(0, 2 * h), (0, 2 * h)]
     attention = [(3 * h * h + 3 * h, 0), (h * h, h)]  # QKV (column), output (row: bias replicated)
     mlp = [(f * h + f, 0), (f * h, h)]  # fc1 (column), fc2 (row)
@@ -71,18 +73,21 @@ def _modules(m: ModelConfig) -> list[tuple[int, int]]:
         shared = {"attention": attention, "ffn": mlp}.get(m.share_layers, [])
         blocks = (norms + (attention if m.share_layers != "attention" else [])
                   + (mlp if m.share_layers != "ffn" else [])) * m.num_layers + shared
-    heads = [(0, 2 * (e if m.norm == "post" else h))]  # the embedding LayerNorm (post-LN) or the final one (pre-LN)
+    heads = [] if shared_embeddings and m.norm == "post" else [(0, 2 * (e if m.norm == "post" else h))]  # the
+    # embedding LayerNorm (post-LN) or the final one (pre-LN)
     if "mlm" in m.heads:  # MLM bias (vocab-split), transform dense and LayerNorm; "lm" is the word embeddings
         heads += [(v, 0), (0, h * e + e), (0, 2 * e)]
     if "nsp" in m.heads:  # pooler, NSP/SOP classifier
         heads += [(0, h * h + h), (0, 2 * h + 2)]
+    if "rtd" in m.heads:  # the discriminator head, and the generator on the shared embeddings
+        heads += [(0, h * h + h), (0, h + 1)] + _modules(generator_config(m), shared_embeddings=True)
     return embeddings + blocks + heads
 
 
 def count_parameters(m: ModelConfig, tp: int = 1) -> int:
     """Parameters of `Pretraining(m)` on one of `tp` tensor-parallel ranks (tp=1: the whole model). Split over
-    TP: word embeddings, QKV/output/MLP weights, column biases, the MLM bias; the rest is replicated. ERNIE 2.0's
-    task heads (a few thousand parameters, added by the trainer) are not counted."""
+    TP: word embeddings, QKV/output/MLP weights, column biases, the MLM bias; the rest is replicated. ELECTRA's
+    generator is counted with its discriminator, their shared embeddings once. ERNIE 2.0's task heads (a few thousand parameters, added by the trainer) are not counted."""
     return sum(split // tp + replicated for split, replicated in _modules(m))
 
 
@@ -106,19 +111,25 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
 
         6 * s * L * (4h^2 + 2hf)      block matmuls: QKV, attention output, MLP
       + 12 * L * h * s^2              attention scores QK^T and P @ V over the full s x s square
-                                      (causal masking's halving is not applied, as in Megatron and nanoGPT)
+                                      (causal masking's halving is not applied, as in Megatron and nanoGPT);
+                                      twice that with relative positions (NEZHA: q . a_ij and P . a_ij too)
       + 6 * p * e * V                 LM head logits on the predicted tokens (e: the embedding width, = h
                                       unless factorised as ALBERT's)
       + 6 * p * h * e                 with an mlm head: its transform dense on the predicted tokens
       + 6 * s * e * h                 with e != h: the embedding projection
+      + 6 * s * (h^2 + h)             with an rtd head (ELECTRA) instead of the LM head: the discriminator head on
+                                      every token, plus the generator's FLOPs (this formula, its own sizes)
 
     For f = 4h and p = s this is Megatron's 72*s*L*h^2 * (1 + s/(6h) + V/(12*L*h)). Embedding lookups, norms,
     softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
     h, s, p, e = m.hidden_size, seq_len, seq_len if predicted is None else predicted, embedding_width(m)
     blocks = 6 * s * m.num_layers * (4 * h * h + 2 * h * m.ffn_hidden_size)  # every layer, shared or not
-    attention = 12 * m.num_layers * h * s * s
-    head = 6 * p * e * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
+    attention = 12 * m.num_layers * h * s * s * (2 if m.position_encoding == "relative" else 1)
     projection = 6 * s * e * h if e != h else 0  # ALBERT's embedding projection
+    if "rtd" in m.heads:
+        return float(blocks + attention + projection + 6 * s * (h * h + h)) + model_flops_per_sample(
+            generator_config(m), seq_len, predicted)
+    head = 6 * p * e * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
     return float(blocks + attention + head + projection)
 
 
@@ -197,10 +208,13 @@ def activation_bytes(cfg: Config, micro_batch: int) -> tuple[int, int]:
     for an MLP of width f), double in fp32. A checkpointed layer keeps only its input (2*s*b*h), and one
     layer's full activations live again during its recomputation. Logits: fp32, over this rank's vocabulary."""
     m, s, t, b = cfg.model, cfg.data.seq_len, cfg.parallel.tp, micro_batch
-    h, scale = m.hidden_size, 2 if cfg.precision == "fp32" else 1
-    layer = scale * s * b * (10 * h + (8 * h + 4 * m.ffn_hidden_size + 5 * m.num_heads * s) // t)
-    checkpointed, kept = _checkpointed(m), scale * 2 * s * b * h
-    layers = (m.num_layers - checkpointed) * layer + checkpointed * kept + (layer if checkpointed else 0)
+    scale = 2 if cfg.precision == "fp32" else 1
+    layers = 0
+    for model in (m, generator_config(m)) if "rtd" in m.heads else (m,):  # ELECTRA: the generator's layers too
+        h = model.hidden_size
+        layer = scale * s * b * (10 * h + (8 * h + 4 * model.ffn_hidden_size + 5 * model.num_heads * s) // t)
+        checkpointed, kept = _checkpointed(model), scale * 2 * s * b * h
+        layers += (model.num_layers - checkpointed) * layer + checkpointed * kept + (layer if checkpointed else 0)
     logits = 4 * b * predicted_tokens(cfg) * padded_vocab_size(m) // t
     return layers, logits
 

@@ -100,7 +100,7 @@ class Trainer:
         self.identity = C.run_identity(cfg, self.corpora)
         sample = self.corpora[0].shards[0].values["input_ids"][:10_000_000]
         self.most_frequent = int(np.bincount(sample, minlength=cfg.model.vocab_size).argmax())
-        self.objective = objectives.get(cfg.data.objective)
+        self.objective = objectives.get(cfg.data.objective).configured(cfg)
         model = Pretraining(cfg.model)
         self.objective.add_heads(model, cfg)
         self.params = C.param_info(model.named_parameters(), mcore.tp_size())
@@ -274,7 +274,7 @@ class Trainer:
             baseline = {}
             if "mlm" in terms and terms["mlm"].correct is not None:  # always answering the most frequent token
                 target = batch["labels"][batch["labels"] != -100]
-                baseline["mlm_unigram"] = (float((target == self.most_frequent).sum()), float(len(target)))
+                baseline["mlm_unigram_acc"] = (float((target == self.most_frequent).sum()), float(len(target)))
             tally.add(terms, baseline)
         out = {f"valid_{k}": v for k, v in tally.metrics(mcore.dp_group()).items()}
         if "valid_lm_loss" in out:
@@ -338,8 +338,8 @@ class Trainer:
                 (bar.write if bar is not None else _log)(f"step {self.step}: " + _fmt(metrics, tuple(metrics)))
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix_str(_fmt(metrics, ("mlm_loss", "mlm_acc", "nsp_acc", "lm_loss", "lr", "samples_per_s",
-                                                      "tokens_per_s")),
+                bar.set_postfix_str(_fmt(metrics, ("mlm_loss", "mlm_acc", "nsp_acc", "rtd_auc", "lm_loss", "lr",
+                                                      "samples_per_s", "tokens_per_s")),
                                     refresh=False)
             if cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0:
                 last_eval = self.evaluate()

@@ -73,25 +73,27 @@ def facts(run_dir) -> dict:
     return json.load(open(os.path.join(run_dir, "facts.json")))
 
 
-def without_key_bias(state: dict, heads: int) -> dict:
+def without_key_bias(state: dict, heads: int | dict[str, int]) -> dict:
     """The key bias has a zero gradient in exact arithmetic (softmax ignores a shift shared by a row of scores), so
     Adam-type optimizers turn its float noise into steps of lr * noise / eps that differ between any two
-    summation orders. It is left out of the comparisons (per-head [q, k, v] layout)."""
-    out = dict(state)
+    summation orders. It is left out of the comparisons (per-head [q, k, v] layout). `heads`: the attention heads, or
+    {parameter name prefix: heads} for models of several widths (ELECTRA's generator: {"": 4, "generator.": 2})."""
+    out, per_prefix = dict(state), heads if isinstance(heads, dict) else {"": heads}
     for k, v in state.items():
         if k.endswith("attn.qkv.bias"):
-            out[k] = v.view(heads, 3, -1)[:, [0, 2]].reshape(-1)
+            n = per_prefix[max((p for p in per_prefix if k.startswith(p)), key=len)]
+            out[k] = v.view(n, 3, -1)[:, [0, 2]].reshape(-1)
     return out
 
 
-def rel_diffs(a: dict, b: dict, heads: int) -> dict[str, float]:
+def rel_diffs(a: dict, b: dict, heads: int | dict[str, int]) -> dict[str, float]:
     """Per tensor ||a - b|| / ||b||, key biases left out."""
     assert a.keys() == b.keys()
     a, b = without_key_bias(a, heads), without_key_bias(b, heads)
     return {k: ((a[k] - b[k]).norm() / b[k].norm().clamp(min=1e-12)).item() for k in a}
 
 
-def max_rel_diff(a: dict, b: dict, heads: int = 4) -> float:
+def max_rel_diff(a: dict, b: dict, heads: int | dict[str, int] = 4) -> float:
     """The largest per-tensor relative difference ||a - b|| / ||b||."""
     return max(rel_diffs(a, b, heads).values())
 

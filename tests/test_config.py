@@ -191,6 +191,15 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["ernie.stages=[{steps: 300, tasks: {capitalization: 1}}]"], 1, "ernie.stages is set but data.objective=mlm_nsp"),
     (["precision=bf16", "zero.stage=0"], 1, "precision=bf16 with grad_accum_dtype=fp32 needs ZeRO"),
     (["data.pack_documents=false"], 1, "data.pack_documents=false applies to data.objective=clm, not mlm_nsp"),
+    (["model.generator_size=0.25"], 1, "model.generator_size=0.25 with model.heads=['mlm', 'nsp']: ELECTRA's rtd head"),
+    (["data.objective=electra"], 1, "data.objective=electra trains the rtd head but model.heads=['mlm', 'nsp']; set "
+                                    "model.arch=electra"),
+    (["model.arch=electra"], 1, "model.generator_size=0.0 with model.heads=['rtd']"),
+    (["model.arch=electra", "model.generator_size=0.25"], 1, "data.objective=mlm_nsp trains the model's mlm head"),
+    (["model.arch=electra", "model.generator_size=0.25", "data.objective=electra", "parallel.tp=2"], 1,
+     "model.generator_size=0.25 gives a generator of hidden size 32, 1 heads and MLP width 128, which parallel.tp=2"),
+    (["model.arch=electra", "model.generator_size=1.5", "data.objective=electra"], 1,
+     "model.generator_size=1.5 is outside [0, 1]"),
 ])
 def test_validation_errors(overrides, dp, expected):
     lines = problems(overrides, dp)
@@ -295,7 +304,8 @@ def test_model_features_come_from_the_arch_unless_set():
     assert "norm: pre" in load("bert-tiny", ["model.norm=pre"]).to_yaml()
     assert ModelConfig(arch="gpt2").heads is not ARCH_FEATURES["gpt2"]["heads"]  # not shared between configs
     assert problems(["model.heads=[nsp]", "data.objective=mlm"]) == [
-        "model.heads=['nsp'] is not one LM head and optionally nsp; set it to [lm], [mlm] or either with nsp"]
+        "model.heads=['nsp'] is not one LM head and optionally nsp; set it to [lm], [mlm] or either with nsp, or [rtd] "
+        "(ELECTRA)"]
     assert any("data.objective=mlm_nsp trains the model's nsp head" in p for p in problems(["model.heads=[mlm]"]))
 
 
@@ -303,10 +313,10 @@ def test_every_objective_is_one_registered_module():
     """The config's choices and help, the data factory and the trainer all come from the registry."""
     from pretrain import objectives
 
-    assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie")
+    assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie", "electra")
     assert all(o.help and C.OBJECTIVES[name] == o.help for name, o in objectives.REGISTRY.items())
-    with pytest.raises(ValueError, match="data.objective 'electra' is not one of mlm_nsp | mlm_sop"):
-        objectives.get("electra")
+    with pytest.raises(ValueError, match="data.objective 't5' is not one of mlm_nsp | mlm_sop"):
+        objectives.get("t5")
 
 
 def test_data_paths():

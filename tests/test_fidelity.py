@@ -1,7 +1,8 @@
 """The same global batch trains the same model whatever the layout, for every objective: BERT (mlm_nsp, whole-word
 masking, padded samples), ERNIE 2.0 (two tasks of one stage), GPT-2 (unpacked documents, padded windows), RoBERTa
-(mlm on full sentences, its positions), ALBERT (shared layers, factorised embeddings, n-gram masking, SOP) and MacBERT
-(correction masking), under TP=2 x DP=2 with ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
+(mlm on full sentences, its positions), ALBERT (shared layers, factorised embeddings, n-gram masking, SOP), MacBERT
+(correction masking), ELECTRA (a generator sampling the tokens a discriminator judges) and NEZHA (relative positions
+inside attention), under TP=2 x DP=2 with ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
 
 Every loss is a sum over its elements divided by their count in the whole global batch (pretrain/losses.py); with
 per-micro-batch means the BERT differences were up to 1.4e-1. The one-process references run under ZeRO-1: DeepSpeed
@@ -28,6 +29,8 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "roberta": (["roberta-tiny", "model.max_position_embeddings=40"], 2, "mlm_loss"),  # positions from the pad id + 1
     "albert": (["albert-tiny"], 2, "mlm_loss"),  # one block for 4 layers, split once by TP, one copy for ZeRO
     "macbert": (["macbert-tiny"], 2, "mlm_loss"),  # correction masking: random words (no similar-words file here)
+    "electra": (["electra-tiny"], {"": 8, "generator.": 2}, "rtd_loss"),  # the generator's samples drawn alike on every layout
+    "nezha": (["nezha-tiny", "model.max_relative_position=8"], 2, "mlm_loss"),  # relative positions, clipped
 }
 STAGES = (1, 2, 3)
 OPTIMIZERS = ("lamb", "adamw")

@@ -81,7 +81,7 @@ def test_gpt2_to_hf_generates(gpt2_vocab, tmp_path):
     assert gen("def add(a, b):", max_new_tokens=5, do_sample=False)[0]["generated_text"].startswith("def add(a, b):")
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", "roberta", "albert"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", "roberta", "albert", "nezha"])
 def test_hf_to_ptm_to_hf_is_bit_exact(arch, wordpiece_vocab, gpt2_vocab, roberta_vocab, tmp_path):
     torch.manual_seed(0)
     vocab_file = {"gpt2": gpt2_vocab, "roberta": roberta_vocab}.get(arch, wordpiece_vocab)
@@ -99,6 +99,13 @@ def test_hf_to_ptm_to_hf_is_bit_exact(arch, wordpiece_vocab, gpt2_vocab, roberta
         cfg = transformers.AlbertConfig(vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=3,
                                         num_attention_heads=4, intermediate_size=48, max_position_embeddings=64)
         model = transformers.AlbertForPreTraining(cfg)
+        tok = transformers.BertTokenizerFast.from_pretrained(os.path.dirname(vocab_file))
+    elif arch == "nezha":
+        from checkpoints_tools.nezha.configuration_nezha import NezhaConfig
+        from checkpoints_tools.nezha.modeling_nezha import NezhaForPreTraining
+
+        model = NezhaForPreTraining(NezhaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=4, intermediate_size=48, max_relative_position=7))
         tok = transformers.BertTokenizerFast.from_pretrained(os.path.dirname(vocab_file))
     else:
         common = dict(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -182,6 +189,76 @@ def test_albert_to_hf_and_back(sp_model, tmp_path):
     _checkpoint(tmp_path / "partial", "albert", sp_model, share_layers="attention")
     proc = run_cli("checkpoints_tools", "to-hf", tmp_path / "partial" / "run", "--out", tmp_path / "no", check=False)
     assert proc.returncode == 2 and "share_layers=attention has no HF class" in proc.stderr
+
+
+def test_electra_exports_discriminator_and_generator_and_comes_back(sp_model, tmp_path):
+    """ELECTRA exports the discriminator as ElectraForPreTraining and the generator as ElectraForMaskedLM in
+    generator/, each with the shared embeddings and the same outputs; from-hf of that directory restores every weight
+    bit for bit; a discriminator alone imports with a new generator, reported; the generator alone is refused."""
+    model, cfg = _checkpoint(tmp_path, "electra", sp_model, generator_size=0.5)
+    out = tmp_path / "hf"
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    disc = transformers.AutoModelForPreTraining.from_pretrained(out).eval()
+    gen = transformers.AutoModelForMaskedLM.from_pretrained(out / "generator").eval()
+    assert (type(disc).__name__, type(gen).__name__) == ("ElectraForPreTraining", "ElectraForMaskedLM")
+    assert (gen.config.hidden_size, gen.config.num_attention_heads, gen.config.embedding_size) == (16, 2, 32)
+    tok = transformers.AutoTokenizer.from_pretrained(out / "generator")
+    enc = tok(["Return the sum of two numbers.", "Short."], padding=True, return_tensors="pt")
+    inputs = (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+    with torch.no_grad():
+        torch.testing.assert_close(model(*inputs)["rtd_logits"], disc(**enc).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(model.generator(*inputs)["logits"][..., :cfg.vocab_size], gen(**enc).logits,
+                                   rtol=0, atol=1e-5)
+    run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "ckpt")
+    mine, back = C.load_full_model(str(tmp_path / "run" / "checkpoints" / "step_00000007")), \
+        C.load_full_model(str(tmp_path / "ckpt"))
+    assert mine.keys() == back.keys() and all(torch.equal(mine[k][:cfg.vocab_size], back[k]) for k in mine)
+    imported = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
+    assert (imported.arch, imported.generator_size, imported.heads) == ("electra", 0.5, ["rtd"])
+
+    shutil.rmtree(out / "generator")
+    proc = run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "alone")
+    assert "generator.blocks.0" in proc.stdout
+    assert C.model_config(C.read_meta(str(tmp_path / "alone"))).generator_size == 0.25
+    gen.save_pretrained(tmp_path / "gen")
+    proc = run_cli("checkpoints_tools", "from-hf", tmp_path / "gen", "--out", tmp_path / "no", check=False)
+    assert proc.returncode == 2 and "this is ELECTRA's generator (ElectraForMaskedLM)" in proc.stderr
+
+
+def test_nezha_exports_with_its_modeling_file(sp_model, tmp_path):
+    """transformers has no NEZHA class: the export carries ptm's modeling file and an auto_map, and AutoModel loads it
+    with trust_remote_code=True (the file copied into transformers' module cache, not ptm's package) with the same
+    outputs; without trust_remote_code transformers refuses it; from-hf restores the weights bit for bit."""
+    model, cfg = _checkpoint(tmp_path, "nezha", sp_model, max_relative_position=3)
+    out = tmp_path / "hf"
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    assert {"modeling_nezha.py", "configuration_nezha.py"} <= {f.name for f in out.iterdir()}
+    assert json.load(open(out / "config.json"))["auto_map"]["AutoModelForPreTraining"] == \
+        "modeling_nezha.NezhaForPreTraining"
+    hf = transformers.AutoModelForPreTraining.from_pretrained(out, trust_remote_code=True).eval()
+    assert type(hf).__name__ == "NezhaForPreTraining" and not type(hf).__module__.startswith("checkpoints_tools")
+    assert hf.config.max_relative_position == 3
+    base = transformers.AutoModel.from_pretrained(out, trust_remote_code=True).eval()
+    masked_lm = transformers.AutoModelForMaskedLM.from_pretrained(out, trust_remote_code=True).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    enc = tok(["Return the sum of two numbers, a long sentence.", "Short."], padding=True, return_tensors="pt")
+    assert enc["attention_mask"].min() == 0 and enc["input_ids"].shape[1] > 2 * 3 + 1  # padding; distances clipped
+    with torch.no_grad():
+        ref, mine = hf(**enc), model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        torch.testing.assert_close(model.encode(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]),
+                                   base(**enc).last_hidden_state, rtol=0, atol=1e-5)
+    torch.testing.assert_close(mine["logits"][..., :cfg.vocab_size], ref.prediction_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(mine["nsp_logits"], ref.seq_relationship_logits, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(masked_lm(**enc).logits, ref.prediction_logits, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        transformers.AutoModel.from_pretrained(out, trust_remote_code=False)
+    run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "ckpt")
+    mine, back = C.load_full_model(str(tmp_path / "run" / "checkpoints" / "step_00000007")), \
+        C.load_full_model(str(tmp_path / "ckpt"))
+    assert mine.keys() == back.keys() and all(torch.equal(mine[k][:cfg.vocab_size], back[k]) for k in mine)
+    imported = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
+    assert (imported.arch, imported.position_encoding, imported.max_relative_position) == ("nezha", "relative", 3)
 
 
 def test_from_hf_base_model_initialises_and_reports_heads(wordpiece_vocab, tmp_path):

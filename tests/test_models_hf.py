@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from checkpoints_tools import hf_keys
 from pretrain import kernels as K
+from pretrain import losses
 from pretrain.models.config import ModelConfig
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
@@ -14,6 +15,7 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 V, H, L, HEADS, S, B = 99, 32, 2, 4, 16, 3
 PAD = 1  # RoBERTa's padding id (its positions start at PAD + 1)
 E = 16  # ALBERT's factorised embedding width
+MAX_DISTANCE = 5  # NEZHA's relative positions: clipped at +-5 of 16
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,6 +38,17 @@ def _hf(arch):
         model = transformers.RobertaForMaskedLM(transformers.RobertaConfig(type_vocab_size=1, pad_token_id=PAD, **common))
     elif arch == "albert":  # ALBERT's defaults: every layer shares one layer's weights, tanh GELU
         model = transformers.AlbertForPreTraining(transformers.AlbertConfig(embedding_size=E, **common))
+    elif arch == "electra":  # the discriminator
+        model = transformers.ElectraForPreTraining(transformers.ElectraConfig(embedding_size=H, **common))
+    elif arch == "electra-generator":  # half as wide, on the discriminator's embedding width
+        cfg = transformers.ElectraConfig(embedding_size=H, **dict(common, hidden_size=H // 2, num_attention_heads=HEADS // 2,
+                                                                   intermediate_size=24))
+        model = transformers.ElectraForMaskedLM(cfg)
+    elif arch == "nezha":  # ptm's modeling file (transformers ships none); distances clipped well inside S
+        from checkpoints_tools.nezha.configuration_nezha import NezhaConfig
+        from checkpoints_tools.nezha.modeling_nezha import NezhaForPreTraining
+
+        model = NezhaForPreTraining(NezhaConfig(max_relative_position=MAX_DISTANCE, **common))
     else:
         model = transformers.BertForPreTraining(transformers.BertConfig(**common))
     with torch.no_grad():  # HF zero-initialises biases; random ones make the test stronger
@@ -50,7 +63,8 @@ def _ours(arch, hf_model, vocab_pad_to):
                       ffn_hidden_size=H * 4 if arch == "gpt2" else 48, max_position_embeddings=64,
                       type_vocab_size={"gpt2": 0, "roberta": 1}.get(arch, 2), task_type_vocab_size=3 if arch == "ernie" else 0,
                       layer_norm_eps=1e-5 if arch == "gpt2" else 1e-12, hidden_dropout=0, attention_dropout=0,
-                      pad_token_id=PAD if arch == "roberta" else -1, embedding_size=E if arch == "albert" else 0)
+                      pad_token_id=PAD if arch == "roberta" else -1, embedding_size=E if arch == "albert" else 0,
+                      max_relative_position=MAX_DISTANCE)
     model = Pretraining(cfg).eval()
     state, missing = hf_keys.from_hf(arch, hf_model.state_dict(), L, HEADS, model.embeddings.word.weight.shape[0],
                                      task_types=arch == "ernie")
@@ -72,10 +86,11 @@ def _inputs():
 
 
 @pytest.mark.parametrize("vocab_pad_to", [1, 128])
-@pytest.mark.parametrize("arch", ["bert", "ernie", "albert"])
-def test_bert_ernie_and_albert_match_hf(arch, vocab_pad_to):
+@pytest.mark.parametrize("arch", ["bert", "ernie", "albert", "nezha"])
+def test_bert_ernie_albert_and_nezha_match_hf(arch, vocab_pad_to):
     """ALBERT: embeddings of width E < H projected up, one layer's weights for both layers, tanh GELU, the MLM
-    head's transform back to E, SOP on the nsp head."""
+    head's transform back to E, SOP on the nsp head. NEZHA: relative positions inside attention (against ptm's
+    modeling file for transformers)."""
     hf = _hf(arch)
     ours = _ours(arch, hf, vocab_pad_to)
     ids, mask, types, labels = _inputs()
@@ -132,7 +147,7 @@ def test_roberta_matches_hf_with_its_positions(vocab_pad_to):
     assert (plain - ref.logits).abs().amax(dim=(1, 2)).gt(1e-3).tolist() == [True, True, True]
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", "roberta", "albert"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", "roberta", "albert", "nezha"])
 def test_hf_round_trip_is_bit_exact(arch):
     hf = _hf(arch)
     sd = hf.state_dict()
@@ -141,6 +156,138 @@ def test_hf_round_trip_is_bit_exact(arch):
     assert set(back) >= {k for k in sd if not k.endswith("attn.bias") and "position_ids" not in k}
     for k, v in back.items():
         assert torch.equal(v, sd[k]), k
+
+
+def test_relative_attention_equals_a_float64_computation():
+    """NEZHA's attention, ptm's and the modeling file's, against the paper's formulas evaluated element by element in
+    float64 (the sinusoids to float32's precision, as both compute them): a_ij[2k] = sin(r / 10000^(2k/d)), a_ij[2k+1] = cos(...), r = clip(j - i, +-M) + M; scores
+    q_i . (k_j + a_ij) / sqrt(d); outputs sum_j p_ij (v_j + a_ij); padding keys masked."""
+    import math
+
+    from checkpoints_tools.nezha.modeling_nezha import relative_position_encoding
+    from pretrain.models.model import Attention, relative_positions
+
+    s, d, m, heads = 7, 4, 2, 2
+    a = torch.zeros(s, s, d, dtype=torch.float64)
+    for i in range(s):
+        for j in range(s):
+            r = min(max(j - i, -m), m) + m
+            for k in range(0, d, 2):
+                a[i, j, k], a[i, j, k + 1] = math.sin(r / 10000 ** (k / d)), math.cos(r / 10000 ** (k / d))
+    for ours in (relative_positions(s, d, m), relative_position_encoding(s, d, m)):
+        torch.testing.assert_close(ours.double(), a, rtol=0, atol=1e-6)
+    cfg = ModelConfig(arch="nezha", vocab_size=V, hidden_size=heads * d, num_heads=heads, max_relative_position=m,
+                      attention_dropout=0)
+    torch.manual_seed(0)
+    attention = Attention(cfg, mcore.model_parallel_config(), lambda w: torch.nn.init.normal_(w, std=0.5),
+                          lambda w: torch.nn.init.normal_(w, std=0.5)).double().eval()
+    x = torch.randn(2, s, heads * d, dtype=torch.float64)
+    keep = torch.ones(2, s, dtype=torch.bool)
+    keep[1, 5:] = False
+    with torch.no_grad():
+        y, bias = attention(x, keep[:, None, None, :])
+        qkv = (x @ attention.qkv.weight.T + attention.qkv.bias).view(2, s, heads, 3, d)
+        out = torch.zeros(2, s, heads, d, dtype=torch.float64)
+        for b in range(2):
+            for h in range(heads):
+                q, k, v = qkv[b, :, h, 0], qkv[b, :, h, 1], qkv[b, :, h, 2]
+                for i in range(s):
+                    scores = torch.tensor([float(q[i] @ (k[j] + a[i, j])) / math.sqrt(d) if keep[b, j] else -math.inf
+                                           for j in range(s)], dtype=torch.float64)
+                    p = torch.softmax(scores, 0)
+                    out[b, i, h] = sum(p[j] * (v[j] + a[i, j]) for j in range(s))
+        ref = out.reshape(2, s, heads * d) @ attention.out.weight.T
+    torch.testing.assert_close(y, ref, rtol=0, atol=1e-6)  # the sinusoid table is float32 (as NEZHA's), the rest fp64
+    assert not torch.allclose(y, torch.zeros_like(y)) and bias.abs().sum() == 0  # zero-initialised output bias
+
+
+def _electra(vocab_pad_to=1):
+    """ElectraForPreTraining and ElectraForMaskedLM (half as wide) on one set of embedding tables, as ELECTRA trains
+    them, and the ptm model holding both."""
+    from pretrain.models.config import generator_config
+
+    disc, gen = _hf("electra"), _hf("electra-generator")
+    gen.electra.embeddings.load_state_dict(disc.electra.embeddings.state_dict())
+    cfg = ModelConfig(arch="electra", vocab_size=V, vocab_pad_to=vocab_pad_to, hidden_size=H, num_layers=L,
+                      num_heads=HEADS, ffn_hidden_size=48, max_position_embeddings=64, hidden_dropout=0,
+                      attention_dropout=0, generator_size=0.5)
+    g = generator_config(cfg)
+    assert (g.hidden_size, g.num_heads, g.ffn_hidden_size, g.embedding_size) == (H // 2, HEADS // 2, 24, H)
+    model = Pretraining(cfg).eval()
+    rows = model.embeddings.word.weight.shape[0]
+    d, missing = hf_keys.from_hf("electra", disc.state_dict(), L, HEADS, rows)
+    assert sorted({k.split(".")[0] for k in missing}) == ["embeddings", "mlm"]  # E = H: no projection; the
+    # generator's head
+    gs, missing = hf_keys.from_hf("electra", gen.state_dict(), L, HEADS // 2, rows)
+    assert sorted({k.split(".")[0] for k in missing}) == ["rtd"]
+    model.load_state_dict(hf_keys.electra_join(d, gs))
+    return disc, gen, model
+
+
+@pytest.mark.parametrize("vocab_pad_to", [1, 128])
+def test_electra_discriminator_and_generator_match_hf(vocab_pad_to):
+    """The discriminator's per-token scores equal ElectraForPreTraining's, the generator's logits ElectraForMaskedLM's
+    (padding present), and the ELECTRA objective equals HF's generator MLM loss + 50 x HF's discriminator loss on the
+    input the generator's samples corrupted; HF -> ptm -> HF is bit-exact for both."""
+    from pretrain.objectives.electra import Electra, sampler
+
+    disc, gen, ours = _electra(vocab_pad_to)
+    ids, mask, types, labels = _inputs()
+    masked = labels != -100
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, mask, types)["rtd_logits"], disc(ids, mask, types).logits, rtol=0,
+                                   atol=1e-5)
+        logits = ours.generator(ids, mask, types)["logits"]
+        torch.testing.assert_close(logits[..., :V], gen(ids, mask, types).logits, rtol=0, atol=1e-5)
+        inputs = ids.masked_fill(masked, 3)  # the masked positions hold a [MASK] id
+        terms = Electra().compute(ours, {"input_ids": inputs, "attention_mask": mask, "token_type_ids": types,
+                                         "labels": labels})
+        picked = ours.generator(inputs, mask, types, positions=masked)["logits"]
+        corrupted = inputs.masked_scatter(masked, sampler(inputs, masked)(picked))
+        replaced = (corrupted != ids).long()
+        assert 0 < int(replaced[mask.bool()].sum()) <= int(masked.sum())  # samples differ from the original somewhere
+        ref = gen(inputs, mask, types, labels=labels).loss + 50 * disc(corrupted, mask, types, labels=replaced).loss
+    loss = losses.objective(terms, {name: t.count.double() for name, t in terms.items()})
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-5)
+    for hf, heads in ((disc, HEADS), (gen, HEADS // 2)):
+        sd = hf.state_dict()
+        back = hf_keys.to_hf("electra", hf_keys.from_hf("electra", sd, L, heads, 128)[0], L, heads, V)
+        assert set(back) == set(sd) - {"electra.embeddings.position_ids"}
+        assert all(torch.equal(v, sd[k]) for k, v in back.items())
+
+
+def test_gumbel_sampling_draws_from_the_softmax_whatever_the_layout():
+    """argmax(logits + noise) samples each token with its softmax probability; a sample's noise depends on its tokens,
+    not on its row in the batch, and a vocabulary slice's noise is that slice of the whole (TP)."""
+    from pretrain.objectives.electra import gumbel_noise
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5])
+    n = 20000
+    ids = torch.randint(0, 1000, (n, 8), generator=torch.Generator().manual_seed(0))
+    positions = torch.zeros(n, 8, dtype=torch.bool)
+    positions[:, 3] = True
+    noise = gumbel_noise(ids, positions, torch.arange(5))
+    freq = torch.bincount((logits + noise).argmax(-1), minlength=5) / n
+    p = logits.softmax(-1)
+    assert ((freq - p).abs() < 4 * (p * (1 - p) / n).sqrt()).all(), (freq, p)
+    assert (logits + noise).argmax(-1).unique().numel() == 5  # a plain argmax would always pick token 0
+    order = torch.randperm(n)
+    torch.testing.assert_close(gumbel_noise(ids[order], positions[order], torch.arange(5)), noise[order], rtol=0, atol=0)
+    torch.testing.assert_close(gumbel_noise(ids, positions, torch.arange(2, 5)), noise[:, 2:], rtol=0, atol=0)
+    moved = torch.zeros_like(positions)
+    moved[:, 4] = True  # another position of the same sample draws other noise
+    assert not torch.equal(gumbel_noise(ids, moved, torch.arange(5)), noise)
+
+
+def test_auc_pairs_count_ranked_pairs():
+    from pretrain.objectives.electra import auc_pairs
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 6, (300,), generator=g).float()  # many ties
+    labels = torch.rand(300, generator=g) < 0.3
+    pos, neg = scores[labels].double(), scores[~labels].double()
+    pairs = (pos[:, None] > neg[None]).double() + 0.5 * (pos[:, None] == neg[None]).double()
+    assert auc_pairs(scores, labels) == (float(pairs.sum()), float(pairs.numel()))
 
 
 @pytest.mark.parametrize("share", ["all", "attention", "ffn"])

@@ -22,7 +22,7 @@ GPT2_SMALL = ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=768, num_lay
 def tiny(arch: str) -> ModelConfig:
     return ModelConfig(arch=arch, vocab_size=99, vocab_pad_to=8, hidden_size=32, num_layers=2, num_heads=4,
                        ffn_hidden_size=48, max_position_embeddings=64, type_vocab_size=0 if arch == "gpt2" else 2,
-                       task_type_vocab_size=3 if arch == "ernie" else 0)
+                       task_type_vocab_size=3 if arch == "ernie" else 0, generator_size=0.5 if arch == "electra" else 0)
 
 
 FEATURE_MIXES = {"bert-pre-lm": ("bert", dict(norm="pre", heads=["lm"])), "gpt2-mlm-nsp": ("gpt2", dict(heads=["mlm", "nsp"])),
@@ -31,7 +31,7 @@ FEATURE_MIXES = {"bert-pre-lm": ("bert", dict(norm="pre", heads=["lm"])), "gpt2-
                  "gpt2-share-ffn": ("gpt2", dict(share_layers="ffn"))}
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", "roberta", *FEATURE_MIXES])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", "roberta", "electra", "nezha", *FEATURE_MIXES])
 def test_parameter_counts_match_the_model(arch):
     """Also for features mixed differently than any arch does: the count follows the features, not the name."""
     from deepspeed.runtime.zero.stage3 import model_to_params
@@ -115,6 +115,21 @@ def test_flops_match_published_formulas():
     bert = load("bert-large").model  # the MLM head (transform + logits) runs on the predicted tokens only
     extra = model_flops_per_sample(bert, 512, 77) - model_flops_per_sample(bert, 512, 0)
     assert extra == 6 * 77 * bert.hidden_size * (padded_vocab_size(bert) + bert.hidden_size)
+    # ELECTRA: the discriminator's blocks and per-token head, plus the generator (its blocks, its MLM head on the
+    # predicted tokens, the projection of the shared embeddings to its width)
+    electra = load("electra-base").model
+    g, s = dataclasses.replace(bert, hidden_size=256, num_heads=4, ffn_hidden_size=1024, num_layers=12), 512
+    h, e = 768, 768
+    blocks = model_flops_per_sample(dataclasses.replace(bert, num_layers=12, hidden_size=h, ffn_hidden_size=3072,
+                                                        vocab_size=30522), s, 0)
+    generator = model_flops_per_sample(dataclasses.replace(g, vocab_size=30522, embedding_size=e), s, 77)
+    assert generator - model_flops_per_sample(dataclasses.replace(g, vocab_size=30522, embedding_size=e), s, 0) == \
+        6 * 77 * e * (padded_vocab_size(electra) + 256)
+    assert model_flops_per_sample(electra, s, 77) == pytest.approx(blocks + 6 * s * (h * h + h) + generator, rel=1e-12)
+    # NEZHA: relative positions double the attention matmuls (q . a_ij next to q . k_j, p . a_ij next to p . v)
+    nezha = load("nezha-base").model
+    bert_base = dataclasses.replace(nezha, position_encoding="learned")
+    assert model_flops_per_sample(nezha, s) - model_flops_per_sample(bert_base, s) == 12 * 12 * h * s * s
 
 
 def test_peak_flops_and_mfu():
@@ -175,17 +190,25 @@ def test_every_plan_option_has_help():
         assert action.help and len(action.help) > 10, action.option_strings
 
 
-@pytest.mark.parametrize("preset", ["bert-base", "roberta-base", "albert-base", "gpt2"])
+@pytest.mark.parametrize("preset", ["bert-base", "roberta-base", "albert-base", "electra-base", "nezha-base", "gpt2"])
 def test_preset_parameter_counts_equal_hugging_face_classes(preset):
-    """`ptm plan`'s count of a published size (vocabulary unpadded) equals the HF class's, built on the meta device."""
+    """`ptm plan`'s count of a published size (vocabulary unpadded) equals the HF class's, built on the meta device
+    (ELECTRA: ElectraForPreTraining + ElectraForMaskedLM, whose embedding tables are the discriminator's in ptm)."""
     import torch
-    import transformers
 
-    from checkpoints_tools.hf import _HF_CLASSES, hf_config
+    from checkpoints_tools.hf import _HF_CLASSES, ELECTRA_GENERATOR, _hf_class, hf_config
+    from pretrain.models.config import generator_config
 
     m = dataclasses.replace(load(preset).model, vocab_pad_to=1, pad_token_id=1)
+    special = {"pad": 1, "cls": 0, "sep": 2, "eod": 0}
     with torch.device("meta"):
-        hf = getattr(transformers, _HF_CLASSES[m.arch])(hf_config(m, {"pad": 1, "cls": 0, "sep": 2, "eod": 0}))
-    assert count_parameters(m) == hf.num_parameters()
+        hf = _hf_class(_HF_CLASSES[m.arch])(hf_config(m, special))  # NEZHA: ptm's modeling file
+        expected = hf.num_parameters()
+        if m.arch == "electra":
+            gen = _hf_class(ELECTRA_GENERATOR[1])(hf_config(generator_config(m), special))
+            shared = gen.electra.embeddings
+            expected += gen.num_parameters() - sum(p.numel() for n, p in shared.named_parameters())
+            assert gen.config.hidden_size == 256 and gen.config.num_attention_heads == 4  # google/electra-base-generator
+    assert count_parameters(m) == expected
     if preset == "albert-base":  # the published 12M: layers shared, embeddings factorised
         assert 11e6 < count_parameters(m) < 12.5e6

@@ -7,12 +7,14 @@ never an architecture name. `arch` names a preset combination of them: a feature
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 NORMS = ("post", "pre")  # post-LN (BERT): embedding LayerNorm; pre-LN (GPT-2): a final LayerNorm
 ACTIVATIONS = ("gelu", "gelu_tanh")
-HEADS = ("lm", "mlm", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; pooler + 2-way head
-POSITIONS = ("learned", "roberta")  # absolute; RoBERTa's: from pad_token_id + 1, padding at pad_token_id
+HEADS = ("lm", "mlm", "rtd", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; ELECTRA's
+# replaced-token detection (a per-token 1-way head, with a generator); pooler + 2-way head
+POSITIONS = ("learned", "roberta", "relative")  # absolute; RoBERTa's: from pad_token_id + 1, padding at pad_token_id;
+# NEZHA's functional relative positions: sinusoids of the clipped distance inside attention, no position table
 SHARING = ("none", "all", "attention", "ffn")  # ALBERT's cross-layer parameter sharing
 _BERT = dict(norm="post", activation="gelu", causal=False, heads=["mlm", "nsp"], scaled_init=False,
              position_encoding="learned", share_layers="none")
@@ -22,6 +24,8 @@ ARCH_FEATURES = {
     "ernie": _BERT,
     "roberta": dict(_BERT, heads=["mlm"], position_encoding="roberta"),
     "albert": dict(_BERT, activation="gelu_tanh", share_layers="all"),
+    "electra": dict(_BERT, heads=["rtd"]),
+    "nezha": dict(_BERT, position_encoding="relative"),
 }
 ARCHS = tuple(ARCH_FEATURES)
 FEATURES = tuple(ARCH_FEATURES["bert"])
@@ -40,6 +44,8 @@ class ModelConfig:
     max_position_embeddings: int = 512
     type_vocab_size: int = 2  # segment embeddings (BERT, ERNIE); 0 for GPT-2
     task_type_vocab_size: int = 0  # ERNIE 2.0 task embeddings (HF use_task_id); 0: none
+    max_relative_position: int = 64  # position_encoding=relative: distances are clipped to +-this (NEZHA: 64)
+    generator_size: float = 0.0  # ELECTRA (heads [rtd]): the generator's hidden size, heads and MLP width as a fraction
     pad_token_id: int = -1  # the padding id (position_encoding=roberta numbers positions from it); -1: the dataset's
     layer_norm_eps: float = 1e-12
     hidden_dropout: float = 0.1
@@ -63,6 +69,15 @@ class ModelConfig:
 
 def embedding_width(cfg: ModelConfig) -> int:
     return cfg.embedding_size or cfg.hidden_size
+
+
+def generator_config(cfg: ModelConfig) -> ModelConfig:
+    """ELECTRA's generator: a masked LM `generator_size` times as wide as the model (hidden size, heads, MLP), as deep,
+    reading the model's embeddings (their width, projected to its own)."""
+    f = cfg.generator_size
+    return replace(cfg, hidden_size=round(cfg.hidden_size * f), num_heads=max(1, round(cfg.num_heads * f)),
+                   ffn_hidden_size=round(cfg.ffn_hidden_size * f), embedding_size=embedding_width(cfg), heads=["mlm"],
+                   generator_size=0.0)
 
 
 def positions_needed(cfg: ModelConfig, seq_len: int) -> int:

@@ -6,10 +6,13 @@
     activation    gelu (BERT) | gelu_tanh (GPT-2)
     causal        attention to earlier tokens only (GPT-2)
     heads         lm: the word embeddings as output projection (GPT-2); mlm: BERT's dense + GELU + LayerNorm
-                  transform first, plus a bias; nsp: pooler + 2-way classifier (NSP/SOP)
+                  transform first, plus a bias; nsp: pooler + 2-way classifier (NSP/SOP); rtd: ELECTRA's
+                  discriminator head (dense + activation + a score per token) and a generator, a narrower masked LM
+                  (`generator_size`) that reads this model's embeddings
     scaled_init   residual output projections initialised with std / sqrt(2 * layers) (GPT-2)
     position_encoding  learned: absolute positions 0, 1, ...; roberta: numbered from pad_token_id + 1, padding
-                  tokens at pad_token_id (HF RoBERTa's create_position_ids_from_input_ids)
+                  tokens at pad_token_id (HF RoBERTa's create_position_ids_from_input_ids); relative: no position
+                  table, attention adds NEZHA's fixed sinusoids of the clipped distance to keys and values
     embedding_size  embeddings narrower than the hidden states, projected up (ALBERT's factorisation); the MLM
                   head's transform maps back down to it for the tied output projection
     share_layers  none | all (one block run num_layers times, ALBERT) | attention | ffn (one attention or MLP
@@ -33,7 +36,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pretrain import kernels as K
-from pretrain.models.config import embedding_width, padded_vocab_size
+from pretrain.models.config import embedding_width, generator_config, padded_vocab_size
 from pretrain.parallel import mcore
 
 
@@ -43,7 +46,7 @@ class Embeddings(nn.Module):
         e = embedding_width(cfg)
         self.word = tp.VocabParallelEmbedding(padded_vocab_size(cfg), e, init_method=init, config=mp_config,
                                               tp_group=mcore.tp_group())
-        self.position = nn.Embedding(cfg.max_position_embeddings, e)
+        self.position = nn.Embedding(cfg.max_position_embeddings, e) if cfg.position_encoding != "relative" else None
         self.token_type = nn.Embedding(cfg.type_vocab_size, e) if cfg.type_vocab_size else None
         self.task_type = nn.Embedding(cfg.task_type_vocab_size, e) if cfg.task_type_vocab_size else None
         self.norm = nn.LayerNorm(e, eps=cfg.layer_norm_eps) if cfg.norm == "post" else None
@@ -51,12 +54,21 @@ class Embeddings(nn.Module):
         self.proj = nn.Linear(e, cfg.hidden_size) if e != cfg.hidden_size else None
         self.pad = cfg.pad_token_id if cfg.position_encoding == "roberta" else None
 
+    def share(self, other: "Embeddings") -> None:
+        """Use `other`'s tables and LayerNorm (ELECTRA's generator reads the discriminator's) without owning them:
+        their parameters exist once; this module keeps only its projection."""
+        for name in ("word", "position", "token_type", "task_type", "norm"):
+            if self._modules.pop(name, None) is not None:
+                object.__setattr__(self, name, getattr(other, name))
+
     def forward(self, input_ids, token_type_ids=None, task_type_ids=None, position_ids=None):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
         if self.pad is not None:
             position_ids = torch.where(input_ids == self.pad, self.pad, position_ids + self.pad + 1)
-        x = self.word(input_ids) + self.position(position_ids)
+        x = self.word(input_ids)
+        if self.position is not None:
+            x = x + self.position(position_ids)
         if self.token_type is not None:
             x = x + self.token_type(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
         if self.task_type is not None:
@@ -67,15 +79,29 @@ class Embeddings(nn.Module):
         return self.proj(x) if self.proj is not None else x
 
 
+def relative_positions(length: int, depth: int, max_distance: int, device=None) -> torch.Tensor:
+    """NEZHA's functional relative position encoding [length, length, depth]: for query i and key j, sines (even
+    dimensions) and cosines (odd) of (clip(j - i, +-max_distance) + max_distance) / 10000^(2k / depth), the
+    clipped distance shifted to 0..2 * max_distance as NEZHA's tables index it. Nothing is learned."""
+    index = torch.arange(length, device=device)
+    distance = (index[None, :] - index[:, None]).clamp(-max_distance, max_distance) + max_distance
+    frequency = torch.exp(torch.arange(0, depth, 2, device=device).float() * (-math.log(10000.0) / depth))
+    angle = distance[..., None].float() * frequency
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention; each TP rank owns num_heads / tp whole heads. The fused QKV weight is
-    laid out per head as [head][q, k, v][head_dim] (Megatron's layout) so a column split keeps heads whole."""
+    laid out per head as [head][q, k, v][head_dim] (Megatron's layout) so a column split keeps heads whole.
+    With relative positions (NEZHA) the scores add q . a_ij and the output p_ij . a_ij, so attention is computed
+    here instead of by torch's fused kernel."""
 
     def __init__(self, cfg, mp_config, init, out_init):
         super().__init__()
         self.heads = cfg.num_heads // mcore.tp_size()
         self.head_dim = cfg.hidden_size // cfg.num_heads
         self.causal = cfg.causal
+        self.relative = cfg.max_relative_position if cfg.position_encoding == "relative" else None
         self.dropout = cfg.attention_dropout
         self.qkv = tp.ColumnParallelLinear(cfg.hidden_size, 3 * cfg.hidden_size, config=mp_config, init_method=init,
                                            bias=True, gather_output=False, tp_group=mcore.tp_group())
@@ -88,8 +114,22 @@ class Attention(nn.Module):
         q, k, v = qkv.view(b, s, self.heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)  # 3 x [b, heads, s, d]
         p = self.dropout if self.training else 0.0
         with mcore.rng_tracker().fork() if p else contextlib.nullcontext():  # dropout on this rank's heads
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=self.causal)
+            if self.relative is None:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=self.causal)
+            else:
+                y = self._relative(q, k, v, mask, p)
         return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))  # (output, bias)
+
+    def _relative(self, q, k, v, mask, p):
+        s = q.shape[2]
+        a = relative_positions(s, self.head_dim, self.relative, q.device).to(q.dtype)  # [s, s, d]
+        scores = (q @ k.transpose(-1, -2) + torch.einsum("bhid,ijd->bhij", q, a)) / math.sqrt(self.head_dim)
+        if self.causal:
+            scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), -math.inf)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = F.dropout(scores.float().softmax(-1).to(q.dtype), p)
+        return probs @ v + torch.einsum("bhij,ijd->bhid", probs, a)
 
 
 class MLP(nn.Module):
@@ -153,6 +193,19 @@ class MLMHead(nn.Module):
         return _tied_logits(x, word) + self.bias
 
 
+class RTDHead(nn.Module):
+    """ELECTRA's discriminator head: dense + activation, then one score per token (replaced or original)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.approximate = _approximation(cfg)
+        self.score = nn.Linear(cfg.hidden_size, 1)
+
+    def forward(self, h):
+        return self.score(F.gelu(self.dense(h), approximate=self.approximate)).squeeze(-1)
+
+
 class Pretraining(nn.Module):
     """Embeddings, blocks and the heads of `cfg.heads`. `forward` returns vocab-parallel logits (only at
     `positions` when given: the MLM head is then run on the masked tokens alone) and, with an nsp head, the
@@ -163,7 +216,11 @@ class Pretraining(nn.Module):
     block-diagonal, and `cls_index` points at each sample's first token for the pooler.
 
     With `labels` (those of `positions` for masked LM) the LM head returns `lm_loss`, (summed loss, correct
-    predictions), from the fused linear cross-entropy instead of logits (TP=1; `kernels.linear_cross_entropy`)."""
+    predictions), from the fused linear cross-entropy instead of logits (TP=1; `kernels.linear_cross_entropy`).
+
+    With an rtd head (ELECTRA) `forward` returns `rtd_logits` [b, s]; given `sample` (a function of the generator's
+    logits at `positions` to token ids), the generator first fills the masked positions with its samples
+    (`generator_logits`, `input_ids`: the corrupted input the discriminator scored)."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -185,7 +242,12 @@ class Pretraining(nn.Module):
         if "nsp" in cfg.heads:
             self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size)
             self.nsp = nn.Linear(cfg.hidden_size, 2)
+        if "rtd" in cfg.heads:
+            self.rtd = RTDHead(cfg)
         self._init_replicated(cfg.init_std)
+        if "rtd" in cfg.heads:  # built after the initialisation above: it initialises itself
+            self.generator = Pretraining(generator_config(cfg))
+            self.generator.embeddings.share(self.embeddings)
         vocab = padded_vocab_size(cfg)
         first = mcore.tp_rank() * (vocab // mcore.tp_size())
         ids = torch.arange(first, first + vocab // mcore.tp_size())
@@ -222,11 +284,19 @@ class Pretraining(nn.Module):
         return self.final_norm(x) if self.cfg.norm == "pre" else x
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, positions=None,
-                hidden=False, position_ids=None, sample_index=None, cls_index=None, labels=None):
+                hidden=False, position_ids=None, sample_index=None, cls_index=None, labels=None, sample=None):
+        out = {}
+        if sample is not None:  # ELECTRA: the generator's samples replace the masked tokens
+            logits = self.generator(input_ids, attention_mask, token_type_ids, positions=positions)["logits"]
+            input_ids = input_ids.masked_scatter(positions, sample(logits.detach()))
+            out = {"generator_logits": logits, "input_ids": input_ids}
         h = self.encode(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, sample_index)
         if hidden:  # ERNIE 2.0's losses run their heads on the hidden states
             return {"hidden": h}
-        out = {"nsp_logits": self.nsp_logits(h, cls_index)} if "nsp" in self.cfg.heads else {}
+        if "rtd" in self.cfg.heads:
+            return {**out, "rtd_logits": self.rtd(h)}
+        if "nsp" in self.cfg.heads:
+            out["nsp_logits"] = self.nsp_logits(h, cls_index)
         predicted = h if positions is None else h[positions]
         if labels is None:
             out["logits"] = self.lm_logits(predicted)

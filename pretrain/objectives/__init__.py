@@ -24,6 +24,10 @@ class Objective:
     pairs = False  # samples hold two segments: the model needs segment embeddings
     one_lm_head = True  # every prediction comes from the model's own LM head (fused_lm_loss can replace it)
 
+    def configured(self, cfg) -> "Objective":
+        """This objective with the settings of `cfg` it computes with (ELECTRA's loss weight); most have none."""
+        return self
+
     def check(self, cfg, need) -> None:
         """Record, by `need(ok, message)`, each way `cfg` does not fit this objective (message: one line with
         the fix)."""
@@ -90,10 +94,11 @@ class Objective:
 
 def _registry() -> dict[str, Objective]:
     from pretrain.objectives.clm import CausalLM
+    from pretrain.objectives.electra import Electra
     from pretrain.objectives.ernie import Ernie
     from pretrain.objectives.masked_lm import MASKED_LM
 
-    return {o.name: o for o in (*MASKED_LM, CausalLM(), Ernie())}
+    return {o.name: o for o in (*MASKED_LM, CausalLM(), Ernie(), Electra())}
 
 
 REGISTRY = _registry()

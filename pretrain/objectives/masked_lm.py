@@ -17,6 +17,8 @@ class MaskedLM(Objective):
 
     def check(self, cfg, need) -> None:
         super().check(cfg, need)
+        need("mlm" in cfg.model.heads, f"data.objective={self.name} trains the model's mlm head but model.heads="
+                                       f"{cfg.model.heads}; use a model with an mlm head (arch bert, roberta, albert)")
         need(not self.pairs or "nsp" in cfg.model.heads,
              f"data.objective={self.name} trains the model's nsp head but model.heads={cfg.model.heads}; add nsp to it")
 

@@ -1,0 +1,111 @@
+"""ELECTRA (Clark et al. 2020): a generator (a narrow masked LM sharing the model's embeddings) fills the masked
+positions with tokens sampled from its softmax, and the model, the discriminator, tells for every token whether it
+was replaced (samples: pretrain/data/bert.py's full sentences, as `mlm`). Terms: `mlm`, the generator's masked LM,
+and `rtd`, the discriminator's binary cross-entropy over every non-padding token, weighted by `data.rtd_weight`.
+
+Sampling is argmax(logits + gumbel noise), the noise a hash of (the sample's masked tokens, position, vocabulary id):
+the same sample draws the same token under any TP x DP x micro-batch layout, with no random state to carry.
+"""
+from __future__ import annotations
+
+from pretrain.objectives import Objective
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix(x):
+    """A 32-bit integer hash (avalanching) of int64 tensors holding values below 2**32."""
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & _M32
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & _M32
+    return (x >> 16) ^ x
+
+
+def gumbel_noise(input_ids, positions, vocab_ids):
+    """Gumbel(0, 1) noise [n, len(vocab_ids)] for the n True `positions` of `input_ids` [b, s]: a function of each
+    row's tokens, the position and the vocabulary id alone."""
+    import torch
+
+    b, s = input_ids.shape
+    where = torch.arange(s, device=input_ids.device).expand(b, s)
+    row = _mix((_mix((input_ids + (where << 20)) & _M32).sum(1)) & _M32)  # [b]: the sample's tokens
+    rows, cols = positions.nonzero(as_tuple=True)
+    key = _mix(row[rows] ^ _mix(cols + 0x9E3779B9 & _M32))  # [n]
+    bits = _mix(key[:, None] ^ _mix(vocab_ids.long()[None, :] + 0x7F4A7C15))  # [n, v]
+    u = ((bits >> 8).float() + 0.5) / float(1 << 24)  # in (0, 1), exact in fp32
+    return -torch.log(-torch.log(u))
+
+
+def sampler(input_ids, positions):
+    """The token ids sampled from vocab-parallel generator logits [n, V / tp] at `positions` of `input_ids`."""
+    import torch
+
+    from pretrain.losses import vocab_parallel_argmax
+    from pretrain.parallel import mcore
+
+    def sample(logits):
+        first = mcore.tp_rank() * logits.shape[-1]
+        vocab = torch.arange(first, first + logits.shape[-1], device=logits.device)
+        return vocab_parallel_argmax(logits.float() + gumbel_noise(input_ids, positions, vocab))
+
+    return sample
+
+
+def auc_pairs(scores, labels):
+    """(pairs ranked right, pairs): Mann-Whitney counts of (replaced, original) token pairs whose replaced token
+    scores higher, ties counting half; their ratio is the ROC AUC."""
+    import torch
+
+    positive, negative = scores[labels], scores[~labels].sort().values
+    below = torch.searchsorted(negative, positive, side="left")
+    tied = torch.searchsorted(negative, positive, side="right") - below
+    return float((below + 0.5 * tied).sum()), float(len(positive) * len(negative))
+
+
+class Electra(Objective):
+    name = "electra"
+    help = "replaced-token detection with a jointly trained generator (ELECTRA)"
+    one_lm_head = False
+
+    def __init__(self, weight: float = 50.0):
+        self.weight = weight
+
+    def configured(self, cfg) -> "Electra":
+        return Electra(cfg.data.rtd_weight)
+
+    def check(self, cfg, need) -> None:
+        super().check(cfg, need)
+        need("rtd" in cfg.model.heads, f"data.objective=electra trains the rtd head but model.heads={cfg.model.heads}; "
+                                       f"set model.arch=electra (or model.heads=[rtd])")
+        need(not cfg.data.unpadded, "data.unpadded=true is not supported with data.objective=electra (its sampling "
+                                    "noise is keyed by padded rows); remove data.unpadded")
+
+    def source(self, data, path, corpus, docs, *, seed, cache_dir, knowledge_level, tasks, task_data):
+        from pretrain.data.bert import BertDataset
+
+        masker = self.masker(data, corpus, data.masking, knowledge_level)
+        return BertDataset(path, data.seq_len, masker, objective="mlm", short_seq_prob=data.short_seq_prob, seed=seed,
+                           docs=docs, cache_dir=cache_dir)
+
+    def select(self, batch, tasks=()):
+        return {"mlm": batch["labels"] != -100, "rtd": batch["attention_mask"].bool()}
+
+    def compute(self, model, batch, tasks=()):
+        import torch
+        import torch.nn.functional as F
+
+        from pretrain import losses
+
+        select = self.select(batch)
+        masked, tokens = select["mlm"], select["rtd"]
+        ids, target = batch["input_ids"], batch["labels"][masked]
+        out = model(ids, batch["attention_mask"], batch["token_type_ids"], positions=masked,
+                    sample=sampler(ids, masked))
+        original = ids.masked_scatter(masked, target)
+        replaced = (out["input_ids"] != original)[tokens]
+        scores = out["rtd_logits"][tokens].float()
+        loss = F.binary_cross_entropy_with_logits(scores, replaced.float(), reduction="sum")
+        with torch.no_grad():
+            ratios = {"rtd_auc": auc_pairs(scores, replaced),  # the all-original guess: the baseline accuracy
+                      "rtd_original_acc": (float((~replaced).sum()), float(len(replaced)))}
+        return {"mlm": losses.token_term(out["generator_logits"], target),
+                "rtd": losses.Term(loss, tokens.sum(), ((scores > 0) == replaced).sum(), self.weight, ratios)}
