@@ -257,11 +257,13 @@ def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
         g = generator_config(cfg)
         if gen_cfg is not None:
             gen, missing = _import_weights(g, gen_dir, ELECTRA_GENERATOR[1])
-        else:
+        else:  # a new generator: its own layers, the discriminator's embedding tables
+            from pretrain.models.model import Pretraining
             from pretrain.parallel import mcore
 
             mcore.initialize(1, 0)
-            gen = {k: p.detach() for k, p in _fresh(cfg).generator.named_parameters()}
+            torch.manual_seed(0)
+            gen = {k: p.detach() for k, p in Pretraining(g).named_parameters() if k not in hf_keys.ELECTRA_SHARED}
             missing = [f"generator.{k}" for k in gen]
         state, initialised = hf_keys.electra_join(state, gen), initialised + missing
     os.makedirs(out, exist_ok=True)
@@ -308,13 +310,6 @@ def _auto_config(hf_dir: str):
 
             return NezhaConfig.from_pretrained(hf_dir)
     return transformers.AutoConfig.from_pretrained(hf_dir)
-
-
-def _fresh(cfg: ModelConfig):
-    from pretrain.models.model import Pretraining
-
-    torch.manual_seed(0)
-    return Pretraining(cfg)
 
 
 def _params(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, dict]:

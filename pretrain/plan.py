@@ -73,8 +73,8 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
         shared = {"attention": attention, "ffn": mlp}.get(m.share_layers, [])
         blocks = (norms + (attention if m.share_layers != "attention" else [])
                   + (mlp if m.share_layers != "ffn" else [])) * m.num_layers + shared
-    heads = [] if shared_embeddings and m.norm == "post" else [(0, 2 * (e if m.norm == "post" else h))]  # the
-    # embedding LayerNorm (post-LN) or the final one (pre-LN)
+    # the embedding LayerNorm (post-LN; a shared one belongs to the other model) or the final one (pre-LN)
+    heads = [] if shared_embeddings and m.norm == "post" else [(0, 2 * (e if m.norm == "post" else h))]
     if "mlm" in m.heads:  # MLM bias (vocab-split), transform dense and LayerNorm; "lm" is the word embeddings
         heads += [(v, 0), (0, h * e + e), (0, 2 * e)]
     if "nsp" in m.heads:  # pooler, NSP/SOP classifier
