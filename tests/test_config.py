@@ -319,6 +319,20 @@ def test_every_objective_is_one_registered_module():
         objectives.get("t5")
 
 
+def test_electra_weighs_its_rtd_term_by_the_config():
+    """data.rtd_weight reaches the objective the trainer computes with (objectives.get(...).configured(cfg))."""
+    import torch
+
+    from pretrain import losses, objectives
+
+    electra = objectives.get("electra").configured(load("electra-tiny", ["data.rtd_weight=7"]))
+    terms = {"mlm": losses.Term(torch.tensor(2.0), torch.tensor(4)),
+             "rtd": losses.Term(torch.tensor(3.0), torch.tensor(6), weight=electra.weight)}
+    counts = {name: t.count.double() for name, t in terms.items()}
+    assert electra.weight == 7 and float(losses.objective(terms, counts)) == pytest.approx(2 / 4 + 7 * 3 / 6)
+    assert objectives.get("electra").configured(load("electra-tiny")).weight == 50
+
+
 def test_data_paths():
     assert load("bert-tiny").data.paths == ["runs/demo/data"]
     assert load("bert-tiny", ["data.path=[a, b]"]).data.paths == ["a", "b"]
