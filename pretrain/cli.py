@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
                    help="YAML file, or a preset name from configs/ (bert-tiny, bert-base, gpt2, ernie-base, ...)")
     t.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                    help="override config keys, e.g. --set train.steps=100 optimizer.name=lamb")
-    p = sub.add_parser("plan", help="memory per GPU before launch: does a config fit, largest micro batch",
+    p = sub.add_parser("plan", help="before launch: memory per GPU (does it fit?) and, with --gpu, predicted speed",
                        description=plan.DESCRIPTION)
     plan.add_arguments(p)
     r = sub.add_parser("report", help="a run's loss, learning-rate and throughput curves as a PNG, and its summary",

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 
 from data_prep import PrepError
-from pretrain import objectives
+from pretrain import objectives, speed
 from pretrain.config import Config, ConfigError, load
 from pretrain.models.config import ModelConfig, embedding_width, generator_config, padded_vocab_size
 
@@ -36,23 +36,6 @@ MOMENT_BYTES = 8
 OFFLOAD_BYTES = 16  # per parameter of a ZeRO-Offload shard in CPU memory: fp32 weights, fp32 gradients, moments
 CHECKPOINT_BYTES = 12  # per parameter in a ptm checkpoint: fp32 weights and both moments
 SHA256_GBPS = 1.0  # each writer hashes its files after writing them (meta.json records them)
-
-# dense peak FLOPs/s of one GPU (no sparsity), from NVIDIA's data sheets; the first name that occurs in
-# torch.cuda.get_device_name() wins, so variants come before their family ("Tesla V100S-PCIE-32GB",
-# "Tesla V100-PCIE-16GB", "Tesla V100-SXM2-32GB"; "NVIDIA H100 NVL", "NVIDIA H100 PCIe", "NVIDIA H100 80GB HBM3").
-# fp32 is plain FP32: ptm leaves TF32 matmuls off (with them an A100 peaks at 156e12, an H100 SXM at 495e12).
-# V100 has no bf16 tensor cores.
-PEAK_FLOPS = (
-    ("H100 NVL", {"bf16": 835e12, "fp16": 835e12, "fp32": 60e12}),
-    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
-    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
-    ("V100S", {"fp16": 130e12, "fp32": 16.4e12}),
-    ("V100-PCIE", {"fp16": 112e12, "fp32": 14e12}),
-    ("V100", {"fp16": 125e12, "fp32": 15.7e12}),
-)
-
 
 # ------------------------------------------------------------------------------------------ parameters
 
@@ -134,11 +117,10 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
 
 
 def peak_flops(device_name: str, precision: str) -> float | None:
-    """Dense peak FLOPs/s of a GPU named like `torch.cuda.get_device_name()`; None if unknown (or a CPU)."""
-    for name, peaks in PEAK_FLOPS:
-        if name.lower() in device_name.lower():
-            return peaks.get(precision)
-    return None
+    """Dense peak FLOPs/s of a GPU named like `torch.cuda.get_device_name()` (configs/hardware/gpus.yaml); None if
+    unknown (or a CPU)."""
+    hw = speed.by_device_name(device_name)
+    return None if hw is None else hw.peak(precision)
 
 
 def mfu(flops_per_second: float, device_name: str, precision: str) -> float | None:
@@ -258,20 +240,42 @@ def _data_parallel_size(cfg: Config, world_size: int) -> int:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--config", required=True,
-                    help="YAML file, or a preset name from configs/ (bert-large, gpt2-xl, ernie-base, ...)")
+    ap.add_argument("--config", help="YAML file, or a preset name from configs/ (bert-large, gpt2-xl, ernie-base, ...); "
+                                     "required unless --check")
     ap.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                     help="override config keys, e.g. --set zero.stage=3 train.micro_batch_size=32 parallel.tp=2")
-    ap.add_argument("--gpus", type=int, default=1, metavar="N",
-                    help="GPUs of the whole run (world size); data-parallel size = N / parallel.tp (default 1)")
+    ap.add_argument("--gpus", type=int, metavar="N",
+                    help="GPUs of the whole run (world size); data-parallel size = N / parallel.tp (default: "
+                         "--nodes x GPUs per node with --gpu, else 1)")
     ap.add_argument("--gpu-memory", type=float, metavar="GIB",
-                    help="memory of one GPU in GiB, e.g. 80 (H100/A100 80GB), 40, 16; without it no fit verdict")
+                    help="memory of one GPU in GiB, e.g. 80 (H100/A100 80GB), 40, 16 (default: --gpu's); without "
+                         "either no fit verdict")
     ap.add_argument("--vocab-size", type=int, metavar="N",
                     help="vocabulary size when model.vocab_size is 0 (the dataset's) and data.path holds no "
                          f"dataset (default {DEFAULT_VOCAB})")
-    ap.add_argument("--compare", action="store_true", help="show ZeRO stages 0, 1, 2 and 3 side by side")
-    ap.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
-                    help="GPUs (processes) per node, for the checkpoint written per node (default 8)")
+    ap.add_argument("--gpu", metavar="NAME|FILE",
+                    help="predict the training speed on this GPU: " + ", ".join(speed.catalog_names())
+                         + " (configs/hardware/gpus.yaml), or a YAML file of your GPU's fields")
+    ap.add_argument("--nodes", type=int, metavar="M",
+                    help="nodes of the run, with --gpu: --gpus defaults to M x GPUs per node; the speed report "
+                         "shows the scaling from 1 node to M (default 1)")
+    ap.add_argument("--interconnect", metavar="SPEC",
+                    help="the network between nodes as NICSxNAME or NICSxGBIT per node, e.g. 8xhdr, 8xndr, 4xedr, "
+                         "2x100gbe, 8x200 (default: --gpu's usual node)")
+    ap.add_argument("--efficiency", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
+                    help="override the speed model's achieved fractions of peak: matmul (of the tensor-core FLOP/s), "
+                         "memory (of HBM bandwidth), link (of NVLink/NIC bandwidth); defaults in docs/performance.md")
+    ap.add_argument("--compare", action="store_true",
+                    help="with --gpu: rank the layouts that fit (tp x ZeRO stage x micro batch x activation "
+                         "checkpointing) by predicted step time, with why each is slower than the first; without "
+                         "--gpu: ZeRO stages 0-3 side by side")
+    ap.add_argument("--check", metavar="RUN_DIR",
+                    help="put the prediction for a finished or running ptm run (its config.yaml, launch.json and "
+                         "metrics.jsonl) next to the step time and MFU it measured, and the matmul efficiency that "
+                         "would match it")
+    ap.add_argument("--gpus-per-node", type=int, metavar="G",
+                    help="GPUs (processes) per node, for the checkpoint written per node and the speed model "
+                         "(default: --gpu's node, else 8)")
     ap.add_argument("--write-gbps", type=float, default=1.0, metavar="GB/S",
                     help="write bandwidth of one node to the checkpoint filesystem in GB/s, for the checkpoint time "
                          "and the Slurm warning lead time (default 1.0)")
@@ -279,8 +283,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 DESCRIPTION = ("Estimate the memory per GPU of a training config before launch: weights, gradients and optimizer "
                "states under ZeRO, activations, logits and buffers; whether it fits --gpu-memory, the largest "
-               "micro batch that does, and changes that would make it fit. Exit status: 0 fits (or no "
-               "--gpu-memory given), 1 does not fit, 2 bad config. Assumptions: docs/performance.md.")
+               "micro batch that does, and changes that would make it fit. With --gpu: the predicted step time by "
+               "part (compute, memory-bound kernels, tensor- and data-parallel communication, optimizer), samples/s, "
+               "tokens/s, MFU, time to train and the scaling over --nodes. Exit status: 0 fits (or no memory "
+               "given), 1 does not fit, 2 bad config. Assumptions and checks against published runs: "
+               "docs/performance.md.")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -292,18 +299,33 @@ def main(argv: list[str] | None = None) -> None:
 def run(args: argparse.Namespace) -> int:
     """The report for parsed `plan` arguments; returns the exit status."""
     try:
+        efficiency = speed.efficiency(args.efficiency)
+        if args.check:
+            print(speed.check(args.check, args.gpu, args.interconnect, efficiency))
+            return 0
+        if not args.config:
+            raise ConfigError("give --config CONFIG (or --check RUN_DIR)")
         cfg = load(args.config, args.overrides)
         vocab_source = _resolve_vocab(cfg, args.vocab_size)
-        plan = estimate(cfg, args.gpus, args.gpu_memory)
-        print(_header(args, cfg, plan, vocab_source))
-        if args.compare:
+        hw = speed.gpu(args.gpu, args.interconnect, args.gpus_per_node) if args.gpu else None
+        per_node = hw.gpus_per_node if hw else args.gpus_per_node or 8
+        world = args.gpus or ((args.nodes or 1) * per_node if hw or args.nodes else 1)
+        memory = args.gpu_memory or (hw.memory_gib if hw else None)
+        plan = estimate(cfg, world, memory)
+        predicted = speed.report(cfg, hw, world, efficiency) if hw else ""  # a layout it refuses stops here
+        print(_header(args.config, cfg, plan, vocab_source, world))
+        if args.compare and hw:
+            print(speed.ranking(cfg, hw, world, efficiency, memory))
+        elif args.compare:
             stages = {f"ZeRO-{s}": _variant(cfg, {"zero.stage": s, "zero.offload": cfg.zero.offload and s > 0})
                       for s in range(4)}
-            print(_table({name: estimate(c, args.gpus, args.gpu_memory) for name, c in stages.items()}))
+            print(_table({name: estimate(c, world, memory) for name, c in stages.items()}))
         else:
             print(_table({"GiB/GPU": plan}))
-        print(_verdict(cfg, plan, args.gpus))
-        print(_checkpoint_time(cfg, plan, args.gpus, args.gpus_per_node, args.write_gbps))
+        print(_verdict(cfg, plan, world))
+        print(_checkpoint_time(cfg, plan, world, per_node, args.write_gbps))
+        if predicted:
+            print(predicted)
     except (ConfigError, PrepError) as e:
         print("\n".join(f"plan: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
@@ -340,12 +362,12 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f}"
 
 
-def _header(args, cfg: Config, plan: Plan, vocab_source: str) -> str:
+def _header(name: str, cfg: Config, plan: Plan, vocab_source: str, world: int) -> str:
     m, z, d = cfg.model, cfg.zero, cfg.data
     flops = model_flops_per_sample(m, d.seq_len, predicted_tokens(cfg))
-    return (f"{args.config}: {m.arch}, {plan.params / 1e6:.1f}M parameters ({plan.params_per_rank / 1e6:.1f}M per "
+    return (f"{name}: {m.arch}, {plan.params / 1e6:.1f}M parameters ({plan.params_per_rank / 1e6:.1f}M per "
             f"TP rank), vocabulary {m.vocab_size} ({vocab_source})\n"
-            f"{args.gpus} GPUs = tp {plan.tp} x dp {plan.dp}, ZeRO-{z.stage}{' + offload' if z.offload else ''}, "
+            f"{world} GPUs = tp {plan.tp} x dp {plan.dp}, ZeRO-{z.stage}{' + offload' if z.offload else ''}, "
             f"{cfg.precision}, micro batch {cfg.train.micro_batch_size} x {d.seq_len} tokens, "
             f"activation checkpointing {_checkpointed(m)}/{m.num_layers} layers\n"
             f"training FLOPs per sequence: {flops:.3e} (forward + backward, no recomputation)\n")

@@ -302,6 +302,9 @@ class Trainer:
         os.makedirs(cfg.out_dir, exist_ok=True)
         if self.rank0:
             write_text(os.path.join(cfg.out_dir, "config.yaml"), cfg.to_yaml())
+            write_json(os.path.join(cfg.out_dir, "launch.json"),  # what `ptm plan --check` predicts for
+                       {"device": self.device_name, "world_size": self.world, "tp": mcore.tp_size(), "dp": self.dp,
+                        "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.world))})
         writer = _tensorboard(cfg.out_dir) if self.rank0 else None
         _log("kernels: " + K.describe(self.engine.kernels, self.engine.fused_lm_loss, self.optimizer, self.device))
         stage = cfg.ernie.stage_index(self.step)

@@ -6,7 +6,7 @@ import sys
 COMMANDS = {
     "prep": ("data_prep", "raw text to sharded Arrow datasets, tokenizers"),
     "train": ("pretrain train", "pretrain BERT, GPT-2 and ERNIE models"),
-    "plan": ("pretrain plan", "memory per GPU before launch: does a config fit?"),
+    "plan": ("pretrain plan", "before launch: does a config fit, how fast will it train?"),
     "report": ("pretrain report", "a run's curves as a PNG (loss, learning rate, throughput) and its summary"),
     "convert": ("checkpoints_tools", "consolidate, reshard, Hugging Face export/import"),
     "launch": ("launchers", "one rendezvous contract for every launcher"),

@@ -83,6 +83,8 @@ def test_torchrun_command_line_tp2_zero2_lamb(train_data, tmp_path):
     assert summary["steps"] == 3 and summary["layout"] == {"tp": 2, "dp": 2, "zero_stage": 2, "precision": "fp32"}
     meta = C.read_meta(C.resolve(str(tmp_path)))
     assert (meta["tp"], meta["dp"], meta["zero_stage"]) == (2, 2, 2)
+    launch = json.load(open(tmp_path / "launch.json"))  # for `ptm plan --check`: torchrun's processes per node
+    assert launch == {"device": "cpu", "world_size": 4, "tp": 2, "dp": 2, "gpus_per_node": 4}
 
 
 def test_deepspeed_launcher_zero3(train_data, tmp_path):

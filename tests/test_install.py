@@ -45,11 +45,12 @@ def test_presets_after_a_plain_pip_install(tmp_path):
              f"assert slurm.startswith({str(site)!r}) and os.path.isfile(os.path.join(slurm, 'pretrain.sbatch')), slurm")
     proc = subprocess.run([sys.executable, "-c", check], cwd=work, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "pretrain", "plan", "--config", "bert-tiny"], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "plan", "--config", "bert-tiny", "--gpu", "h100",
+                           "--gpus", "2"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    # bert-tiny's own values over its base bert-base.yaml: 2 layers, micro batch 16, seq_len 64
+    # bert-tiny's own values over its base bert-base.yaml: 2 layers, micro batch 16, seq_len 64; the GPU catalog
     assert "micro batch 16 x 64 tokens" in proc.stdout and "0/2 layers" in proc.stdout, proc.stdout
+    assert "predicted speed on 2 x h100" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("ci", ["true", None])

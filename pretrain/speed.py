@@ -1,0 +1,566 @@
+"""Predicted training speed on a GPU cluster, from the config alone (`ptm plan --gpu NAME --nodes M`).
+
+    hw = gpu("a100-80gb", interconnect="8xhdr")
+    p = predict(load("bert-large"), hw, world_size=32)      # p.step, p.samples_per_s, p.mfu, p.parts()
+
+One optimizer step on one GPU is its micro-batches, each
+
+    compute      matmul FLOPs / (peak x Efficiency.matmul x M / (M + 128))   (model FLOPs + recomputed forwards,
+                                                                   / tp; M: the micro batch's tokens)
+  + memory       elementwise bytes / (HBM bandwidth x Efficiency.memory)   (LayerNorm, bias, GELU, dropout,
+                                                                   residual: per kernels=eager or compile)
+                 (a layer never runs faster than Python launches its kernels: LAUNCH_S each)
+  + TP           4 all-reduces of the layer's activations per layer (2 forward, 2 backward; +2 recomputed),
+                 ring over NVLink, not overlapped
+  + ZeRO-2/3     reduce-scatter of the gradients every micro-batch; ZeRO-3 also all-gathers the weights twice
+                 (forward, backward; again for a recomputed forward); hidden behind the compute where DeepSpeed
+                 overlaps them (overlap_comm: ZeRO-3's default, or a deepspeed_config's), else exposed
+
+then at the accumulation boundary the ZeRO-0/1 gradient all-reduce (reduce-scatter + all-gather), ZeRO-2's
+weight all-gather, and the optimizer (HBM traffic of its passes over the parameters this rank updates).
+Collectives are rings: 2(n-1)/n of the bytes for an all-reduce, (n-1)/n for a reduce-scatter or all-gather,
+at min(NVLink, the node's NICs / tp) per GPU once the group spans nodes, x Efficiency.link, plus a latency per
+ring step. docs/performance.md derives each term and lists the published results it is checked against.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+
+import yaml
+
+from pretrain import objectives
+from pretrain.config import PRESETS_DIR, Config, ConfigError
+from pretrain.models.config import embedding_width, generator_config, padded_vocab_size
+
+HARDWARE_FILE = os.path.join(PRESETS_DIR, "hardware", "gpus.yaml")
+NVLINK_LATENCY_S = 5e-6  # one ring step inside a node (NCCL's small-message all-reduce over NVLink: ~10 us for 2)
+MATMUL_HALF_ROWS = 128  # a GEMM of M rows (tokens of the micro batch) runs at M / (M + 128) of a large one's rate
+LAUNCH_S = 5e-6  # one kernel launch from Python (PyTorch eager): a layer never runs faster than its launches
+KERNELS_PER_LAYER = {"eager": 60, "compile": 30}  # forward + backward of one transformer layer
+# elements read or written per token by one layer's forward outside the matmuls (16-bit activations, doubled in
+# fp32): (replicated per h, per h/tp, per f/tp). eager: LayerNorm x2 (2h each), QKV bias + head layout (6h/tp),
+# output bias, dropout (mask: half an element), residual (7.5h) twice, fc1 bias and GELU (4f/tp); compile fuses
+# bias + dropout + residual + LayerNorm (4.5h) and bias + GELU (3f/tp). The backward moves twice the forward's.
+ELEMENTWISE = {"eager": (19, 12, 4), "compile": (9, 6, 3)}
+LOGIT_BYTES = 16  # fp32 logits written, read by softmax, its gradient written and read (unless fused_lm_loss)
+RELATIVE_SCORE_BYTES = 60  # NEZHA: fp32 scores per head and key, 15 passes (scores, softmax, dropout, backward)
+# HBM bytes per parameter of one optimizer step: ptm's AdamW is torch's fused kernel (read weight, gradient, m,
+# v; write weight, m, v: 28); LAMB is 12 multi-tensor passes plus two norms (116); mixed precision adds
+# DeepSpeed's fp16/bf16 -> fp32 gradient copy, gradient norm and fp32 -> 16-bit weight copy (16), fp32 the norm.
+OPTIMIZER_BYTES = {"adamw": 28, "lamb": 116}
+MIXED_PRECISION_BYTES = {"fp32": 4, "bf16": 16, "fp16": 16}
+GRAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+class HardwareError(ConfigError):
+    """An unknown GPU or interconnect, or a hardware file that does not describe one."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of the hardware's peaks. `matmul` is fitted to one published result (NVIDIA's
+    BERT-large phase 1 on one A100 80GB: bench/anchors.yaml, the entry marked `calibration`); `memory` and
+    `link` are what STREAM-like kernels and NCCL's ring collectives typically reach (assumed, not fitted)."""
+    matmul: float = 0.550
+    memory: float = 0.8
+    link: float = 0.8
+
+
+@dataclass(frozen=True)
+class Network:
+    nics: int
+    gbit: float  # per NIC, per direction
+    latency_s: float  # one ring step across the network
+    spec: str
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes/s per direction out of one node."""
+        return self.nics * self.gbit * 1e9 / 8
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_tflops: dict
+    memory_gib: float
+    hbm_gbps: float
+    nvlink_gbps: float
+    gpus_per_node: int
+    network: Network
+    pcie_gbps: float
+    host_memory_gbps: float
+    names: tuple = ()
+
+    def peak(self, precision: str) -> float | None:
+        """Dense peak FLOP/s in `precision`; None where the GPU has no such tensor cores (bf16 on V100)."""
+        tflops = self.peak_tflops.get(precision)
+        return None if tflops is None else tflops * 1e12
+
+
+@functools.lru_cache(maxsize=None)
+def _catalog() -> dict:
+    with open(HARDWARE_FILE) as f:
+        return yaml.safe_load(f)
+
+
+def network(spec: str) -> Network:
+    """An --interconnect spec: COUNTxNAME (8xhdr, 4xedr, 2x100gbe) or COUNTxGBIT (8x200)."""
+    nets = _catalog()["networks"]
+    count, _, kind = spec.lower().partition("x")
+    if not kind or not count.isdigit() or int(count) < 1:
+        raise HardwareError(f"--interconnect {spec!r} is not NICSxNAME or NICSxGBIT (e.g. 8xhdr, 4x100)")
+    if kind in nets:
+        return Network(int(count), nets[kind]["gbit"], nets[kind]["latency_us"] * 1e-6, spec)
+    try:
+        return Network(int(count), float(kind), nets["hdr"]["latency_us"] * 1e-6, spec)
+    except ValueError:
+        raise HardwareError(f"--interconnect {spec!r}: unknown network {kind!r}; known: {', '.join(nets)}, or a "
+                            "rate in Gb/s (8x200)") from None
+
+
+def _hardware(name: str, entry: dict, interconnect: str | None) -> Hardware:
+    wanted = {f.name for f in fields(Hardware)} - {"name", "names"}
+    missing = sorted(wanted - set(entry))
+    if missing:
+        raise HardwareError(f"GPU {name}: missing {', '.join(missing)}; see {HARDWARE_FILE} for the fields")
+    values = {k: entry[k] for k in wanted}
+    values["network"] = network(interconnect or entry["network"])
+    return Hardware(name=name, names=tuple(entry.get("names", ())), **values)
+
+
+def catalog_names() -> list[str]:
+    return list(_catalog()["gpus"])
+
+
+def efficiency(overrides: list[str]) -> Efficiency:
+    """Efficiency with KEY=VALUE overrides (--efficiency matmul=0.5 link=0.7)."""
+    changes = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key not in {f.name for f in fields(Efficiency)}:
+            raise ConfigError(f"--efficiency {item}: unknown key {key!r}; use matmul, memory or link")
+        try:
+            changes[key] = float(value)
+        except ValueError:
+            raise ConfigError(f"--efficiency {item}: {value!r} is not a number") from None
+        if not 0 < changes[key] <= 1:
+            raise ConfigError(f"--efficiency {item}: a fraction of the peak is in (0, 1]")
+    return replace(Efficiency(), **changes)
+
+
+def gpu(name: str, interconnect: str | None = None, gpus_per_node: int | None = None) -> Hardware:
+    """A GPU of the catalog (configs/hardware/gpus.yaml) by its name, or a YAML file of one entry's fields;
+    `interconnect` and `gpus_per_node` replace its usual node's."""
+    hw = _gpu(name, interconnect)
+    return replace(hw, gpus_per_node=gpus_per_node) if gpus_per_node else hw
+
+
+def _gpu(name: str, interconnect: str | None) -> Hardware:
+    if name.endswith((".yaml", ".yml")):
+        if not os.path.isfile(name):
+            raise HardwareError(f"--gpu {name}: no such file; give a catalog name or a YAML file of one GPU")
+        with open(name) as f:
+            entry = yaml.safe_load(f)
+        if not isinstance(entry, dict):
+            raise HardwareError(f"--gpu {name}: not a mapping of a GPU's fields (see {HARDWARE_FILE})")
+        return _hardware(os.path.basename(name).rsplit(".", 1)[0], entry, interconnect)
+    gpus = _catalog()["gpus"]
+    if name not in gpus:
+        raise HardwareError(f"--gpu {name}: unknown GPU; known: {', '.join(gpus)}, or a YAML file of your own")
+    return _hardware(name, gpus[name], interconnect)
+
+
+def by_device_name(device_name: str) -> Hardware | None:
+    """The catalog's GPU for a `torch.cuda.get_device_name()`; None for a CPU or an unknown device."""
+    for name, entry in _catalog()["gpus"].items():
+        if any(n.lower() in device_name.lower() for n in entry.get("names", ())):
+            return _hardware(name, entry, None)
+    return None
+
+
+# ----------------------------------------------------------------------------------------- collectives
+
+def _ring(kind: str, nbytes: float, ranks: int, per_node: int, hw: Hardware, eff: Efficiency,
+          tp: int = 1) -> float:
+    """Seconds of one all-reduce / reduce-scatter / all-gather of `nbytes` (the whole buffer) over `ranks` GPUs,
+    `per_node` of them in each node. Spanning nodes, a group's share of the NICs is 1/tp of the node's (tp
+    groups run side by side)."""
+    if ranks <= 1:
+        return 0.0
+    passes = 2 if kind == "all-reduce" else 1
+    nodes = math.ceil(ranks / per_node)
+    crossing = nodes if nodes > 1 else 0  # ring steps over the network
+    bandwidth = hw.nvlink_gbps * 1e9 if nodes == 1 else min(hw.nvlink_gbps * 1e9, hw.network.bandwidth / tp)
+    latency = passes * ((ranks - crossing) * NVLINK_LATENCY_S + crossing * hw.network.latency_s)
+    return passes * (ranks - 1) / ranks * nbytes / (bandwidth * eff.link) + latency
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+@dataclass
+class Prediction:
+    """Seconds of one optimizer step on one GPU, by part, and what follows from them."""
+    world_size: int
+    nodes: int
+    tp: int
+    dp: int
+    accumulation: int
+    compute: float  # matmuls, all micro-batches (recomputation included)
+    memory: float  # elementwise kernels (or their launches), all micro-batches
+    tp_comm: float
+    dp_comm: float  # exposed data-parallel / ZeRO communication
+    dp_comm_hidden: float  # overlapped with the compute
+    optimizer: float
+    flops_per_sample: float  # model FLOPs (no recomputation)
+    samples_per_step: int
+    seq_len: int
+    peak: float
+    notes: list = field(default_factory=list)
+
+    @property
+    def step(self) -> float:
+        return self.compute + self.memory + self.tp_comm + self.dp_comm + self.optimizer
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_per_step / self.step
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.samples_per_s * self.seq_len
+
+    @property
+    def mfu(self) -> float:
+        return self.flops_per_sample * self.samples_per_s / (self.world_size * self.peak)
+
+    def parts(self) -> dict[str, float]:
+        return {"compute (matmuls)": self.compute, "memory-bound kernels": self.memory,
+                "tensor-parallel all-reduces": self.tp_comm, "data-parallel / ZeRO communication": self.dp_comm,
+                "optimizer step": self.optimizer}
+
+
+def _kernels(cfg: Config) -> str:
+    """The kernels setting ptm resolves on CUDA (pretrain/kernels.choose)."""
+    return cfg.kernels if cfg.kernels != "auto" else ("compile" if cfg.zero.stage < 2 else "eager")
+
+
+def _overlap_comm(cfg: Config) -> bool:
+    """DeepSpeed's zero_optimization.overlap_comm for this config: a user's deepspeed_config JSON, else its
+    default (on for ZeRO-3 only)."""
+    if cfg.deepspeed_config and os.path.isfile(cfg.deepspeed_config):
+        import json
+
+        with open(cfg.deepspeed_config) as f:
+            setting = json.load(f).get("zero_optimization", {}).get("overlap_comm")
+        if setting is not None:
+            return cfg.zero.stage > 0 and bool(setting)
+    return cfg.zero.stage == 3
+
+
+def _fused_lm_loss(cfg: Config) -> bool:
+    """Whether ptm runs the fused linear cross-entropy on CUDA (engine._fused_lm_loss, with ptm[kernels])."""
+    return (cfg.fused_lm_loss != "off" and cfg.parallel.tp == 1
+            and objectives.get(cfg.data.objective).one_lm_head)
+
+
+def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Efficiency(),
+            overlap_reduce: bool | None = None) -> Prediction:
+    """The step of `cfg` on `world_size` GPUs of `hw` (hw.gpus_per_node per node). `overlap_reduce`: whether the
+    gradient reduction hides behind the backward pass (and ZeRO-3's gathers behind the compute); default: as
+    DeepSpeed does for this config (overlap_comm: on for ZeRO-3, else off unless a deepspeed_config sets it)."""
+    from pretrain.plan import count_parameters, model_flops_per_sample, predicted_tokens
+
+    t, b, precision = cfg.parallel.tp, cfg.train.micro_batch_size, cfg.precision
+    peak = hw.peak(precision)
+    if peak is None:
+        raise HardwareError(f"{hw.name} has no {precision} tensor cores; set precision=fp16 (or fp32)")
+    if world_size % t:
+        raise ConfigError(f"{world_size} GPUs do not split into parallel.tp={t} groups")
+    dp, global_batch = world_size // t, cfg.train.global_batch_size
+    if global_batch % (b * dp):
+        raise ConfigError(f"train.global_batch_size={global_batch} is not a multiple of micro batch {b} x "
+                          f"data-parallel size {dp}; change one of them")
+    accumulation = global_batch // (b * dp)
+    flops = model_flops_per_sample(cfg.model, cfg.data.seq_len, predicted_tokens(cfg))
+    compute, memory, tp_comm = _micro_batch(cfg, hw, eff, flops)
+    n = count_parameters(cfg.model, t)
+    overlap = _overlap_comm(cfg) if overlap_reduce is None else overlap_reduce
+    dp_comm, hidden = _data_parallel(cfg, hw, eff, n, dp, accumulation, compute, overlap)
+    notes = [f"parallel.tp={t} spans nodes: its all-reduces cross the network"] if t > hw.gpus_per_node else []
+    return Prediction(world_size=world_size, nodes=math.ceil(world_size / hw.gpus_per_node), tp=t, dp=dp,
+                      accumulation=accumulation, compute=accumulation * compute, memory=accumulation * memory,
+                      tp_comm=accumulation * tp_comm, dp_comm=dp_comm, dp_comm_hidden=hidden,
+                      optimizer=_optimizer(cfg, hw, eff, n // dp if cfg.zero.stage >= 1 else n),
+                      flops_per_sample=flops, samples_per_step=global_batch, seq_len=cfg.data.seq_len, peak=peak,
+                      notes=notes)
+
+
+def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tuple[float, float, float]:
+    """(compute, memory-bound, tensor-parallel) seconds of one micro batch on one GPU; `flops`: model FLOPs of
+    one sequence."""
+    from pretrain.plan import _checkpointed, predicted_tokens
+
+    m, t, s, b = cfg.model, cfg.parallel.tp, cfg.data.seq_len, cfg.train.micro_batch_size
+    act, kernels, hbm = 4 if cfg.precision == "fp32" else 2, _kernels(cfg), hw.hbm_gbps * 1e9 * eff.memory
+    rate = hw.peak(cfg.precision) * eff.matmul * b * s / (b * s + MATMUL_HALF_ROWS)  # achieved matmul FLOP/s
+    tp_per_node = min(t, hw.gpus_per_node)
+    compute, memory, tp_comm = flops * b / t / rate, 0.0, 0.0
+    for model in (m, generator_config(m)) if "rtd" in m.heads else (m,):  # ELECTRA: the generator's layers too
+        h, f, layers, recomputed = model.hidden_size, model.ffn_hidden_size, model.num_layers, _checkpointed(model)
+        layer_flops = b * s * (24 * h * h + 12 * h * f) + 12 * b * h * s * s * (
+            2 if model.position_encoding == "relative" else 1)  # forward + backward of one layer
+        compute += recomputed * layer_flops / 3 / t / rate  # the recomputed forwards
+        rep, per_h, per_f = ELEMENTWISE[kernels]
+        forward = b * s * (rep * h + (per_h * h + per_f * f) / t) * act
+        if model.position_encoding == "relative":
+            forward += b * s * model.num_heads * s * RELATIVE_SCORE_BYTES / 3 / t
+        layer_memory = (3 * layers + recomputed) * forward / hbm
+        layer_compute = (layers + recomputed / 3) * layer_flops / t / rate
+        launches = (layers + recomputed / 3) * KERNELS_PER_LAYER[kernels] * LAUNCH_S
+        memory += max(layer_memory, launches - layer_compute)  # the GPU waits for Python to launch its kernels
+        tp_comm += (4 * layers + 2 * recomputed) * _ring("all-reduce", b * s * h * act, t, tp_per_node, hw, eff)
+    if not _fused_lm_loss(cfg):
+        memory += b * predicted_tokens(cfg) * padded_vocab_size(m) / t * LOGIT_BYTES / hbm
+    # the embeddings' forward all-reduce (vocabulary-parallel lookup) and the LM head input's backward one
+    tp_comm += 2 * _ring("all-reduce", b * s * embedding_width(m) * act, t, tp_per_node, hw, eff)
+    return compute, memory, tp_comm
+
+
+def _data_parallel(cfg: Config, hw: Hardware, eff: Efficiency, n: int, dp: int, accumulation: int,
+                   compute: float, overlap: bool) -> tuple[float, float]:
+    """(exposed, hidden) seconds of one step's data-parallel / ZeRO communication for `n` parameters per TP rank
+    over `dp` ranks; `compute`: one micro batch's matmul time (the window overlapped communication hides in)."""
+    from pretrain.plan import _checkpointed
+
+    z, t = cfg.zero, min(cfg.parallel.tp, hw.gpus_per_node)
+    fp32_grads = cfg.precision == "fp32" or (cfg.precision == "bf16" and cfg.grad_accum_dtype == "fp32")
+    grads, weights = n * (4 if fp32_grads else 2), n * GRAD_BYTES[cfg.precision]
+    per_node = max(1, min(hw.gpus_per_node, dp * cfg.parallel.tp) // cfg.parallel.tp)
+
+    def ring(kind, nbytes):
+        return _ring(kind, nbytes, dp, per_node, hw, eff, tp=t)
+
+    backward = 2 / 3 * compute
+    if z.stage <= 1:  # all-reduce at the accumulation boundary, behind the last backward if overlapped
+        boundary, per_micro = ring("all-reduce", grads), 0.0
+        exposed_boundary = max(0.0, boundary - backward) if overlap else boundary
+    elif z.stage == 2:  # reduce-scatter every micro batch (behind its backward if overlapped), gather the weights
+        boundary, per_micro = ring("all-gather", weights), ring("reduce-scatter", grads)
+        exposed_boundary = boundary
+    else:  # gather the weights for the forward and the backward (and a recomputed forward), reduce-scatter
+        boundary = exposed_boundary = 0.0
+        gathers = 2 + (1 if _checkpointed(cfg.model) else 0)
+        per_micro = gathers * ring("all-gather", weights) + ring("reduce-scatter", grads)
+    hidden_by = (compute if z.stage == 3 else backward) if overlap else 0.0  # ZeRO-3 prefetches the next modules
+    exposed_micro = max(0.0, per_micro - hidden_by)
+    exposed = accumulation * exposed_micro + exposed_boundary
+    return exposed, accumulation * (per_micro - exposed_micro) + (boundary - exposed_boundary)
+
+
+def _optimizer(cfg: Config, hw: Hardware, eff: Efficiency, updated: int) -> float:
+    """Seconds of the optimizer step over the `updated` parameters of this rank; ZeRO-Offload steps on the CPU
+    from host memory (shared by the node's GPUs) and moves gradients and weights over PCIe."""
+    per_param = OPTIMIZER_BYTES[cfg.optimizer.name] + MIXED_PRECISION_BYTES[cfg.precision]
+    if cfg.zero.offload:
+        return (updated * per_param * hw.gpus_per_node / (hw.host_memory_gbps * 1e9 * eff.memory)
+                + updated * (4 + GRAD_BYTES[cfg.precision]) / (hw.pcie_gbps * 1e9 * eff.link))
+    return updated * per_param / (hw.hbm_gbps * 1e9 * eff.memory)
+
+
+def calibrate(cfg: Config, hw: Hardware, world_size: int, samples_per_s: float, eff: Efficiency = Efficiency(),
+              **kwargs) -> float:
+    """The Efficiency.matmul under which `predict` gives `samples_per_s` (bisection); clipped to (0, 1]."""
+    lo, hi = 1e-3, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if predict(cfg, hw, world_size, replace(eff, matmul=mid), **kwargs).samples_per_s < samples_per_s:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+# ----------------------------------------------------------------------------------------------- reports
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:,.1f} ms"
+
+
+def _duration(seconds: float) -> str:
+    hours = seconds / 3600
+    return f"{hours:,.1f} h ({hours / 24:,.1f} days)" if hours >= 48 else f"{hours:,.2f} h"
+
+
+def _layout(p: Prediction, cfg: Config) -> str:
+    return (f"global batch {p.samples_per_step} = micro batch {cfg.train.micro_batch_size} x data-parallel {p.dp} x "
+            f"{p.accumulation} accumulation step{'s' if p.accumulation > 1 else ''}, tp {p.tp}, ZeRO-{cfg.zero.stage}, "
+            f"{cfg.precision}, kernels={_kernels(cfg)}")
+
+
+def _hardware_line(hw: Hardware, world: int, eff: Efficiency) -> str:
+    net = hw.network
+    nodes = math.ceil(world / hw.gpus_per_node)
+    return (f"{world} x {hw.name} ({nodes} node{'s' if nodes > 1 else ''} of {hw.gpus_per_node}; NVLink "
+            f"{hw.nvlink_gbps:g} GB/s per GPU, network {net.spec} = {net.bandwidth / 1e9:g} GB/s per node); "
+            f"efficiencies matmul {eff.matmul:g}, memory {eff.memory:g}, link {eff.link:g}")
+
+
+def _step_table(p: Prediction) -> list[str]:
+    lines = []
+    for part, seconds in p.parts().items():
+        hidden = f" (+{_ms(p.dp_comm_hidden)} hidden behind the compute)" if "ZeRO" in part and p.dp_comm_hidden else ""
+        lines.append(f"  {part:<38}{_ms(seconds):>14} {100 * seconds / p.step:6.1f}%{hidden}")
+    lines.append(f"  {'step':<38}{_ms(p.step):>14}")
+    return lines
+
+
+def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()) -> str:
+    """The speed section of `ptm plan --gpu`: the step by part, throughput, MFU, time to train, scaling."""
+    p = predict(cfg, hw, world, eff)
+    lines = [f"\npredicted speed on {_hardware_line(hw, world, eff)}", f"one step ({_layout(p, cfg)}):",
+             *_step_table(p), *[f"  note: {n}" for n in p.notes],
+             f"throughput: {p.samples_per_s:,.1f} samples/s, {p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}% "
+             f"({p.mfu * p.peak / 1e12:,.0f} TFLOP/s per GPU)",
+             f"time to train {cfg.train.steps:,} steps: {_duration(cfg.train.steps * p.step)}"]
+    nodes = math.ceil(world / hw.gpus_per_node)
+    if nodes > 1:
+        lines.append("scaling with the same global and micro batch (per-GPU throughput against 1 node):")
+        lines.append(f"  {'nodes':>5} {'GPUs':>6} {'samples/s':>12} {'MFU':>7} {'efficiency':>11} {'time to train':>16}")
+        base = None
+        for k in sorted({2 ** i for i in range(nodes.bit_length()) if 2 ** i <= nodes} | {nodes}):
+            gpus = k * hw.gpus_per_node
+            try:
+                q = predict(cfg, hw, gpus, eff)
+            except ConfigError as e:
+                lines.append(f"  {k:>5} {gpus:>6}  {e}")
+                continue
+            base = base or q.samples_per_s / gpus
+            lines.append(f"  {k:>5} {gpus:>6} {q.samples_per_s:>12,.1f} {100 * q.mfu:>6.1f}% "
+                         f"{100 * q.samples_per_s / gpus / base:>10.1f}% {_duration(cfg.train.steps * q.step):>16}")
+    else:
+        lines.append("give --nodes M for the scaling from 1 node to M")
+    return "\n".join(lines)
+
+
+REASONS = {  # why a layout's part is bigger than the fastest layout's (the layout, the fastest)
+    "compute (matmuls)": lambda c, best: "recomputes activations" if c.model.activation_checkpointing else
+    f"micro batch {c.train.micro_batch_size}: smaller matmuls" if c.train.micro_batch_size < best.train.micro_batch_size
+    else "",
+    "memory-bound kernels": lambda c, best: f"kernels={_kernels(c)}, micro batch {c.train.micro_batch_size}",
+    "tensor-parallel all-reduces": lambda c, best: f"tp {c.parallel.tp}: 4 all-reduces per layer per micro batch",
+    "data-parallel / ZeRO communication": lambda c, best: (
+        "gradient all-reduce each step", "gradient all-reduce each step", "gradient reduce-scatter every micro batch",
+        "weights gathered every micro batch")[c.zero.stage],
+    "optimizer step": lambda c, best: "every rank updates its whole TP shard" if c.zero.stage == 0 else "",
+}
+
+
+def ranking(cfg: Config, hw: Hardware, world: int, eff: Efficiency, memory_gib: float | None, top: int = 12) -> str:
+    """`ptm plan --gpu --compare`: the layouts that fit (tp within a node, ZeRO stage, micro batch, activation
+    checkpointing), fastest first, each with the part that makes it slower than the fastest."""
+    from pretrain.plan import _variant, estimate
+
+    found, unfit = [], 0
+    micro = {2 ** i for i in range(12)} | {cfg.train.micro_batch_size}
+    for tp in (t for t in (1, 2, 4, 8) if t <= hw.gpus_per_node and world % t == 0):
+        for stage in range(4):
+            for ckpt in (False, True):
+                for b in sorted(micro):
+                    v = _variant(cfg, {"parallel.tp": tp, "zero.stage": stage, "train.micro_batch_size": b,
+                                       "model.activation_checkpointing": ckpt,
+                                       "zero.offload": cfg.zero.offload and stage > 0})
+                    try:
+                        plan, p = estimate(v, world, memory_gib), predict(v, hw, world, eff)
+                    except ConfigError:  # tp does not divide the heads, the batch does not split, ...
+                        continue
+                    if plan.fits is False:
+                        unfit += 1
+                    else:
+                        found.append((p.step, v, plan, p))
+    if not found:
+        return f"no layout of {world} GPUs fits in {memory_gib:g} GiB per GPU ({unfit} tried)"
+    found.sort(key=lambda item: (item[0], item[2].total))
+    best = found[0][3].parts()
+    lines = [f"layouts on {_hardware_line(hw, world, eff)}, fastest first ({len(found)} fit"
+             + (f", {unfit} do not fit in {memory_gib:g} GiB" if memory_gib else "") + "):",
+             f"  {'#':>3} {'tp':>3} {'ZeRO':>4} {'micro':>6} {'ckpt':>5} {'GiB/GPU':>8} {'step':>12} {'samples/s':>11} "
+             f"{'MFU':>6}  slower than #1 because"]
+    for rank, (_, v, plan, p) in enumerate(found[:top], 1):
+        if rank == 1:
+            why = "fastest"
+        elif p.step <= found[0][0] * (1 + 1e-9):
+            why = "as fast"
+        else:
+            part, extra = max(((k, s - best[k]) for k, s in p.parts().items()), key=lambda kv: kv[1])
+            hint = REASONS[part](v, found[0][1])
+            why = f"+{_ms(extra)} {part}" + (f" ({hint})" if hint else "")
+        lines.append(f"  {rank:>3} {v.parallel.tp:>3} {v.zero.stage:>4} {v.train.micro_batch_size:>6} "
+                     f"{'yes' if v.model.activation_checkpointing else 'no':>5} {plan.total / 2 ** 30:>8.2f} "
+                     f"{_ms(p.step):>12} {p.samples_per_s:>11,.1f} {100 * p.mfu:>5.1f}%  {why}")
+    if len(found) > top:
+        lines.append(f"  ... {len(found) - top} slower layouts not shown")
+    return "\n".join(lines)
+
+
+def measured(run_dir: str) -> dict:
+    """What a ptm run measured: the median step time over its logged steps (the first two, compilation and
+    warm-up, left out when there are more), samples/s and MFU at that step time."""
+    import json
+    import statistics
+
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path} is missing: --check needs a ptm run's out_dir with at least one logged step")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rows = rows[2:] if len(rows) > 2 else rows
+    step = statistics.median(r["step_time_s"] for r in rows)
+    mfus = [r["mfu"] for r in rows if "mfu" in r]
+    return {"step_time_s": step, "steps": len(rows), "mfu": statistics.median(mfus) if mfus else None}
+
+
+def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Efficiency) -> str:
+    """`ptm plan --check RUN_DIR`: the prediction for a run's config, GPUs and layout next to what it measured,
+    and the matmul efficiency under which the prediction would equal the measured step time."""
+    import json
+
+    from pretrain.config import load
+
+    launch_path = os.path.join(run_dir, "launch.json")
+    for path in (os.path.join(run_dir, "config.yaml"), launch_path):
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path} is missing: --check needs the out_dir of a ptm run (ptm train writes it)")
+    with open(launch_path) as f:
+        launch = json.load(f)
+    cfg = load(os.path.join(run_dir, "config.yaml"))
+    if gpu_name:
+        hw = gpu(gpu_name, interconnect, launch["gpus_per_node"])
+    else:
+        hw = by_device_name(launch["device"])
+        if hw is None:
+            raise HardwareError(f"{run_dir} ran on {launch['device']!r}, which configs/hardware/gpus.yaml does not "
+                                "describe; pass --gpu NAME or --gpu FILE.yaml with its peaks and bandwidths")
+        hw = replace(hw, gpus_per_node=launch["gpus_per_node"],
+                     network=network(interconnect) if interconnect else hw.network)
+    world, got = launch["world_size"], measured(run_dir)
+    p = predict(cfg, hw, world, eff)
+    rows = [("step time", _ms(p.step), _ms(got["step_time_s"]), got["step_time_s"] / p.step),
+            ("samples/s", f"{p.samples_per_s:,.1f}", f"{p.samples_per_step / got['step_time_s']:,.1f}",
+             p.step / got["step_time_s"])]
+    if got["mfu"] is not None:
+        rows.append(("MFU", f"{100 * p.mfu:.1f}%", f"{100 * got['mfu']:.1f}%", got["mfu"] / p.mfu))
+    lines = [f"{run_dir}: {launch['device']} x {world}, {_layout(p, cfg)}",
+             f"predicted on {_hardware_line(hw, world, eff)}:", *_step_table(p),
+             f"  {'':<14}{'predicted':>14}{'measured':>14}{'measured/predicted':>20}  ({got['steps']} steps)"]
+    lines += [f"  {name:<14}{a:>14}{b:>14}{ratio:>20.3f}" for name, a, b, ratio in rows]
+    fitted = calibrate(cfg, hw, world, p.samples_per_step / got["step_time_s"], eff)
+    if 1e-3 < fitted < 1.0 - 1e-6:
+        lines.append(f"the measured step time is predicted with --efficiency matmul={fitted:.3f} (now {eff.matmul:g})")
+    else:
+        lines.append(f"no matmul efficiency in (0, 1] predicts the measured step time: the other parts "
+                     f"({'slower' if fitted >= 1 else 'faster'} than measured) are off; compare them above")
+    return "\n".join(lines)

@@ -1,0 +1,242 @@
+"""`ptm plan --gpu`: the speed model against published training results (bench/anchors.yaml), its terms against
+the formulas docs/performance.md states, the command line (`--gpu`, `--nodes`, `--interconnect`, `--compare`,
+`--check` on a real run)."""
+import json
+import os
+import re
+import statistics
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, run_cli
+from pretrain import speed
+from pretrain.config import load
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import speed_model  # noqa: E402
+
+ANCHORS = speed_model.anchors()
+
+
+@pytest.mark.parametrize("anchor", ANCHORS, ids=[a["name"] for a in ANCHORS])
+def test_published_results_within_tolerance(anchor):
+    """Held anchors agree within their tolerance; an anchor marked not held really disagrees (and says why), so
+    the list stays honest when the model changes."""
+    predicted, published, ok = speed_model.evaluate(anchor)
+    assert anchor["source"] and anchor["tolerance"] <= 0.2
+    if anchor.get("held", True):
+        assert ok, f"{anchor['name']}: predicted {predicted:.4g}, published {published:.4g}"
+    else:
+        assert not ok and anchor["why"], f"{anchor['name']} agrees now ({predicted:.4g} vs {published:.4g}): hold it"
+
+
+def test_the_matmul_efficiency_is_fitted_to_one_anchor_only():
+    calibration = [a for a in ANCHORS if a.get("calibration")]
+    assert len(calibration) == 1
+    a = calibration[0]
+    cfg = load(a["config"], speed_model._flat(a["set"]))
+    fitted = speed.calibrate(cfg, speed.gpu(a["gpu"]), a["gpus"], a["published"]["samples_per_s"],
+                             overlap_reduce=a["overlap_reduce"])
+    assert abs(fitted - speed.Efficiency().matmul) < 5e-4
+    others = [a for a in ANCHORS if not a.get("calibration") and a.get("held", True)]
+    assert len(others) >= 20 and {a["gpu"] for a in others} >= {"a100-80gb", "a100-40gb", "v100-32gb", "v100-dgx2"}
+
+
+def test_ring_collectives():
+    """all-reduce = 2(n-1)/n of the bytes, reduce-scatter / all-gather (n-1)/n, over NVLink inside a node and
+    min(NVLink, the node's NICs / tp) across nodes, at Efficiency.link, plus a latency per ring step."""
+    hw, eff, gb = speed.gpu("a100-80gb", "8xhdr"), speed.Efficiency(), 1e9
+    inside = speed._ring("all-reduce", gb, 8, 8, hw, eff)
+    assert inside == pytest.approx(2 * 7 / 8 * gb / (300e9 * 0.8) + 2 * 8 * 5e-6)
+    across = speed._ring("all-reduce", gb, 16, 8, hw, eff)
+    assert across == pytest.approx(2 * 15 / 16 * gb / (200e9 * 0.8) + 2 * (14 * 5e-6 + 2 * 10e-6))
+    shared = speed._ring("reduce-scatter", gb, 8, 2, hw, eff, tp=4)  # 4 TP groups share the NICs
+    assert shared == pytest.approx(7 / 8 * gb / (50e9 * 0.8) + (4 * 5e-6 + 4 * 10e-6))
+    assert speed._ring("all-gather", gb, 1, 8, hw, eff) == 0
+    assert speed.gpu("a100-80gb", "4x100").network.bandwidth == 50e9
+
+
+def _bert(*sets):
+    return load("bert-large", ["precision=bf16", "data.seq_len=128", "data.max_predictions_per_seq=20",
+                               "train.micro_batch_size=32", "zero.stage=1", *sets])
+
+
+def test_step_terms_per_zero_stage_and_tensor_parallelism():
+    """The communication each layout adds, term by term (docs/performance.md): ZeRO-0/1 all-reduce the gradients
+    once per step, ZeRO-2 reduce-scatters them every micro batch and gathers the weights once, ZeRO-3 gathers the
+    weights twice per micro batch (three times with recomputation) behind the compute; TP all-reduces 4 times per
+    layer and micro batch (6 with recomputation), plus the embeddings' forward and the head's backward."""
+    from pretrain.plan import count_parameters
+
+    hw, eff = speed.gpu("a100-80gb"), speed.Efficiency()
+    world, per_node = 32, 8
+    n = count_parameters(_bert().model)
+    grads, weights = 4 * n, 2 * n  # bf16 with fp32 gradient accumulation (grad_accum_dtype)
+
+    def p(stage, accumulation, *sets):
+        return speed.predict(_bert(f"zero.stage={stage}", f"train.global_batch_size={32 * 32 * accumulation}", *sets),
+                             hw, world)
+
+    def ring(kind, nbytes, ranks=32):
+        return speed._ring(kind, nbytes, ranks, per_node, hw, eff)
+
+    for stage in (0, 1):
+        assert p(stage, 2).dp_comm == p(stage, 8).dp_comm == pytest.approx(ring("all-reduce", grads))
+    assert p(2, 2).dp_comm == pytest.approx(2 * ring("reduce-scatter", grads) + ring("all-gather", weights))
+    assert p(2, 8).dp_comm - p(2, 2).dp_comm == pytest.approx(6 * ring("reduce-scatter", grads))
+    z3 = p(3, 4)
+    assert z3.dp_comm == 0 and z3.dp_comm_hidden == pytest.approx(4 * (2 * ring("all-gather", weights)
+                                                                       + ring("reduce-scatter", grads)))
+    assert p(3, 4, "model.activation_checkpointing=true").dp_comm_hidden == pytest.approx(
+        4 * (3 * ring("all-gather", weights) + ring("reduce-scatter", grads)))
+    assert p(0, 2).optimizer == pytest.approx(32 * p(1, 2).optimizer)
+    per_param = 116 + 16  # ptm's LAMB passes, DeepSpeed's mixed-precision copies
+    assert p(1, 2).optimizer == pytest.approx(n // 32 * per_param / (2039e9 * 0.8))
+    # ZeRO-Offload: the node's 8 partitions stream through its host memory, gradients and weights cross PCIe
+    assert p(1, 2, "zero.offload=true").optimizer == pytest.approx(
+        n // 32 * per_param * 8 / (400e9 * 0.8) + n // 32 * (4 + 2) / (32e9 * 0.8))
+
+    tp2 = speed.predict(_bert("parallel.tp=2", f"train.global_batch_size={32 * 16}"), hw, world)
+    tp1 = speed.predict(_bert(f"train.global_batch_size={32 * 32}"), hw, world)
+    activations = 32 * 128 * 1024 * 2
+    assert tp2.tp_comm == pytest.approx((4 * 24 + 2) * speed._ring("all-reduce", activations, 2, 2, hw, eff))
+    assert tp1.tp_comm == 0 and tp2.compute == pytest.approx(tp1.compute / 2)
+    ckpt = speed.predict(_bert("parallel.tp=2", f"train.global_batch_size={32 * 16}",
+                               "model.activation_checkpointing=true"), hw, world)
+    assert ckpt.tp_comm == pytest.approx((6 * 24 + 2) * speed._ring("all-reduce", activations, 2, 2, hw, eff))
+    assert ckpt.compute > tp2.compute and ckpt.mfu < tp2.mfu  # recomputation is not model FLOPs
+
+
+def test_overlap_follows_deepspeeds_overlap_comm(tmp_path):
+    """ZeRO-3 overlaps by default; a deepspeed_config with overlap_comm hides ZeRO-1's all-reduce behind the last
+    backward and ZeRO-2's reduce-scatters behind each backward; without it they are exposed."""
+    hw = speed.gpu("a100-80gb")
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps({"zero_optimization": {"overlap_comm": True}}))
+    for stage in (1, 2):
+        plain = speed.predict(_bert(f"zero.stage={stage}", "train.global_batch_size=4096"), hw, 32)
+        overlapped = speed.predict(_bert(f"zero.stage={stage}", "train.global_batch_size=4096",
+                                         f"deepspeed_config={user}"), hw, 32)
+        assert plain.dp_comm_hidden == 0 and overlapped.dp_comm < plain.dp_comm
+        assert overlapped.dp_comm + overlapped.dp_comm_hidden == pytest.approx(plain.dp_comm)
+    z3 = _bert("zero.stage=3", "train.global_batch_size=4096")
+    assert speed.predict(z3, hw, 32).dp_comm_hidden > 0
+    assert speed.predict(z3, hw, 32, overlap_reduce=False).dp_comm_hidden == 0
+
+
+def test_samples_mfu_and_time_follow_from_the_step():
+    hw = speed.gpu("h100")
+    cfg = _bert("train.global_batch_size=1024", "train.steps=1000")
+    p = speed.predict(cfg, hw, 16)
+    from pretrain.plan import model_flops_per_sample, predicted_tokens
+
+    assert p.step == pytest.approx(sum(p.parts().values()))
+    assert p.samples_per_s == pytest.approx(1024 / p.step) and p.tokens_per_s == pytest.approx(128 * 1024 / p.step)
+    flops = model_flops_per_sample(cfg.model, 128, predicted_tokens(cfg))
+    assert p.mfu == pytest.approx(flops * p.samples_per_s / (16 * 989e12))
+    assert 0.2 < p.mfu < 0.6  # a BERT-large step on H100s is neither idle nor above the calibrated matmul rate
+
+
+def _numbers(line: str) -> list[float]:
+    return [float(x.replace(",", "")) for x in re.findall(r"-?[\d,]*\.?\d+", line)]
+
+
+def test_plan_prints_the_step_throughput_time_and_scaling():
+    out = run_cli("pretrain", "plan", "--config", "bert-large", "--gpu", "a100-80gb", "--nodes", "4",
+                  "--set", "precision=bf16").stdout
+    p = speed.predict(load("bert-large", ["precision=bf16"]), speed.gpu("a100-80gb"), 32)
+    assert "32 GPUs = tp 1 x dp 32" in out and "fits in 80 GiB" in out  # --gpu's memory, --nodes x 8 GPUs
+    for part, seconds in p.parts().items():
+        line = next(x for x in out.splitlines() if x.strip().startswith(part))
+        assert _numbers(line.split(part)[1])[0] == pytest.approx(1e3 * seconds, abs=0.06)
+    throughput = next(x for x in out.splitlines() if x.startswith("throughput:"))
+    assert _numbers(throughput)[0] == pytest.approx(p.samples_per_s, abs=0.06)
+    assert f"MFU {100 * p.mfu:.1f}%" in throughput
+    assert f"time to train 62,500 steps: {62500 * p.step / 3600:,.2f} h" in out
+    rows = out[out.index("scaling with"):].splitlines()[2:5]
+    assert [int(_numbers(r)[0]) for r in rows] == [1, 2, 4] and _numbers(rows[0])[4] == 100.0
+    assert _numbers(rows[2])[4] == pytest.approx(100 * p.samples_per_s / 32 / (
+        speed.predict(load("bert-large", ["precision=bf16"]), speed.gpu("a100-80gb"), 8).samples_per_s / 8), abs=0.06)
+
+
+def test_compare_ranks_the_layouts_that_fit_by_predicted_time():
+    out = run_cli("pretrain", "plan", "--config", "bert-large", "--gpu", "a100-40gb", "--gpus", "16", "--compare",
+                  "--set", "precision=bf16", "train.global_batch_size=1024").stdout
+    rows = [x for x in out.splitlines() if re.match(r"\s+\d+\s+\d+\s+\d\s+\d+\s+(yes|no)", x)]
+    assert len(rows) == 12 and "slower layouts not shown" in out
+    steps = [_numbers(r.split("ms")[0])[-1] for r in rows]
+    assert steps == sorted(steps) and rows[0].endswith("fastest")
+    assert all(_numbers(r)[4] <= 40 for r in rows)  # GiB per GPU within the A100 40GB
+    assert "do not fit in 40 GiB" in out
+    assert all(re.search(r"(\+[\d.,]+ ms (compute|memory-bound|tensor-parallel|data-parallel|optimizer))|as fast", r)
+               for r in rows[1:])
+    tp, zero, micro, ckpt = (rows[0].split()[i] for i in (1, 2, 3, 4))
+    best = speed.predict(load("bert-large", ["precision=bf16", "train.global_batch_size=1024", f"parallel.tp={tp}",
+                                             f"zero.stage={zero}", f"train.micro_batch_size={micro}",
+                                             f"model.activation_checkpointing={ckpt == 'yes'}"]),
+                         speed.gpu("a100-40gb"), 16)
+    assert _numbers(rows[0].split("ms")[0])[-1] == pytest.approx(1e3 * best.step, abs=0.06)
+
+
+def test_hardware_is_data_and_bad_hardware_is_one_line(tmp_path):
+    entry = yaml.safe_load(open(speed.HARDWARE_FILE))["gpus"]["a100-80gb"]
+    own = tmp_path / "my-gpu.yaml"
+    own.write_text(yaml.safe_dump({**entry, "hbm_gbps": entry["hbm_gbps"] / 2}))
+    cfg = _bert("train.global_batch_size=256")
+    slower = speed.predict(cfg, speed.gpu(str(own)), 8)
+    same = speed.predict(cfg, speed.gpu("a100-80gb"), 8)
+    assert slower.memory > same.memory and slower.compute == same.compute
+    cases = {("--gpu", "b200"): "unknown GPU; known: h100-nvl", ("--gpu", "a100-80gb", "--interconnect", "8xfoo"):
+             "unknown network 'foo'", ("--gpu", "a100-80gb", "--interconnect", "hdr"): "is not NICSxNAME",
+             ("--gpu", str(tmp_path / "none.yaml")): "no such file", ("--gpu", "v100-32gb", "--set", "precision=bf16"):
+             "no bf16 tensor cores", ("--gpu", "h100", "--efficiency", "matmul=2"): "is in (0, 1]"}
+    (tmp_path / "half.yaml").write_text("peak_tflops: {bf16: 100}\n")
+    cases[("--gpu", str(tmp_path / "half.yaml"))] = "missing gpus_per_node, hbm_gbps"
+    for args, message in cases.items():
+        proc = run_cli("pretrain", "plan", "--config", "bert-tiny", "--set", "model.vocab_size=100", *args, check=False)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.distributed
+def test_check_puts_the_prediction_next_to_a_real_run(train_data, tmp_path):
+    """A real (CPU) run, checked against a hardware file describing a slow accelerator: the measured step time is
+    the median of the logged steps after the first two, the prediction is `predict` for the run's config and
+    launch, and the fitted matmul efficiency reproduces the measured step time."""
+    run = tmp_path / "run"
+    run_cli("pretrain", "train", "--config", "bert-tiny", "--set", f"data.path={train_data}", "data.num_workers=0",
+            "data.seq_len=32", "model.max_position_embeddings=32", "train.global_batch_size=8",
+            "train.micro_batch_size=4", "train.steps=6", "optimizer.warmup_steps=1", "train.eval_interval=0",
+            "train.eval_steps=1",
+            "data.valid_fraction=0.02", "checkpoint.keep=1", f"out_dir={run}")
+    launch = json.load(open(run / "launch.json"))
+    assert launch == {"device": "cpu", "world_size": 1, "tp": 1, "dp": 1, "gpus_per_node": 1}
+    unknown = run_cli("pretrain", "plan", "--check", str(run), check=False)
+    assert unknown.returncode == 2 and "ran on 'cpu'" in unknown.stderr and "--gpu" in unknown.stderr
+    accelerator = tmp_path / "slow.yaml"
+    accelerator.write_text(yaml.safe_dump({"peak_tflops": {"fp32": 0.2}, "memory_gib": 16, "hbm_gbps": 20,
+                                           "nvlink_gbps": 5, "gpus_per_node": 8, "network": "1x10",
+                                           "pcie_gbps": 5, "host_memory_gbps": 20}))
+    out = run_cli("pretrain", "plan", "--check", str(run), "--gpu", str(accelerator)).stdout
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    measured = statistics.median(r["step_time_s"] for r in rows[2:])
+    predicted = speed.predict(load(str(run / "config.yaml")), speed.gpu(str(accelerator), gpus_per_node=1), 1)
+    line = next(x for x in out.splitlines() if x.strip().startswith("step time"))
+    assert _numbers(line)[:3] == pytest.approx([1e3 * predicted.step, 1e3 * measured, measured / predicted.step],
+                                               abs=0.06)
+    assert "(4 steps)" in out
+    fitted = float(re.search(r"--efficiency matmul=([\d.]+)", out).group(1))
+    refit = speed.predict(load(str(run / "config.yaml")), speed.gpu(str(accelerator), gpus_per_node=1), 1,
+                          speed.Efficiency(matmul=fitted))
+    assert refit.step == pytest.approx(measured, rel=0.01)
+
+
+def test_bench_prints_the_anchor_and_preset_tables():
+    import subprocess
+
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "speed_model.py")], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert all(f"| {a['name']} |" in out for a in ANCHORS) and out.count("| NO |") == 0
+    for workload in speed_model.WORKLOADS:
+        assert len(re.findall(rf"\| {workload} \| (a100-80gb|h100) \| (1|4|32) \|", out)) == 6
