@@ -307,6 +307,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("give --config CONFIG (or --check RUN_DIR)")
         cfg = load(args.config, args.overrides)
         vocab_source = _resolve_vocab(cfg, args.vocab_size)
+        if args.gpus and args.nodes:  # both: the GPUs split evenly over the nodes
+            if args.gpus % args.nodes or (args.gpus_per_node and args.gpus_per_node * args.nodes != args.gpus):
+                raise ConfigError(f"--gpus {args.gpus} do not make --nodes {args.nodes} of equal size"
+                                  + (f" x {args.gpus_per_node}" if args.gpus_per_node else "") + "; give two of them")
+            args.gpus_per_node = args.gpus // args.nodes
         hw = speed.gpu(args.gpu, args.interconnect, args.gpus_per_node) if args.gpu else None
         per_node = hw.gpus_per_node if hw else args.gpus_per_node or 8
         world = args.gpus or ((args.nodes or 1) * per_node if hw or args.nodes else 1)

@@ -148,6 +148,9 @@ def test_plan_prints_the_step_throughput_time_and_scaling():
                   "--set", "precision=bf16").stdout
     p = speed.predict(load("bert-large", ["precision=bf16"]), speed.gpu("a100-80gb"), 32)
     assert "32 GPUs = tp 1 x dp 32" in out and "fits in 80 GiB" in out  # --gpu's memory, --nodes x 8 GPUs
+    four = run_cli("pretrain", "plan", "--config", "bert-large", "--gpu", "a100-80gb", "--gpus", "16", "--nodes", "4",
+                   "--set", "precision=bf16").stdout
+    assert "16 x a100-80gb (4 nodes of 4;" in four  # --gpus over --nodes: 4 GPUs per node
     for part, seconds in p.parts().items():
         line = next(x for x in out.splitlines() if x.strip().startswith(part))
         assert _numbers(line.split(part)[1])[0] == pytest.approx(1e3 * seconds, abs=0.06)
@@ -192,6 +195,7 @@ def test_hardware_is_data_and_bad_hardware_is_one_line(tmp_path):
              "unknown network 'foo'", ("--gpu", "a100-80gb", "--interconnect", "hdr"): "is not NICSxNAME",
              ("--gpu", str(tmp_path / "none.yaml")): "no such file", ("--gpu", "v100-32gb", "--set", "precision=bf16"):
              "no bf16 tensor cores", ("--gpu", "h100", "--efficiency", "matmul=2"): "is in (0, 1]"}
+    cases[("--gpu", "h100", "--gpus", "12", "--nodes", "8")] = "do not make --nodes 8 of equal size"
     (tmp_path / "half.yaml").write_text("peak_tflops: {bf16: 100}\n")
     cases[("--gpu", str(tmp_path / "half.yaml"))] = "missing gpus_per_node, hbm_gbps"
     for args, message in cases.items():
