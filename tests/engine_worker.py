@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.config import load
+from pretrain.parallel import mcore
 from pretrain.parallel.layout import loss_scale
 from pretrain.train import Trainer
 
@@ -45,14 +46,17 @@ if __name__ == "__main__":
             with open(f"{out}/{name}/facts.json", "w") as f:
                 json.dump(record, f)
 
-    for name, overrides in runs.items():
-        train(name, overrides)
-        if name.endswith("-resume"):
-            cfg = load(overrides[0], overrides[1:])
-            middle = f"step_{cfg.checkpoint.interval:08d}"
-            if dist.get_rank() == 0:
-                shutil.copytree(f"{out}/{name}/checkpoints/{middle}", f"{out}/{name}-again/checkpoints/{middle}")
-                with open(f"{out}/{name}-again/checkpoints/latest", "w") as f:
-                    f.write(middle)
-            dist.barrier()
-            train(f"{name}-again", overrides, f"seed={cfg.seed + 1}")
+    try:
+        for name, overrides in runs.items():
+            train(name, overrides)
+            if name.endswith("-resume"):
+                cfg = load(overrides[0], overrides[1:])
+                middle = f"step_{cfg.checkpoint.interval:08d}"
+                if dist.get_rank() == 0:
+                    shutil.copytree(f"{out}/{name}/checkpoints/{middle}", f"{out}/{name}-again/checkpoints/{middle}")
+                    with open(f"{out}/{name}-again/checkpoints/latest", "w") as f:
+                        f.write(middle)
+                dist.barrier()
+                train(f"{name}-again", overrides, f"seed={cfg.seed + 1}")
+    finally:  # as pretrain.train.train does: a gloo group left to the interpreter's exit can abort a rank (SIGABRT)
+        mcore.shutdown()
