@@ -253,6 +253,21 @@ class Config:
         """The value of a dotted key, e.g. `cfg.get("train.steps")`."""
         return functools.reduce(getattr, key.split("."), self)
 
+    def kernels_on(self, cuda: bool) -> str:
+        """The `kernels` setting in effect: `auto` compiles on CUDA (where Inductor's fused Triton kernels pay for
+        their compile time within minutes) under ZeRO 0 and 1, and stays eager on CPU (no faster there), under ZeRO-2
+        (wrong bias gradients across data-parallel ranks: the config refuses it) and under ZeRO-3 (compiled blocks
+        train the same weights there, but DeepSpeed's gather hooks split each block into many small graphs)."""
+        if self.kernels != "auto":
+            return self.kernels
+        return "compile" if cuda and self.zero.stage < 2 else "eager"
+
+    def lm_loss_fusable(self) -> bool:
+        """Whether the fused linear cross-entropy can replace the LM head (not off, TP=1, one LM head); whether it
+        runs also depends on the device and liger-kernel (engine)."""
+        return (self.fused_lm_loss != "off" and self.parallel.tp == 1
+                and objectives.get(self.data.objective).one_lm_head)
+
     def validate(self, dp: int = 1) -> None:
         """Raise ConfigError listing every problem (one line each, with the fix) for `dp` data-parallel ranks."""
         errors = _range_errors(self, dp)

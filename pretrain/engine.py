@@ -13,7 +13,6 @@ import deepspeed
 from deepspeed.accelerator import get_accelerator
 
 from pretrain import kernels as K
-from pretrain import objectives
 from pretrain.config import Config, ConfigError
 from pretrain.optim import Lamb
 from pretrain.parallel import mcore
@@ -116,7 +115,7 @@ def _read_elsewhere(model):
 
 def _fused_lm_loss(cfg: Config, device) -> bool:
     """Whether the LM head runs liger-kernel's fused linear cross-entropy (`fused_lm_loss`)."""
-    if cfg.fused_lm_loss == "off" or cfg.parallel.tp > 1 or not objectives.get(cfg.data.objective).one_lm_head:
+    if not cfg.lm_loss_fusable():
         return False
     why = K.fused_lm_loss_available(device)
     if why and cfg.fused_lm_loss == "on":
@@ -129,7 +128,7 @@ def build(cfg: Config, model, optimizer, scheduler):
     the engine's `Layout` so that its trust ratios are per whole parameter whatever the partitioning."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     _allow_half_on_cpu()
-    kernels = K.choose(cfg.kernels, next(model.parameters()).device, cfg.zero.stage)
+    kernels = cfg.kernels_on(next(model.parameters()).device.type == "cuda")
     if kernels == "compile":
         K.compile_model(model)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,

@@ -106,14 +106,21 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
     For f = 4h and p = s this is Megatron's 72*s*L*h^2 * (1 + s/(6h) + V/(12*L*h)). Embedding lookups, norms,
     softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
     h, s, p, e = m.hidden_size, seq_len, seq_len if predicted is None else predicted, embedding_width(m)
-    blocks = 6 * s * m.num_layers * (4 * h * h + 2 * h * m.ffn_hidden_size)  # every layer, shared or not
-    attention = 12 * m.num_layers * h * s * s * (2 if m.position_encoding == "relative" else 1)
+    layers = m.num_layers * layer_flops_per_sample(m, s)  # every layer, shared or not
     projection = 6 * s * e * h if e != h else 0  # ALBERT's embedding projection
     if "rtd" in m.heads:
-        return float(blocks + attention + projection + 6 * s * (h * h + h)) + model_flops_per_sample(
+        return float(layers + projection + 6 * s * (h * h + h)) + model_flops_per_sample(
             generator_config(m), seq_len, predicted)
     head = 6 * p * e * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
-    return float(blocks + attention + head + projection)
+    return float(layers + head + projection)
+
+
+def layer_flops_per_sample(m: ModelConfig, seq_len: int) -> int:
+    """Training FLOPs of one transformer layer on one sequence: its matmuls 6*s*(4h^2 + 2hf) and attention
+    12*h*s^2 (doubled with relative positions); see model_flops_per_sample."""
+    h, s = m.hidden_size, seq_len
+    return 6 * s * (4 * h * h + 2 * h * m.ffn_hidden_size) + 12 * h * s * s * (
+        2 if m.position_encoding == "relative" else 1)
 
 
 def peak_flops(device_name: str, precision: str) -> float | None:
@@ -307,13 +314,14 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("give --config CONFIG (or --check RUN_DIR)")
         cfg = load(args.config, args.overrides)
         vocab_source = _resolve_vocab(cfg, args.vocab_size)
+        per_node = args.gpus_per_node
         if args.gpus and args.nodes:  # both: the GPUs split evenly over the nodes
-            if args.gpus % args.nodes or (args.gpus_per_node and args.gpus_per_node * args.nodes != args.gpus):
+            if args.gpus % args.nodes or (per_node and per_node * args.nodes != args.gpus):
                 raise ConfigError(f"--gpus {args.gpus} do not make --nodes {args.nodes} of equal size"
-                                  + (f" x {args.gpus_per_node}" if args.gpus_per_node else "") + "; give two of them")
-            args.gpus_per_node = args.gpus // args.nodes
-        hw = speed.gpu(args.gpu, args.interconnect, args.gpus_per_node) if args.gpu else None
-        per_node = hw.gpus_per_node if hw else args.gpus_per_node or 8
+                                  + (f" x {per_node}" if per_node else "") + "; give two of them")
+            per_node = args.gpus // args.nodes
+        hw = speed.gpu(args.gpu, args.interconnect, per_node) if args.gpu else None
+        per_node = hw.gpus_per_node if hw else per_node or 8
         world = args.gpus or ((args.nodes or 1) * per_node if hw or args.nodes else 1)
         memory = args.gpu_memory or (hw.memory_gib if hw else None)
         plan = estimate(cfg, world, memory)

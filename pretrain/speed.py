@@ -31,7 +31,6 @@ from dataclasses import dataclass, field, fields, replace
 
 import yaml
 
-from pretrain import objectives
 from pretrain.config import PRESETS_DIR, Config, ConfigError
 from pretrain.models.config import embedding_width, generator_config, padded_vocab_size
 
@@ -93,7 +92,6 @@ class Hardware:
     network: Network
     pcie_gbps: float
     host_memory_gbps: float
-    names: tuple = ()
 
     def peak(self, precision: str) -> float | None:
         """Dense peak FLOP/s in `precision`; None where the GPU has no such tensor cores (bf16 on V100)."""
@@ -123,13 +121,13 @@ def network(spec: str) -> Network:
 
 
 def _hardware(name: str, entry: dict, interconnect: str | None) -> Hardware:
-    wanted = {f.name for f in fields(Hardware)} - {"name", "names"}
+    wanted = {f.name for f in fields(Hardware)} - {"name"}
     missing = sorted(wanted - set(entry))
     if missing:
         raise HardwareError(f"GPU {name}: missing {', '.join(missing)}; see {HARDWARE_FILE} for the fields")
     values = {k: entry[k] for k in wanted}
     values["network"] = network(interconnect or entry["network"])
-    return Hardware(name=name, names=tuple(entry.get("names", ())), **values)
+    return Hardware(name=name, **values)
 
 
 def catalog_names() -> list[str]:
@@ -174,8 +172,10 @@ def _gpu(name: str, interconnect: str | None) -> Hardware:
     return _hardware(name, gpus[name], interconnect)
 
 
+@functools.lru_cache(maxsize=None)
 def by_device_name(device_name: str) -> Hardware | None:
-    """The catalog's GPU for a `torch.cuda.get_device_name()`; None for a CPU or an unknown device."""
+    """The catalog's GPU for a `torch.cuda.get_device_name()`; None for a CPU or an unknown device (once per name:
+    the trainer's MFU asks every step)."""
     for name, entry in _catalog()["gpus"].items():
         if any(n.lower() in device_name.lower() for n in entry.get("names", ())):
             return _hardware(name, entry, None)
@@ -205,7 +205,6 @@ def _ring(kind: str, nbytes: float, ranks: int, per_node: int, hw: Hardware, eff
 class Prediction:
     """Seconds of one optimizer step on one GPU, by part, and what follows from them."""
     world_size: int
-    nodes: int
     tp: int
     dp: int
     accumulation: int
@@ -243,11 +242,6 @@ class Prediction:
                 "optimizer step": self.optimizer}
 
 
-def _kernels(cfg: Config) -> str:
-    """The kernels setting ptm resolves on CUDA (pretrain/kernels.choose)."""
-    return cfg.kernels if cfg.kernels != "auto" else ("compile" if cfg.zero.stage < 2 else "eager")
-
-
 def _overlap_comm(cfg: Config) -> bool:
     """DeepSpeed's zero_optimization.overlap_comm for this config: a user's deepspeed_config JSON, else its
     default (on for ZeRO-3 only)."""
@@ -259,12 +253,6 @@ def _overlap_comm(cfg: Config) -> bool:
         if setting is not None:
             return cfg.zero.stage > 0 and bool(setting)
     return cfg.zero.stage == 3
-
-
-def _fused_lm_loss(cfg: Config) -> bool:
-    """Whether ptm runs the fused linear cross-entropy on CUDA (engine._fused_lm_loss, with ptm[kernels])."""
-    return (cfg.fused_lm_loss != "off" and cfg.parallel.tp == 1
-            and objectives.get(cfg.data.objective).one_lm_head)
 
 
 def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Efficiency(),
@@ -291,7 +279,7 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
     overlap = _overlap_comm(cfg) if overlap_reduce is None else overlap_reduce
     dp_comm, hidden = _data_parallel(cfg, hw, eff, n, dp, accumulation, compute, overlap)
     notes = [f"parallel.tp={t} spans nodes: its all-reduces cross the network"] if t > hw.gpus_per_node else []
-    return Prediction(world_size=world_size, nodes=math.ceil(world_size / hw.gpus_per_node), tp=t, dp=dp,
+    return Prediction(world_size=world_size, tp=t, dp=dp,
                       accumulation=accumulation, compute=accumulation * compute, memory=accumulation * memory,
                       tp_comm=accumulation * tp_comm, dp_comm=dp_comm, dp_comm_hidden=hidden,
                       optimizer=_optimizer(cfg, hw, eff, n // dp if cfg.zero.stage >= 1 else n),
@@ -302,17 +290,16 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
 def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tuple[float, float, float]:
     """(compute, memory-bound, tensor-parallel) seconds of one micro batch on one GPU; `flops`: model FLOPs of
     one sequence."""
-    from pretrain.plan import _checkpointed, predicted_tokens
+    from pretrain.plan import _checkpointed, layer_flops_per_sample, predicted_tokens
 
     m, t, s, b = cfg.model, cfg.parallel.tp, cfg.data.seq_len, cfg.train.micro_batch_size
-    act, kernels, hbm = 4 if cfg.precision == "fp32" else 2, _kernels(cfg), hw.hbm_gbps * 1e9 * eff.memory
+    act, kernels, hbm = 4 if cfg.precision == "fp32" else 2, cfg.kernels_on(cuda=True), hw.hbm_gbps * 1e9 * eff.memory
     rate = hw.peak(cfg.precision) * eff.matmul * b * s / (b * s + MATMUL_HALF_ROWS)  # achieved matmul FLOP/s
     tp_per_node = min(t, hw.gpus_per_node)
     compute, memory, tp_comm = flops * b / t / rate, 0.0, 0.0
     for model in (m, generator_config(m)) if "rtd" in m.heads else (m,):  # ELECTRA: the generator's layers too
         h, f, layers, recomputed = model.hidden_size, model.ffn_hidden_size, model.num_layers, _checkpointed(model)
-        layer_flops = b * s * (24 * h * h + 12 * h * f) + 12 * b * h * s * s * (
-            2 if model.position_encoding == "relative" else 1)  # forward + backward of one layer
+        layer_flops = b * layer_flops_per_sample(model, s)  # forward + backward of one layer
         compute += recomputed * layer_flops / 3 / t / rate  # the recomputed forwards
         rep, per_h, per_f = ELEMENTWISE[kernels]
         forward = b * s * (rep * h + (per_h * h + per_f * f) / t) * act
@@ -323,7 +310,7 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
         launches = (layers + recomputed / 3) * KERNELS_PER_LAYER[kernels] * LAUNCH_S
         memory += max(layer_memory, launches - layer_compute)  # the GPU waits for Python to launch its kernels
         tp_comm += (4 * layers + 2 * recomputed) * _ring("all-reduce", b * s * h * act, t, tp_per_node, hw, eff)
-    if not _fused_lm_loss(cfg):
+    if not cfg.lm_loss_fusable():  # on CUDA with ptm[kernels] it runs
         memory += b * predicted_tokens(cfg) * padded_vocab_size(m) / t * LOGIT_BYTES / hbm
     # the embeddings' forward all-reduce (vocabulary-parallel lookup) and the LM head input's backward one
     tp_comm += 2 * _ring("all-reduce", b * s * embedding_width(m) * act, t, tp_per_node, hw, eff)
@@ -398,7 +385,7 @@ def _duration(seconds: float) -> str:
 def _layout(p: Prediction, cfg: Config) -> str:
     return (f"global batch {p.samples_per_step} = micro batch {cfg.train.micro_batch_size} x data-parallel {p.dp} x "
             f"{p.accumulation} accumulation step{'s' if p.accumulation > 1 else ''}, tp {p.tp}, ZeRO-{cfg.zero.stage}, "
-            f"{cfg.precision}, kernels={_kernels(cfg)}")
+            f"{cfg.precision}, kernels={cfg.kernels_on(cuda=True)}")
 
 
 def _hardware_line(hw: Hardware, world: int, eff: Efficiency) -> str:
@@ -450,7 +437,7 @@ REASONS = {  # why a layout's part is bigger than the fastest layout's (the layo
     "compute (matmuls)": lambda c, best: "recomputes activations" if c.model.activation_checkpointing else
     f"micro batch {c.train.micro_batch_size}: smaller matmuls" if c.train.micro_batch_size < best.train.micro_batch_size
     else "",
-    "memory-bound kernels": lambda c, best: f"kernels={_kernels(c)}, micro batch {c.train.micro_batch_size}",
+    "memory-bound kernels": lambda c, best: f"kernels={c.kernels_on(cuda=True)}, micro batch {c.train.micro_batch_size}",
     "tensor-parallel all-reduces": lambda c, best: f"tp {c.parallel.tp}: 4 all-reduces per layer per micro batch",
     "data-parallel / ZeRO communication": lambda c, best: (
         "gradient all-reduce each step", "gradient all-reduce each step", "gradient reduce-scatter every micro batch",

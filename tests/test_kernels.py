@@ -46,10 +46,12 @@ def test_compiled_blocks_replay_dropout_under_activation_checkpointing():
 
 
 def test_auto_compiles_on_cuda_under_zero_0_and_1_only():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert K.choose("auto", cpu, 1) == "eager"
-    assert [K.choose("auto", cuda, stage) for stage in range(4)] == ["compile", "compile", "eager", "eager"]
-    assert K.choose("compile", cpu, 0) == "compile"
+    def kernels(setting, cuda, stage):
+        return C.load("bert-tiny", [f"kernels={setting}", f"zero.stage={stage}"]).kernels_on(cuda)
+
+    assert kernels("auto", False, 1) == "eager"
+    assert [kernels("auto", True, stage) for stage in range(4)] == ["compile", "compile", "eager", "eager"]
+    assert kernels("compile", False, 0) == "compile"
 
 
 def test_compile_under_data_parallel_zero2_is_refused_with_the_reason(tmp_path):

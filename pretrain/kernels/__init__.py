@@ -57,16 +57,6 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return out.loss, ((out.predicted_tokens == labels) & (labels != -100)).sum()
 
 
-def choose(setting: str, device: torch.device, zero_stage: int) -> str:
-    """The `kernels` setting in effect: `auto` compiles on CUDA (where Inductor's fused Triton kernels pay for
-    their compile time within minutes) under ZeRO 0 and 1, and stays eager on CPU (no faster there), under ZeRO-2
-    (wrong bias gradients across data-parallel ranks: the config refuses it) and under ZeRO-3 (compiled blocks train
-    the same weights there, but DeepSpeed's gather hooks split each block into many small graphs)."""
-    if setting != "auto":
-        return setting
-    return "compile" if device.type == "cuda" and zero_stage < 2 else "eager"
-
-
 def compile_model(model: torch.nn.Module) -> None:
     """torch.compile each transformer block in place (`Module.compile`): Inductor fuses the elementwise work
     around the matmuls. The model's code is unchanged; eager is the reference. The loss is not compiled: at TP=1
