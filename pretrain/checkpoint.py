@@ -29,6 +29,8 @@ import json
 import os
 import random
 import shutil
+import socket
+import time
 
 import numpy as np
 import torch
@@ -146,10 +148,10 @@ def param_info(named_parameters, tp: int = 1) -> dict[str, dict]:
     return info
 
 
-def verify(ckpt: str, rank: int = 0, world: int = 1) -> str | None:
+def verify(ckpt: str, rank: int = 0, world: int = 1, hashes: bool = True) -> str | None:
     """What is wrong with `ckpt` (a one-line reason naming the file), or None when it is complete: meta.json
-    readable, every file it records present with its size, and (this rank's share `rank::world` of them)
-    its sha256."""
+    readable, every file it records present with its size, and (with `hashes`, this rank's share `rank::world`
+    of them) its sha256."""
     try:
         meta = read_meta(ckpt)
     except CheckpointError as e:
@@ -157,7 +159,7 @@ def verify(ckpt: str, rank: int = 0, world: int = 1) -> str | None:
     files = meta.get("files")
     if files is None:  # written before ptm recorded files: each shard must at least open
         folder = os.path.join(ckpt, "shards")
-        for f in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        for f in sorted(os.listdir(folder)) if os.path.isdir(folder) and hashes else []:
             try:
                 safe_open(os.path.join(folder, f), framework="pt")
             except Exception as e:
@@ -169,7 +171,7 @@ def verify(ckpt: str, rank: int = 0, world: int = 1) -> str | None:
             return f"{path} is missing"
         if os.path.getsize(path) != record["bytes"]:
             return f"{path} has {os.path.getsize(path)} bytes, meta.json records {record['bytes']} (truncated?)"
-        if i % world == rank and sha256_file(path) != record["sha256"]:
+        if hashes and i % world == rank and sha256_file(path) != record["sha256"]:
             return f"{path} does not match its sha256 in meta.json (corrupted)"
     return None
 
@@ -361,13 +363,20 @@ class Checkpoints:
     a damaged `latest`), save, restore any layout's into this one, prune. Every rank calls every method: they
     are collective. `log` prints a line (on rank 0)."""
 
+    visibility_tries, visibility_wait_s = 13, 5.0  # how long a rank's stale view of a checkpoint is waited for
+
     def __init__(self, out_dir: str, keep: int, log=print):
         self.out_dir, self.root, self.keep, self.log = out_dir, os.path.join(out_dir, "checkpoints"), keep, log
 
     # ---- finding -----------------------------------------------------------------------------------------
 
     def _names(self) -> list[str]:
-        """Checkpoint names, `latest`'s first, then the others newest first."""
+        """Checkpoint names, `latest`'s first, then the others newest first, as rank 0 lists them: on a shared
+        filesystem ranks can see different listings (after a requeue), and ranks deciding alone would run
+        different collectives and hang."""
+        return _rank0s(self._listed)
+
+    def _listed(self) -> list[str]:
         steps = sorted((d for d in os.listdir(self.root) if d.startswith("step_")), reverse=True) \
             if os.path.isdir(self.root) else []
         try:
@@ -408,16 +417,31 @@ class Checkpoints:
             dist.barrier()
 
     def _verify(self, ckpt: str) -> str | None:
-        """`verify` with the hashing shared among the ranks; every rank gets the same answer."""
-        if not os.path.isdir(ckpt):
-            return "missing"
+        """`verify` with the hashing shared among the ranks; every rank gets the same answer. Whether the files
+        are there and whole is rank 0's to say; a file rank 0 sees that another rank does not (a shared
+        filesystem's cache lagging on that node) is waited for, `visibility_tries` x `visibility_wait_s`, then
+        an error naming the rank and its host: not a damaged checkpoint."""
         world = dist.get_world_size() if dist.is_initialized() else 1
-        rank = dist.get_rank() if world > 1 else 0
-        mine = verify(ckpt, rank, world)
         if world == 1:
-            return mine
+            return verify(ckpt)
+        problem = _rank0s(lambda: verify(ckpt, hashes=False))
+        if problem:
+            return problem
+        for attempt in range(self.visibility_tries):  # the same count on every rank: they decide together
+            every = [None] * world
+            dist.all_gather_object(every, (verify(ckpt, hashes=False), socket.gethostname()))
+            unseen = [(rank, seen, host) for rank, (seen, host) in enumerate(every) if seen]
+            if not unseen:
+                break
+            if attempt + 1 == self.visibility_tries:
+                rank, seen, host = unseen[0]
+                raise CheckpointError(
+                    f"rank {rank} on {host} does not see {ckpt} as rank 0 does ({seen}) after "
+                    f"{self.visibility_tries * self.visibility_wait_s:g} s: that node's view of the shared filesystem "
+                    "is stale; check its mount (e.g. NFS actimeo/lookupcache) and resubmit")
+            time.sleep(self.visibility_wait_s)
         every = [None] * world
-        dist.all_gather_object(every, mine)
+        dist.all_gather_object(every, verify(ckpt, dist.get_rank(), world))
         return next((p for p in every if p), None)
 
     # ---- saving ------------------------------------------------------------------------------------------
@@ -471,7 +495,7 @@ class Checkpoints:
     def prune(self) -> None:
         """Keep the newest `keep` checkpoints (all when 0), and always the one `latest` names."""
         names = sorted(d for d in os.listdir(self.root) if d.startswith("step_"))
-        latest = self._names()[:1]
+        latest = self._listed()[:1]  # rank 0 alone prunes
         for old in names[:-self.keep] if self.keep else []:
             if old not in latest:
                 shutil.rmtree(os.path.join(self.root, old))
@@ -515,6 +539,15 @@ class Checkpoints:
             _set_rng_states(torch.load(rng, weights_only=False))
             trainer["rng_restored"] = True
         return trainer
+
+
+def _rank0s(answer):
+    """`answer()` as rank 0 computes it, on every rank (one broadcast)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return answer()
+    box = [answer() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _rng_states() -> dict:

@@ -79,7 +79,8 @@ def main(argv=None) -> None:
     from pretrain.checkpoint import CheckpointError
     from pretrain.config import ConfigError, load
     from pretrain.device import DeviceError
-    from pretrain.train import PREEMPTED, Preempted, train
+    from pretrain import heartbeat
+    from pretrain.train import NO_PROGRESS, PREEMPTED, NoProgress, Preempted, train
 
     try:
         summary = train(load(a.config, a.overrides))
@@ -95,6 +96,11 @@ def main(argv=None) -> None:
         if _rank() == 0:
             print(f"pretrain: error: {e}", file=sys.stderr)
         sys.exit(3)
+    except NoProgress as e:
+        signals.ignore()
+        if _rank() == 0:
+            print(f"pretrain: error: {e}", file=sys.stderr)
+        sys.exit(NO_PROGRESS)
     except Preempted as e:
         signals.ignore()
         if _rank() == 0:
@@ -103,10 +109,8 @@ def main(argv=None) -> None:
     except RuntimeError as e:
         if not _lost_contact(e, torch.distributed.DistError):
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"pretrain: error: rank {_rank()} on {socket.gethostname()} lost contact with the other ranks ({first}); "
-              "the launcher's log names the rank that failed; resubmit to resume from the last checkpoint",
-              file=sys.stderr)
-        sys.exit(4)
+        print(heartbeat.lost_contact(_rank(), f"{heartbeat.first_line(e)}; the launcher's log names the rank that "
+                                              "failed"), file=sys.stderr)
+        sys.exit(heartbeat.LOST_CONTACT)
     if _rank() == 0:
         print(json.dumps(summary, indent=2))

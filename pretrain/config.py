@@ -163,8 +163,12 @@ class CheckpointConfig:
 @dataclass
 class ParallelConfig:
     tp: int = _opt(1, "tensor-parallel size (megatron-core); data-parallel size = world size / tp")
-    timeout_s: int = _opt(600, "a rank that cannot reach the master, or a collective that stalls, ends the job after "
-                               "this many seconds (naming rank and host) instead of hanging until the time limit")
+    timeout_s: int = _opt(600, "a rank that cannot reach the master, or whose peer falls silent (dead or stalled), "
+                               "ends the job after this many seconds (naming rank and host, exit 4) instead of hanging "
+                               "until the time limit (a collective that hangs while every rank is alive: after twice "
+                               "this)")
+    heartbeat_s: float = _opt(10.0, "how often each rank tells the rendezvous store it is alive (from a thread: a long "
+                                    "checkpoint write or evaluation keeps beating); below parallel.timeout_s")
 
 
 @dataclass
@@ -228,7 +232,7 @@ class Config:
                                 "auto = compile on CUDA, eager on CPU (see docs/performance.md)")
     fused_lm_loss: str = _opt("auto", "auto | on | off: liger-kernel's fused linear cross-entropy for the MLM/LM head "
                                       "(the logits are never held whole); auto = on with liger-kernel installed, on "
-                                      "CUDA, parallel.tp=1, objectives other than ernie")
+                                      "CUDA, parallel.tp=1, precision bf16/fp32, objectives other than ernie")
     model: ModelConfig = _section(ModelConfig)
     data: DataConfig = _section(DataConfig)
     train: TrainConfig = _section(TrainConfig)
@@ -263,9 +267,10 @@ class Config:
         return "compile" if cuda and self.zero.stage < 2 else "eager"
 
     def lm_loss_fusable(self) -> bool:
-        """Whether the fused linear cross-entropy can replace the LM head (not off, TP=1, one LM head); whether it
-        runs also depends on the device and liger-kernel (engine)."""
-        return (self.fused_lm_loss != "off" and self.parallel.tp == 1
+        """Whether the fused linear cross-entropy can replace the LM head (not off, TP=1, one LM head, not fp16: it
+        computes its gradients in the forward pass, before the fp16 loss scale, where small ones would underflow);
+        whether it runs also depends on the device and liger-kernel (engine)."""
+        return (self.fused_lm_loss != "off" and self.parallel.tp == 1 and self.precision != "fp16"
                 and objectives.get(self.data.objective).one_lm_head)
 
     def validate(self, dp: int = 1) -> None:
@@ -514,7 +519,7 @@ _POSITIVE = ("model.max_relative_position", "model.vocab_pad_to", "model.hidden_
              "model.max_position_embeddings", "model.init_std", "model.layer_norm_eps", "data.seq_len",
              "train.steps", "train.global_batch_size", "train.micro_batch_size", "train.log_interval",
              "train.eval_steps", "optimizer.lr", "optimizer.eps", "parallel.tp", "parallel.timeout_s",
-             "fp16.loss_scale_window",
+             "parallel.heartbeat_s", "fp16.loss_scale_window",
              "fp16.hysteresis", "fp16.min_loss_scale")
 _NON_NEGATIVE = ("data.rtd_weight", "model.vocab_size", "model.embedding_size", "model.type_vocab_size", "model.task_type_vocab_size",
                  "data.max_predictions_per_seq", "data.num_workers", "train.grad_clip", "train.eval_interval",
@@ -623,6 +628,9 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(o.warmup(t.steps) <= t.steps, f"optimizer.warmup_steps={o.warmup_steps} is longer than "
                                               f"train.steps={t.steps}; shorten the warmup")
     errors.need(o.min_lr <= o.lr, f"optimizer.min_lr={o.min_lr} exceeds optimizer.lr={o.lr}; lower optimizer.min_lr")
+    errors.need(cfg.parallel.heartbeat_s < cfg.parallel.timeout_s,
+                f"parallel.heartbeat_s={cfg.parallel.heartbeat_s} is not below parallel.timeout_s="
+                f"{cfg.parallel.timeout_s}: a rank would be called silent between two beats; lower parallel.heartbeat_s")
     errors.need(not cfg.zero.offload or cfg.zero.stage >= 1,
                 "zero.offload needs ZeRO; set zero.stage=1 (or higher) or zero.offload=false")
     errors.need(cfg.precision != "bf16" or cfg.grad_accum_dtype == "bf16" or cfg.zero.stage >= 1,
@@ -634,6 +642,9 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(cfg.fused_lm_loss != "on" or tp == 1,
                 f"fused_lm_loss=on needs the whole vocabulary on one rank: parallel.tp={tp}; set fused_lm_loss=auto "
                 f"(on where it applies) or off")
+    errors.need(cfg.fused_lm_loss != "on" or cfg.precision != "fp16",
+                "fused_lm_loss=on with precision=fp16: liger-kernel computes the LM head's gradients before the fp16 "
+                "loss scale, where small ones underflow; use precision=bf16, or fused_lm_loss=auto (off under fp16)")
     for task in cfg.ernie.task_data:
         errors.need(task in USER_LABELED, f"ernie.task_data.{task}: only {' and '.join(USER_LABELED)} "
                                           f"take a dataset; remove it")

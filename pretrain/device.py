@@ -1,7 +1,9 @@
 """The one device abstraction: CUDA with NCCL when there is a GPU, else CPU with gloo."""
 from __future__ import annotations
 
+import json
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -12,19 +14,71 @@ class DeviceError(RuntimeError):
 
 
 def device() -> torch.device:
-    """This process's device: cuda:LOCAL_RANK when CUDA is available (CUDA_VISIBLE_DEVICES decides which GPUs
-    that is; under srun --gpus-per-task each task sees only its own, cuda:0), else cpu. More ranks per node than
-    visible GPUs is refused rather than sharing a GPU."""
+    """This process's device: cpu without CUDA, else cuda:(LOCAL_RANK mod the number of GPUs it sees).
+
+    LOCAL_RANK numbers the processes of a node (launchers/rendezvous.py fills it in for every launcher, srun's
+    SLURM_LOCALID included). Processes that see the same GPUs (a launcher's inside one Slurm task, srun's tasks
+    without GPU binding) take one each in that order; a process that sees only GPUs of its own (srun
+    --gpus-per-task=1, a MIG slice, CUDA_VISIBLE_DEVICES set per process) takes one of those. More processes than
+    GPUs would share one: `check_unshared` refuses that at start-up, naming the ranks."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    local, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
-    if os.environ.get("SLURM_GPUS_PER_TASK", "").isdigit() and count == int(os.environ["SLURM_GPUS_PER_TASK"]):
-        return torch.device("cuda", 0)
-    if local >= count:
-        raise DeviceError(f"LOCAL_RANK={local} but this node has {count} visible GPU(s) "
-                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); start at most "
-                          f"{count} processes per node (--nproc_per_node / --ntasks-per-node / --gpus-per-node)")
-    return torch.device("cuda", local)
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+
+
+def bind() -> torch.device:
+    """Make this process's GPU current, and DeepSpeed's: it takes LOCAL_RANK as the CUDA device index (its engine,
+    ZeRO-3's parameter partitioning) and checks it against Open MPI's local rank, so a process that sees only GPUs of
+    its own gets both set to its index."""
+    gpu = device()
+    if str(gpu.index) != os.environ.get("LOCAL_RANK", "0"):
+        for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"):
+            if name in os.environ:
+                os.environ[name] = str(gpu.index)
+    torch.cuda.set_device(gpu)
+    return gpu
+
+
+def check_unshared(store: dist.Store, rank: int, world: int) -> None:
+    """Refuse two ranks of one node on one GPU, before NCCL binds them (it would fail later, less clearly): every rank
+    posts its GPU's UUID (a MIG slice's own) to the rendezvous `store` and reads its node's. Every rank raises the
+    same DeviceError, naming both ranks, the host and the fix."""
+    if world == 1 or not torch.cuda.is_available():
+        return
+    host, index, visible = socket.gethostname(), torch.cuda.current_device(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    prefix = "ptm/gpus"  # a fresh store every start (torchrun's restarts included)
+    mine = [rank, str(torch.cuda.get_device_properties(index).uuid), index, visible or "unset"]
+    store.set(f"{prefix}/{host}/{store.add(f'{prefix}/{host}/n', 1)}", json.dumps(mine))
+    _arrive(store, f"{prefix}/posted", world)
+    node = store.multi_get([f"{prefix}/{host}/{i}" for i in range(1, store.add(f"{prefix}/{host}/n", 0) + 1)])
+    problem = _shared(host, sorted(json.loads(v) for v in node))
+    if problem:
+        store.set(f"{prefix}/problem", problem)
+    _arrive(store, f"{prefix}/checked", world)
+    if store.check([f"{prefix}/problem"]):
+        raise DeviceError(store.get(f"{prefix}/problem").decode())
+
+
+def _shared(host: str, node: list) -> str | None:
+    """The first two of a node's ranks ([rank, GPU UUID, index, CUDA_VISIBLE_DEVICES], by rank) on one GPU."""
+    seen = {}
+    for rank, gpu, index, visible in node:
+        if gpu in seen:
+            first, first_index, first_visible = seen[gpu]
+            return (f"ranks {first} and {rank} on {host} both use GPU {gpu} (as cuda:{first_index} and cuda:{index}, "
+                    f"CUDA_VISIBLE_DEVICES={first_visible} and {visible}): start one process per GPU, e.g. srun "
+                    "--gpus-per-task=1 with a task per GPU, or one task that sees the node's N GPUs "
+                    "(--gpus-per-node=N) running torchrun --nproc_per_node=N; a process sees one MIG slice: give each "
+                    "its own CUDA_VISIBLE_DEVICES=MIG-...")
+        seen[gpu] = rank, index, visible
+    return None
+
+
+def _arrive(store: dist.Store, key: str, world: int) -> None:
+    """Wait in `store` until all `world` ranks have arrived at `key`."""
+    if store.add(key, 1) == world:
+        store.set(f"{key}/all", "1")
+    store.wait([f"{key}/all"])
 
 
 def backend() -> str:
@@ -82,3 +136,12 @@ def peak_memory_gib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux
+
+
+def device_memory() -> dict[str, float]:
+    """On a GPU, `device_memory_gib`: all of its memory in use now as the driver counts it (what torch's allocator
+    holds, cached blocks included, plus the CUDA context, NCCL's buffers and other processes); nothing on a CPU."""
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"device_memory_gib": (total - free) / 2 ** 30}

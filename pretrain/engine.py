@@ -28,7 +28,7 @@ def ds_config(cfg: Config, dp: int) -> dict:
     t, z, f = cfg.train, cfg.zero, cfg.fp16
     zero = {"stage": z.stage}
     if z.offload:
-        zero["offload_optimizer"] = {"device": "cpu"}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}  # page-locked: faster copies to the GPU
     ours = {
         "train_batch_size": t.global_batch_size,
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
@@ -41,11 +41,15 @@ def ds_config(cfg: Config, dp: int) -> dict:
                  "initial_scale_power": f.initial_scale_power, "loss_scale_window": f.loss_scale_window,
                  "hysteresis": f.hysteresis, "min_loss_scale": f.min_loss_scale},
         "bf16": {"enabled": cfg.precision == "bf16"},
-        # bf16 accumulates (and reduces) gradients in bf16 unless told; fp32 takes BF16_Optimizer at ZeRO-1
+        # bf16 accumulates gradients in bf16 unless told; fp32 takes BF16_Optimizer at ZeRO-1. DeepSpeed reduces
+        # them in communication_data_type (default: the model's dtype) at every stage: fp32 accumulation means
+        # fp32 reduction too
         "data_types": {"grad_accum_dtype": cfg.grad_accum_dtype if cfg.precision == "bf16" else None},
         "steps_per_print": NEVER,
         "wall_clock_breakdown": False,
     }
+    if cfg.precision == "bf16" and cfg.grad_accum_dtype == "fp32":
+        ours["communication_data_type"] = "fp32"
     if not cfg.deepspeed_config:
         return ours
     user = _read_user(cfg.deepspeed_config)
@@ -130,7 +134,7 @@ def build(cfg: Config, model, optimizer, scheduler):
     _allow_half_on_cpu()
     kernels = cfg.kernels_on(next(model.parameters()).device.type == "cuda")
     if kernels == "compile":
-        K.compile_model(model)
+        K.compile_model(model, dynamic=cfg.data.unpadded)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            mpu=mcore.DeepSpeedMPU(), config=ds_config(cfg, mcore.dp_size()),
                                            dist_init_required=False)

@@ -68,59 +68,80 @@ def objective(terms: dict[str, Term], counts: dict[str, torch.Tensor]) -> torch.
     return sum(t.weight * t.loss / counts[name].clamp(min=1).to(t.loss.dtype) for name, t in terms.items())
 
 
+def pick(x: torch.Tensor, where: torch.Tensor, dims: int) -> torch.Tensor:
+    """The elements of `x` at `where` over its first `dims` dimensions: flat indices (found on the host by
+    `Objective.locate`: no device sync) or a boolean mask of those dimensions (a sync on a GPU: the count is data)."""
+    return x.flatten(0, dims - 1)[where.flatten()]
+
+
 def token_term(logits: torch.Tensor, target: torch.Tensor) -> Term:
     """Masked/causal LM over vocab-parallel logits of the selected tokens."""
     correct = (vocab_parallel_argmax(logits.detach()) == target).sum() if len(target) else target.new_zeros(())
-    return Term(K.cross_entropy(logits, target).sum(), target.new_tensor(len(target)), correct)
+    return Term(K.cross_entropy(logits, target).sum(), target.new_full((), len(target)), correct)
 
 
 def class_term(logits: torch.Tensor, target: torch.Tensor) -> Term:
     """A classification head's cross-entropy, in fp32 whatever the model's precision."""
-    return Term(F.cross_entropy(logits.float(), target, reduction="sum"), target.new_tensor(len(target)),
+    return Term(F.cross_entropy(logits.float(), target, reduction="sum"), target.new_full((), len(target)),
                 (logits.detach().argmax(-1) == target).sum())
 
 
 class Tally:
-    """Loss sums, element counts and correct predictions per term, added up over micro-batches and then
-    over the data-parallel ranks: the metrics are global means, like the loss."""
+    """Loss sums, element counts and correct predictions per term, added up over micro-batches on the device (adding
+    never waits for it) and then over the data-parallel ranks: the metrics are global means, like the loss.
+
+        sums = tally.sums(group)                        # all-reduced on the device
+        metrics = tally.read(sums.flatten().tolist())   # the one transfer to the host (`metrics` does both)
+    """
 
     def __init__(self):
-        self.sums: dict[str, list[float]] = {}
+        self.rows: dict[str, torch.Tensor] = {}  # name -> float64 [loss, count, correct] on the device
+        self.kinds: dict[str, str] = {}  # name -> "loss" | "loss+acc" | "ratio" (count, hits)
         self.weights: dict[str, float] = {}
 
-    def add(self, terms: dict[str, Term], extra: dict[str, tuple[float, float]] | None = None) -> None:
-        """Add a micro-batch's terms, their ratios and `extra` {metric: (hits, count)} (e.g. a baseline accuracy)."""
+    def add(self, terms: dict[str, Term], extra: dict[str, tuple] | None = None) -> None:
+        """Add a micro-batch's terms, their ratios and `extra` {metric: (hits, count)} (e.g. a baseline accuracy),
+        as device tensors."""
         ratios = dict(extra or {})
         for name, t in terms.items():
-            row = self.sums.setdefault(name, [0.0, 0.0, 0.0 if t.correct is not None else float("nan")])
-            row[0] += float(t.loss.detach())
-            row[1] += float(t.count)
-            row[2] += float(t.correct) if t.correct is not None else 0.0
+            correct = t.correct if t.correct is not None else t.count
+            self._add(name, "loss" if t.correct is None else "loss+acc", t.loss.detach(), t.count, correct)
             self.weights[name] = t.weight
             ratios.update(t.ratios or {})
         for name, (hits, count) in ratios.items():
-            row = self.sums.setdefault(name, [float("nan"), 0.0, 0.0])
-            row[1] += count
-            row[2] += hits
+            self._add(name, "ratio", count, count, hits)
 
-    def metrics(self, group) -> dict[str, float]:
-        """`{term}_loss` and `{term}_acc` over everything added on every rank of `group`, the ratios by their
-        names, and `loss`, the objective (the weighted sum of the terms' means)."""
-        names = sorted(self.sums)
-        if not names:
-            return {}
-        sums = torch.tensor([self.sums[n] for n in names], dtype=torch.float64)
-        dev.all_reduce(sums, group)
+    def _add(self, name: str, kind: str, *values: torch.Tensor) -> None:
+        row = torch.stack([v.double() for v in values])
+        self.rows[name] = self.rows[name] + row if name in self.rows else row
+        self.kinds[name] = kind
+
+    def sums(self, group) -> torch.Tensor:
+        """The rows in name order ([names, 3], float64 on the device), summed over the ranks of `group`."""
+        names = sorted(self.rows)
+        sums = torch.stack([self.rows[n] for n in names]) if names else torch.zeros(0, 3, dtype=torch.float64)
+        return dev.all_reduce(sums, group)
+
+    def read(self, sums: list[float]) -> dict[str, float]:
+        """`{term}_loss` and `{term}_acc` from `sums(...)`, flattened, on the host, the ratios by their names, and
+        `loss`, the objective (the weighted sum of the terms' means)."""
         out, total = {}, 0.0
-        for name, (loss, count, correct) in zip(names, sums.tolist()):
+        for i, name in enumerate(sorted(self.rows)):
+            loss, count, correct = sums[3 * i:3 * i + 3]
+            kind = self.kinds[name]
             if count == 0:
                 continue
-            if loss != loss:  # NaN: a ratio
+            if kind == "ratio":
                 out[name] = correct / count
                 continue
             out[f"{name}_loss"] = loss / count
             total += self.weights[name] * loss / count
-            if correct == correct:
+            if kind == "loss+acc":
                 out[f"{name}_acc"] = correct / count
-        out["loss"] = total
+        if self.rows:
+            out["loss"] = total
         return out
+
+    def metrics(self, group) -> dict[str, float]:
+        """`read` of `sums`: one all-reduce and one transfer to the host."""
+        return self.read(self.sums(group).flatten().tolist())

@@ -17,6 +17,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from pretrain.config import Config, ConfigError, load
 from pretrain.models.config import ModelConfig, embedding_width, generator_config, padded_vocab_size
 
 GIB = 1 << 30
+MIG_SLICES = 7  # compute slices of a MIG-capable GPU in the catalog (A100, H100, H200)
 CUDA_CONTEXT = GIB  # assumed: CUDA context, cuBLAS/NCCL workspaces, allocator slack
 REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size (elements): one gradient bucket, allocated whole
 DEFAULT_VOCAB = 30522  # BERT's WordPiece vocabulary, when neither config nor dataset gives one
@@ -124,10 +126,18 @@ def layer_flops_per_sample(m: ModelConfig, seq_len: int) -> int:
 
 
 def peak_flops(device_name: str, precision: str) -> float | None:
-    """Dense peak FLOPs/s of a GPU named like `torch.cuda.get_device_name()` (configs/hardware/gpus.yaml); None if
-    unknown (or a CPU)."""
+    """Dense peak FLOPs/s of a GPU named like `torch.cuda.get_device_name()` (configs/hardware/gpus.yaml), or of the
+    MIG slice of one so named; None if unknown (or a CPU)."""
     hw = speed.by_device_name(device_name)
-    return None if hw is None else hw.peak(precision)
+    peak = None if hw is None else hw.peak(precision)
+    return None if peak is None else peak * mig_share(device_name)
+
+
+def mig_share(device_name: str) -> float:
+    """The share of its GPU's compute a MIG slice has: "NVIDIA A100-SXM4-80GB MIG 3g.40gb" is 3 of the 7 compute
+    slices of an A100/H100/H200, "... MIG 1c.3g.40gb" (a compute instance in it) 1 of 7; 1 for a whole GPU."""
+    m = re.search(r"\bMIG (?:(\d+)c\.)?(\d+)g\.", device_name)
+    return 1.0 if m is None else int(m.group(1) or m.group(2)) / MIG_SLICES
 
 
 def mfu(flops_per_second: float, device_name: str, precision: str) -> float | None:

@@ -3,7 +3,9 @@ Watched from the start of the process, so that one arriving while a run is still
 trainer checkpoints at its next step boundary and exits."""
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 received: str | None = None  # the name of the first stop signal this process got
@@ -29,3 +31,15 @@ def ignore() -> None:
 def restore(previous: dict) -> None:
     for s, handler in previous.items():
         signal.signal(s, handler)
+
+
+def slurm_time_limit() -> str | None:
+    """This Slurm job's time limit as scontrol shows it (e.g. "00:05:00"), or None outside Slurm."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    try:
+        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return info.split("TimeLimit=", 1)[1].split()[0] if "TimeLimit=" in info else None

@@ -12,15 +12,19 @@ One optimizer step on one GPU is its micro-batches, each
                  (a layer never runs faster than Python launches its kernels: LAUNCH_S each)
   + TP           4 all-reduces of the layer's activations per layer (2 forward, 2 backward; +2 recomputed),
                  ring over NVLink, not overlapped
-  + ZeRO-2/3     reduce-scatter of the gradients every micro-batch; ZeRO-3 also all-gathers the weights twice
-                 (forward, backward; again for a recomputed forward); hidden behind the compute where DeepSpeed
-                 overlaps them (overlap_comm: ZeRO-3's default, or a deepspeed_config's), else exposed
+  + ZeRO-2/3     the gradients reduced every micro-batch (ZeRO-2: all-reduced bucket by bucket, DeepSpeed's default;
+                 ZeRO-3: reduce-scattered); ZeRO-3 also all-gathers the weights for the forward and again for the
+                 backward, except the layers DeepSpeed keeps (used again within stage3_max_reuse_distance: all of a
+                 model under 500M parameters); hidden behind the compute where DeepSpeed overlaps them (overlap_comm:
+                 ZeRO-3's default, or a deepspeed_config's), else exposed
 
-then at the accumulation boundary the ZeRO-0/1 gradient all-reduce (reduce-scatter + all-gather), ZeRO-2's
-weight all-gather, and the optimizer (HBM traffic of its passes over the parameters this rank updates).
-Collectives are rings: 2(n-1)/n of the bytes for an all-reduce, (n-1)/n for a reduce-scatter or all-gather,
-at min(NVLink, the node's NICs / tp) per GPU once the group spans nodes, x Efficiency.link, plus a latency per
-ring step. docs/performance.md derives each term and lists the published results it is checked against.
+then at the accumulation boundary the gradient all-reduce of ZeRO-0/1 (behind the last backward if overlapped;
+BF16_Optimizer never overlaps), the weight all-gather of ZeRO-1/2, and the optimizer (HBM traffic of its passes
+over the parameters this rank updates). Gradients travel in DeepSpeed's communication_data_type (`reduce_bytes`),
+weights in the model's dtype. Collectives are rings: 2(n-1)/n of the bytes for an all-reduce, (n-1)/n for a
+reduce-scatter or all-gather, at min(NVLink, the node's NICs / tp) per GPU once the group spans nodes, x
+Efficiency.link, plus a latency per ring step. docs/performance.md derives each term and lists the published
+results it is checked against.
 """
 from __future__ import annotations
 
@@ -51,7 +55,8 @@ RELATIVE_SCORE_BYTES = 60  # NEZHA: fp32 scores per head and key, 15 passes (sco
 # DeepSpeed's fp16/bf16 -> fp32 gradient copy, gradient norm and fp32 -> 16-bit weight copy (16), fp32 the norm.
 OPTIMIZER_BYTES = {"adamw": 28, "lamb": 116}
 MIXED_PRECISION_BYTES = {"fp32": 4, "bf16": 16, "fp16": 16}
-GRAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+GRAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # one element in the model's dtype (DeepSpeed's 16-bit weights)
+REUSE_DISTANCE = 1e9  # stage3_max_reuse_distance's default: DeepSpeed keeps weights used again within it (parameters)
 
 
 class HardwareError(ConfigError):
@@ -63,7 +68,7 @@ class Efficiency:
     """Achieved fractions of the hardware's peaks. `matmul` is fitted to one published result (NVIDIA's
     BERT-large phase 1 on one A100 80GB: bench/anchors.yaml, the entry marked `calibration`); `memory` and
     `link` are what STREAM-like kernels and NCCL's ring collectives typically reach (assumed, not fitted)."""
-    matmul: float = 0.550
+    matmul: float = 0.552
     memory: float = 0.8
     link: float = 0.8
 
@@ -242,17 +247,40 @@ class Prediction:
                 "optimizer step": self.optimizer}
 
 
+def _deepspeed_json(cfg: Config) -> dict:
+    """The user's deepspeed_config JSON ({} without one): it sets what ptm leaves at DeepSpeed's defaults."""
+    if not (cfg.deepspeed_config and os.path.isfile(cfg.deepspeed_config)):
+        return {}
+    import json
+
+    with open(cfg.deepspeed_config) as f:
+        return json.load(f)
+
+
+def _bf16_optimizer(cfg: Config) -> bool:
+    """Whether DeepSpeed wraps the optimizer in BF16_Optimizer (bf16 weights, fp32 gradient accumulation, ZeRO-1,
+    no offload): it all-reduces whole gradients after the backward pass, never overlapped, and gathers the weights."""
+    return cfg.precision == "bf16" and cfg.grad_accum_dtype == "fp32" and cfg.zero.stage == 1 and not cfg.zero.offload
+
+
 def _overlap_comm(cfg: Config) -> bool:
     """DeepSpeed's zero_optimization.overlap_comm for this config: a user's deepspeed_config JSON, else its
-    default (on for ZeRO-3 only)."""
-    if cfg.deepspeed_config and os.path.isfile(cfg.deepspeed_config):
-        import json
+    default (on for ZeRO-3 only); BF16_Optimizer and ZeRO-0 never overlap."""
+    if cfg.zero.stage == 0 or _bf16_optimizer(cfg):
+        return False
+    setting = _deepspeed_json(cfg).get("zero_optimization", {}).get("overlap_comm")
+    return cfg.zero.stage == 3 if setting is None else bool(setting)
 
-        with open(cfg.deepspeed_config) as f:
-            setting = json.load(f).get("zero_optimization", {}).get("overlap_comm")
-        if setting is not None:
-            return cfg.zero.stage > 0 and bool(setting)
-    return cfg.zero.stage == 3
+
+def reduce_bytes(cfg: Config) -> int:
+    """Bytes per gradient element DeepSpeed's gradient reduction sends: every stage casts the gradients to the
+    engine's communication_data_type first (ZeRO-0 and BF16_Optimizer in engine.allreduce_bucket, ZeRO-1/2 in
+    stage_1_and_2's allreduce_bucket, ZeRO-3 in stage3's reduce-scatter): a deepspeed_config's, else fp32 where ptm
+    sets it (bf16 with grad_accum_dtype=fp32, pretrain/engine.py), else the model's dtype (DeepSpeed's default)."""
+    chosen = (_deepspeed_json(cfg).get("communication_data_type") or "").lower()
+    if not chosen and cfg.precision == "bf16" and cfg.grad_accum_dtype == "fp32":
+        chosen = "fp32"
+    return GRAD_BYTES[chosen or cfg.precision]
 
 
 def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Efficiency(),
@@ -317,35 +345,54 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
     return compute, memory, tp_comm
 
 
+def collectives(cfg: Config, n: int) -> list[tuple[str, float, str]]:
+    """DeepSpeed's data-parallel collectives for `n` parameters per TP rank: (kind, bytes of the whole buffer, when),
+    when = "micro" (every micro batch), "last" (once, during the last backward) or "after" (after the optimizer
+    step). Gradients are all-reduced at ZeRO-0, under BF16_Optimizer and at ZeRO-1/2 by default (DeepSpeed's
+    use_multi_rank_bucket_allreduce: each bucket all-reduced, this rank's part kept; off: one reduce per owner, a
+    reduce-scatter's volume), reduce-scattered at ZeRO-3; ZeRO-1/2 gather the updated weights, ZeRO-3 gathers them
+    for the forward and backward passes (`_zero3_gathers` times the model per micro batch)."""
+    z = cfg.zero
+    grads, weights = n * reduce_bytes(cfg), n * GRAD_BYTES[cfg.precision]
+    if z.stage == 3:
+        return [("all-gather", _zero3_gathers(cfg) * weights, "micro"), ("reduce-scatter", grads, "micro")]
+    whole = z.stage == 0 or _bf16_optimizer(cfg) or _deepspeed_json(cfg).get("zero_optimization", {}).get(
+        "use_multi_rank_bucket_allreduce", True)
+    reduce = ("all-reduce" if whole else "reduce-scatter", grads, "micro" if z.stage == 2 else "last")
+    return [reduce] + ([("all-gather", weights, "after")] if z.stage else [])
+
+
 def _data_parallel(cfg: Config, hw: Hardware, eff: Efficiency, n: int, dp: int, accumulation: int,
                    compute: float, overlap: bool) -> tuple[float, float]:
     """(exposed, hidden) seconds of one step's data-parallel / ZeRO communication for `n` parameters per TP rank
-    over `dp` ranks; `compute`: one micro batch's matmul time (the window overlapped communication hides in)."""
+    over `dp` ranks; `compute`: one micro batch's matmul time. Overlapped, a micro batch's collectives hide behind
+    its backward (ZeRO-3, prefetching the next modules: behind all its compute), the last ones behind the last
+    backward; the weight all-gather after the optimizer step never hides."""
+    t = min(cfg.parallel.tp, hw.gpus_per_node)
+    per_node = max(1, min(hw.gpus_per_node, dp * cfg.parallel.tp) // cfg.parallel.tp)
+    seconds = {"micro": 0.0, "last": 0.0, "after": 0.0}
+    for kind, nbytes, when in collectives(cfg, n):
+        seconds[when] += _ring(kind, nbytes, dp, per_node, hw, eff, tp=t)
+    backward = 2 / 3 * compute
+    window = (compute if cfg.zero.stage == 3 else backward) if overlap else 0.0
+    last = max(0.0, seconds["last"] - backward) if overlap else seconds["last"]
+    exposed = accumulation * max(0.0, seconds["micro"] - window) + last + seconds["after"]
+    return exposed, accumulation * seconds["micro"] + seconds["last"] + seconds["after"] - exposed
+
+
+def _zero3_gathers(cfg: Config) -> float:
+    """Weight all-gathers per micro batch under ZeRO-3, in whole models. DeepSpeed releases gathered weights only if
+    they are not used again within stage3_max_reuse_distance (D) parameters: a layer j layers below the top is used
+    again (by its backward, or with activation checkpointing by its recomputed forward) after 2j layers' parameters,
+    so the top ceil(D / 2 x layer) layers are gathered once, the others twice; a recomputed layer is gathered a third
+    time only if its own parameters exceed D (its backward follows right after its recomputation)."""
     from pretrain.plan import _checkpointed
 
-    z, t = cfg.zero, min(cfg.parallel.tp, hw.gpus_per_node)
-    fp32_grads = cfg.precision == "fp32" or (cfg.precision == "bf16" and cfg.grad_accum_dtype == "fp32")
-    grads, weights = n * (4 if fp32_grads else 2), n * GRAD_BYTES[cfg.precision]
-    per_node = max(1, min(hw.gpus_per_node, dp * cfg.parallel.tp) // cfg.parallel.tp)
-
-    def ring(kind, nbytes):
-        return _ring(kind, nbytes, dp, per_node, hw, eff, tp=t)
-
-    backward = 2 / 3 * compute
-    if z.stage <= 1:  # all-reduce at the accumulation boundary, behind the last backward if overlapped
-        boundary, per_micro = ring("all-reduce", grads), 0.0
-        exposed_boundary = max(0.0, boundary - backward) if overlap else boundary
-    elif z.stage == 2:  # reduce-scatter every micro batch (behind its backward if overlapped), gather the weights
-        boundary, per_micro = ring("all-gather", weights), ring("reduce-scatter", grads)
-        exposed_boundary = boundary
-    else:  # gather the weights for the forward and the backward (and a recomputed forward), reduce-scatter
-        boundary = exposed_boundary = 0.0
-        gathers = 2 + (1 if _checkpointed(cfg.model) else 0)
-        per_micro = gathers * ring("all-gather", weights) + ring("reduce-scatter", grads)
-    hidden_by = (compute if z.stage == 3 else backward) if overlap else 0.0  # ZeRO-3 prefetches the next modules
-    exposed_micro = max(0.0, per_micro - hidden_by)
-    exposed = accumulation * exposed_micro + exposed_boundary
-    return exposed, accumulation * (per_micro - exposed_micro) + (boundary - exposed_boundary)
+    m = cfg.model
+    distance = _deepspeed_json(cfg).get("zero_optimization", {}).get("stage3_max_reuse_distance", REUSE_DISTANCE)
+    layer = (4 * m.hidden_size ** 2 + 2 * m.hidden_size * m.ffn_hidden_size) / cfg.parallel.tp
+    kept = min(m.num_layers, math.ceil(distance / (2 * layer)))
+    return 2 - kept / m.num_layers + (1 if _checkpointed(m) and layer > distance else 0)
 
 
 def _optimizer(cfg: Config, hw: Hardware, eff: Efficiency, updated: int) -> float:
@@ -440,8 +487,8 @@ REASONS = {  # why a layout's part is bigger than the fastest layout's (the layo
     "memory-bound kernels": lambda c, best: f"kernels={c.kernels_on(cuda=True)}, micro batch {c.train.micro_batch_size}",
     "tensor-parallel all-reduces": lambda c, best: f"tp {c.parallel.tp}: 4 all-reduces per layer per micro batch",
     "data-parallel / ZeRO communication": lambda c, best: (
-        "gradient all-reduce each step", "gradient all-reduce each step", "gradient reduce-scatter every micro batch",
-        "weights gathered every micro batch")[c.zero.stage],
+        "gradient all-reduce each step", "gradient all-reduce and weight all-gather each step",
+        "gradient all-reduce every micro batch", "weights gathered every micro batch")[c.zero.stage],
     "optimizer step": lambda c, best: "every rank updates its whole TP shard" if c.zero.stage == 0 else "",
 }
 

@@ -5,6 +5,7 @@ clipping, periodic evaluation, TensorBoard, a progress bar, checkpoints and exac
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -18,23 +19,31 @@ import torch.distributed as dist
 from data_prep.dataset import Corpus
 from pretrain import checkpoint as C
 from pretrain import device as dev
-from pretrain import engine, losses, objectives, optim, plan, signals
+from pretrain import engine, heartbeat, losses, objectives, optim, plan, signals
 from pretrain import kernels as K
 from pretrain.config import Config, ConfigError
 from pretrain.data.factory import build_sources
 from pretrain.data.loader import make_loader
-from pretrain.data.packing import padding_fraction
+from pretrain.data.packing import real_tokens
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
-from pretrain.parallel.layout import loss_scale
+from pretrain.parallel.layout import loss_scale, unapplied_loss_scale
 from ptm.files import write_json, write_text
 
 
 PREEMPTED = 75  # the exit status of a run stopped by a signal after checkpointing (EX_TEMPFAIL: requeue and resume)
 
 
+NO_PROGRESS = 5  # the exit status of a run stopped before its first step: requeueing it would loop without progress
+
+
 class Preempted(Exception):
     """A stop signal reached a rank: every rank checkpointed at the same step boundary."""
+
+
+class NoProgress(Exception):
+    """A stop signal came before the run trained a step since it (re)started: a requeued job would stop at the
+    same step again, forever (a time limit shorter than the stop signal's lead)."""
 
 
 def _log(msg: str) -> None:
@@ -74,7 +83,9 @@ class Trainer:
         if world % cfg.parallel.tp:  # before any process group is built
             raise ConfigError(f"parallel.tp={cfg.parallel.tp} does not divide the {world} processes launched; launch "
                               f"a multiple of {cfg.parallel.tp} processes or set parallel.tp to a divisor of {world}")
-        mcore.init_processes(cfg.parallel.timeout_s)
+        collective_timeout_s = heartbeat.collective_timeout_s(cfg.parallel)
+        mcore.init_processes(cfg.parallel.timeout_s, collective_timeout_s)
+        heartbeat.start(cfg.parallel)  # from here a rank gone silent ends every rank with one line
         self.checkpoints = C.Checkpoints(cfg.out_dir, cfg.checkpoint.keep, log=_log)
         self.resume = self.checkpoints.newest_complete()
         meta = C.read_meta(self.resume) if self.resume else None
@@ -90,7 +101,7 @@ class Trainer:
         cfg.validate(dp=world // cfg.parallel.tp)
         dev.check_precision(cfg.precision)
         dev.deterministic(cfg.train.deterministic)
-        mcore.initialize(cfg.parallel.tp, cfg.seed, cfg.parallel.timeout_s)
+        mcore.initialize(cfg.parallel.tp, cfg.seed, cfg.parallel.timeout_s, collective_timeout_s)
         self.world, self.dp, self.dp_rank = world, mcore.dp_size(), mcore.dp_rank()
         self.cfg = cfg
         self.rank0 = dist.get_rank() == 0
@@ -117,6 +128,7 @@ class Trainer:
         self.flops_per_sample = plan.model_flops_per_sample(cfg.model, cfg.data.seq_len, plan.predicted_tokens(cfg))
         self.device_name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
         self.step = self.consumed = 0
+        self._stop: bool | None = None  # whether a rank got a stop signal, agreed by the last step (`_agree`)
         self.resumed_from = None
         self._built: dict = {}  # stage index -> (train, valid) sources
         if self.resume:
@@ -193,30 +205,33 @@ class Trainer:
         in the whole global batch (all micro-batches of all data-parallel ranks, counted first), times what
         DeepSpeed divides by (accumulation steps, data-parallel ranks), so the gradient is the same for any
         split of the batch. A non-finite loss on any rank stops every rank before the optimizer runs (fp16
-        gradient overflows are DeepSpeed's: the step is skipped)."""
+        gradient overflows are DeepSpeed's: the step is skipped).
+
+        Host syncs (the CPU waiting for the device): none per micro-batch; per step, whatever the accumulation, two
+        from ptm (`_agree`'s one transfer before the optimizer runs, then DeepSpeed's gradient norm where it computes
+        one) and DeepSpeed's own in its step (2 to 6 in fp32/bf16/fp16 at ZeRO 0-3: docs/performance.md)."""
         self.engine.train()
         tasks = self._tasks(self.step)
-        batches = [next(micro_batches) for _ in range(self.accumulation)]
-        padding = sum(map(padding_fraction, batches)) / len(batches)  # on the host: no device sync
-        batches = list(map(self._to_device, batches))
+        batches = [self._to_device(next(micro_batches)) for _ in range(self.accumulation)]
         counts = losses.global_counts([self.objective.elements(b, tasks) for b in batches], mcore.dp_group())
         tally, finite = losses.Tally(), torch.ones((), device=self.device)
+        padding = sum((1 - real.float().mean().double() for real in map(real_tokens, batches) if real is not None),
+                      torch.zeros((), dtype=torch.float64, device=self.device))
+        scale = unapplied_loss_scale(self.engine)  # fp16 at ZeRO-0: DeepSpeed's backward does not scale the loss
         for i, batch in enumerate(batches):
             terms = self.objective.compute(self.engine, batch, tasks)
-            loss = losses.objective(terms, counts) * (self.accumulation * self.dp)
+            loss = losses.objective(terms, counts) * (self.accumulation * self.dp * scale)
             finite = finite * torch.isfinite(loss.detach()).float()
+            tally.add(terms)
             self.engine.backward(loss)
             if i == self.accumulation - 1:
-                self._stop_unless_finite(finite)
+                metrics = self._agree(tally, finite, padding)
             self.engine.step()
-            tally.add(terms)
         self.step += 1
         self.consumed += self.cfg.train.global_batch_size
-        metrics = tally.metrics(mcore.dp_group())
-        metrics["padding"] = padding
         norm = self.engine.get_global_grad_norm()
         if norm is not None:
-            metrics["grad_norm"] = float(norm)
+            metrics["grad_norm"] = float(norm) / scale
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         if self.cfg.ernie.stages:
             metrics["stage"] = self.cfg.ernie.stage_index(self.step - 1) + 1
@@ -224,9 +239,20 @@ class Trainer:
             metrics.update(loss_scale=loss_scale(self.engine.optimizer), skipped_steps=self.engine.skipped_steps)
         return metrics
 
-    def _stop_unless_finite(self, finite: torch.Tensor) -> None:
-        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        if finite.item() < 1:
+    def _agree(self, tally: losses.Tally, finite: torch.Tensor, padding: torch.Tensor) -> dict:
+        """The step's metrics, from its one transfer to the host before the optimizer runs: the metric sums (reduced
+        over the data-parallel ranks), whether every rank's loss is finite and whether any rank got a stop signal
+        (over all ranks: `_stop_agreed` reads it) and this rank's padding, reduced on the device and moved together."""
+        stop = torch.full((), float(bool(signals.received)), dtype=torch.float64, device=self.device)
+        flags = dev.all_reduce(torch.stack([1 - finite.double(), stop]))
+        sums = tally.sums(mcore.dp_group()).flatten()
+        *sums, nonfinite, stop, padding = torch.cat([sums, flags, padding[None]]).tolist()
+        self._stop_unless_finite(nonfinite == 0)
+        self._stop = stop > 0
+        return {**tally.read(sums), "padding": padding / self.accumulation}
+
+    def _stop_unless_finite(self, finite: bool) -> None:
+        if not finite:
             raise FloatingPointError(f"the loss is not finite at step {self.step} (samples {self.consumed:,} to "
                                      f"{self.consumed + self.cfg.train.global_batch_size - 1:,}); the weights were "
                                      "not updated: lower optimizer.lr or check these samples")
@@ -253,9 +279,13 @@ class Trainer:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    def _loader(self, source, start: int, workers: int):
+    def _loader(self, source, start: int, workers: int, tasks=None):
+        """Micro-batches of `source` from sample `start`, with the element indices of the loss terms of `tasks` (None:
+        those of the current step's stage), found on the host (`Objective.locate`)."""
+        tasks = self._tasks(self.step) if tasks is None else tasks
         return iter(make_loader(source, self.cfg.train.micro_batch_size, rank=self.dp_rank, world_size=self.dp,
-                                consumed_samples=start, num_workers=workers, unpadded=self.cfg.data.unpadded))
+                                consumed_samples=start, num_workers=workers, unpadded=self.cfg.data.unpadded,
+                                locate=functools.partial(self.objective.locate, tasks=tasks)))
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -266,15 +296,15 @@ class Trainer:
         _, valid = self._sources(step)
         if valid is None:
             return {}
-        tally = losses.Tally()
-        for n, batch in enumerate(self._loader(valid, 0, 0)):
+        tally, tasks = losses.Tally(), self._tasks(step)
+        for n, batch in enumerate(self._loader(valid, 0, 0, tasks)):
             if n == self.cfg.train.eval_steps:
                 break
-            terms = self.objective.compute(self.engine, self._to_device(batch), self._tasks(step))
+            batch = self._to_device(batch)
+            terms = self.objective.compute(self.engine, batch, tasks)
             baseline = {}
             if "mlm" in terms and terms["mlm"].correct is not None:  # always answering the most frequent token
-                target = batch["labels"][batch["labels"] != -100]
-                baseline["mlm_unigram_acc"] = (float((target == self.most_frequent).sum()), float(len(target)))
+                baseline["mlm_unigram_acc"] = ((batch["labels"] == self.most_frequent).sum(), terms["mlm"].count)
             tally.add(terms, baseline)
         out = {f"valid_{k}": v for k, v in tally.metrics(mcore.dp_group()).items()}
         if "valid_lm_loss" in out:
@@ -284,9 +314,21 @@ class Trainer:
         return out
 
     def _stop_agreed(self) -> bool:
-        """Whether any rank got a stop signal: all ranks learn it at the same step boundary."""
-        flag = torch.tensor([1.0 if signals.received else 0.0], device=self.device)
+        """Whether any rank got a stop signal: all ranks learn it at the same step boundary, from the flag the last
+        step agreed on (`_agree`), or by a collective of their own before a step."""
+        if self._stop is not None:
+            stop, self._stop = self._stop, None
+            return stop
+        flag = torch.full((1,), float(bool(signals.received)), device=self.device)
         return bool(dev.all_reduce(flag, op=dist.ReduceOp.MAX).item())
+
+    def _no_progress(self) -> str:
+        since = f"since resuming from step {self.step}" if self.resume else "of the run"
+        limit = signals.slurm_time_limit()
+        return (f"stopped by {signals.received or 'a signal to another rank'} before the first step {since}: a requeue "
+                f"would stop here again, so the job ends (exit {NO_PROGRESS}, not requeued); "
+                + (f"its time limit ({limit}) is" if limit else "a time limit") + " shorter than the stop signal's lead "
+                "plus start-up: raise --time, or lower the lead (--signal=USR1@LEAD; slurm/pretrain.sbatch sets 300 s)")
 
     def fit(self) -> dict:
         """Train to train.steps. SIGUSR1 or SIGTERM (a warning before the time limit, scancel, preemption) makes
@@ -306,7 +348,7 @@ class Trainer:
                        {"device": self.device_name, "world_size": self.world, "tp": mcore.tp_size(), "dp": self.dp,
                         "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.world))})
         writer = _tensorboard(cfg.out_dir) if self.rank0 else None
-        _log("kernels: " + K.describe(self.engine.kernels, self.engine.fused_lm_loss, self.optimizer, self.device))
+        _log("kernels: " + K.describe(cfg, self.engine.kernels, self.engine.fused_lm_loss, self.optimizer, self.device))
         stage = cfg.ernie.stage_index(self.step)
         micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
@@ -314,10 +356,12 @@ class Trainer:
         t0, first, last_eval, history = time.time(), self.step, {}, []
         while self.step < cfg.train.steps:
             if self._stop_agreed():
-                final = self.save()
                 for done in (bar, writer):
                     if done is not None:
                         done.close()
+                if self.step == first:
+                    raise NoProgress(self._no_progress())
+                final = self.save()
                 raise Preempted(f"stopped by {signals.received or 'a signal to another rank'} at step {self.step}: "
                                 f"{final} written; exit {PREEMPTED}: requeue or resubmit the job to resume")
             if cfg.ernie.stage_index(self.step) != stage:  # ERNIE 2.0: the next stage's tasks join
@@ -332,7 +376,8 @@ class Trainer:
             if self.step == first + 1 and self.engine.kernels == "compile":
                 _log(f"step {self.step} took {dt:.1f} s, torch.compile's compilation included")
             metrics.update(step_time_s=dt, samples_per_s=cfg.train.global_batch_size / dt, tokens_per_s=tokens_per_step / dt,
-                           memory_gib=dev.peak_memory_gib(), **self._utilisation(cfg.train.global_batch_size / dt))
+                           memory_gib=dev.peak_memory_gib(), **dev.device_memory(),
+                           **self._utilisation(cfg.train.global_batch_size / dt))
             if writer:
                 for k, v in metrics.items():
                     writer.add_scalar(f"train/{k}", v, self.step)
@@ -367,6 +412,7 @@ class Trainer:
                    **{k: round(v, 4) for k, v in self._utilisation((self.step - first) * cfg.train.global_batch_size
                                                                    / max(elapsed, 1e-9)).items()},
                    "skipped_steps": self.engine.skipped_steps, "peak_memory_gib": round(dev.peak_memory_gib(), 2),
+                   **{k: round(v, 2) for k, v in dev.device_memory().items()},
                    "layout": {"tp": mcore.tp_size(), "dp": self.dp, "zero_stage": cfg.zero.stage,
                               "precision": cfg.precision}}
         if writer:
@@ -376,8 +422,9 @@ class Trainer:
         return summary
 
     def close(self) -> None:
-        """Release DeepSpeed's hooks and buffers (ZeRO-3 partitioning, offload), so that another Trainer in this
-        process starts clean."""
+        """Stop the heartbeat and release DeepSpeed's hooks and buffers (ZeRO-3 partitioning, offload), so that
+        another Trainer in this process starts clean."""
+        heartbeat.stop()
         self.engine.destroy()
 
 

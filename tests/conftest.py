@@ -37,6 +37,18 @@ def pytest_make_collect_report(collector):
     return report
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Outside CI, end the run with what was skipped and why (CI=true fails them instead)."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reasons[reason.removeprefix("Skipped: ")] = reasons.get(reason.removeprefix("Skipped: "), 0) + 1
+    if reasons:
+        terminalreporter.section(f"{sum(reasons.values())} skipped here (with CI=true they fail)", yellow=True)
+        for reason, count in sorted(reasons.items(), key=lambda r: -r[1]):
+            terminalreporter.line(f"{count:4d} x {reason}")
+
+
 def run_cli(*args, check=True, env=None, timeout=600):
     """Run `python -m MODULE ...` the way a user does; returns the CompletedProcess."""
     proc = subprocess.run([sys.executable, "-m", *map(str, args)], cwd=ROOT, capture_output=True, text=True,

@@ -1,6 +1,7 @@
 """Run under torchrun (or alone): train several tiny configs one after another in the same process group, each
 into OUT/NAME, so that tests compare layouts without paying process start-up for each. Rank 0 writes
-OUT/NAME/facts.json: DeepSpeed's optimizer wrapper, every optimizer state's step count, the loss scale.
+OUT/NAME/facts.json: DeepSpeed's optimizer wrapper, every optimizer state's step count, the loss scale, and the
+dtypes of the tensors its reduction collectives carried (gradient buckets; metrics and counts are too small to count).
 
     torchrun --nproc_per_node 4 tests/engine_worker.py OUT '{"NAME": ["CONFIG", "key=value", ...], ...}'
 
@@ -22,20 +23,39 @@ from pretrain.parallel.layout import loss_scale
 from pretrain.train import Trainer
 
 
+REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce", "all_reduce_coalesced")
+reduced: set[str] = set()
+
+
+def record_reductions() -> None:
+    """Note the dtype of every floating tensor of over 4096 elements that a reduction collective sends."""
+    for name in REDUCTIONS:
+        def recording(*args, _real=getattr(dist, name), **kwargs):
+            for t in [*args, *kwargs.values()]:
+                for x in t if isinstance(t, (list, tuple)) else [t]:
+                    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 4096:
+                        reduced.add(str(x.dtype).removeprefix("torch."))
+            return _real(*args, **kwargs)
+        setattr(dist, name, recording)
+
+
 def facts(trainer: Trainer) -> dict:
     steps = sorted({int(s["step"]) for s in trainer.optimizer.state.values() if s})
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, steps)
     return {"wrapper": type(trainer.engine.optimizer).__name__, "optimizer_steps": sorted({s for r in every for s in r}),
             "loss_scale": loss_scale(trainer.engine.optimizer), "skipped_steps": trainer.engine.skipped_steps,
-            "deterministic": torch.are_deterministic_algorithms_enabled()}
+            "deterministic": torch.are_deterministic_algorithms_enabled(), "reduced_dtypes": sorted(reduced)}
 
 
 if __name__ == "__main__":
     faulthandler.enable(all_threads=True)  # a rank that aborts (SIGABRT from C++) shows where its threads were
     out, runs = sys.argv[1], json.loads(sys.argv[2])
 
+    record_reductions()
+
     def train(name: str, overrides: list, *more: str) -> None:
+        reduced.clear()
         trainer = Trainer(load(overrides[0], [*overrides[1:], f"out_dir={out}/{name}", *more]))
         if name.endswith("-naive"):
             trainer.optimizer.layout = None

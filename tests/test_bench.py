@@ -1,10 +1,13 @@
 """The GPU benchmark runs unchanged: on this CPU with 2-layer models, every ptm and Hugging Face row of every case
 measures; megatron-core's own models allocate on the current CUDA device, so on a CPU their rows say exactly that
-(with that one call pointed at the CPU they run: checked by hand when the rows were written)."""
+(with that one call pointed at the CPU they run: checked by hand when the rows were written). The GPU smoke run
+(bench/gpu_smoke.py) trains every path in its tiny mode."""
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -24,3 +27,33 @@ def test_gpu_step_benchmark_runs_every_row_on_tiny_models():
             continue
         samples_per_s = float(line[18:28])
         assert samples_per_s > 0, line
+
+
+SMOKE_PATHS = [f"{p}-zero{z}" for p in ("fp32", "bf16", "fp16") for z in range(4)] + [
+    "offload-zero2", "offload-zero3", "fused-loss-on", "fused-loss-off", "compile", "unpadded"]
+
+
+@pytest.mark.distributed
+def test_gpu_smoke_runs_every_path_and_goes_on_past_failures(tmp_path):
+    """bench/gpu_smoke.py --tiny: every path trains on 1 and 2 processes (the fused loss under Triton's interpreter);
+    on 2 processes one path fails by its config (a global batch 2 processes cannot split: the worker's own error
+    line) and one launch aborts as NCCL's watchdog would (the test hook: the line scraped from the ranks' stderr);
+    the paths after each still run in a new launch, and the exit status says that not all were ok."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_smoke.py"), "--tiny", "--out", str(tmp_path),
+                           "--set", "fp16-zero2:train.global_batch_size=6"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "GPU_SMOKE_ABORT": "bf16-zero1@2"})
+    table = proc.stdout.split("\n\n")[-1].splitlines()
+    assert "34 of 36 paths ok" in table[0], proc.stdout + proc.stderr[-3000:]
+    rows = {(line.split()[0], int(line.split()[1])): line for line in table[2:]}
+    assert sorted(rows) == sorted((p, n) for p in SMOKE_PATHS for n in (1, 2)), proc.stdout
+    failed = {"fp16-zero2": "ConfigError: train.global_batch_size=6 is not divisible by train.micro_batch_size x "
+                            "data-parallel size = 2 x 2 = 4",
+              "bf16-zero1": "what():  GPU_SMOKE_ABORT=bf16-zero1@2: a simulated abort"}
+    for (path, nproc), line in rows.items():
+        if nproc == 2 and path in failed:
+            assert failed[path] in line, line
+            continue
+        step_ms, _, peak_gib = line[22:32], line[32:39], line[39:49]
+        assert line.endswith(" ok") and float(step_ms) > 0 and float(peak_gib) > 0, line
+    assert "eager + fused loss" in rows["fused-loss-on", 1] and " compile " in rows["compile", 1]
+    assert proc.returncode == 1

@@ -158,6 +158,8 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["optimizer.name=sgd"], 1, "optimizer.name='sgd' is not one of adamw | lamb"),
     (["optimizer.schedule=step"], 1, "optimizer.schedule='step' is not one of linear | poly | cosine | constant"),
     (["zero.stage=4"], 1, "zero.stage=4 is not one of 0 | 1 | 2 | 3"),
+    (["parallel.timeout_s=10", "parallel.heartbeat_s=10"], 1,
+     "parallel.heartbeat_s=10.0 is not below parallel.timeout_s=10"),
     (["model.arch=t5"], 1, "model.arch='t5' is not one of bert | gpt2 | ernie"),
     (["data.objective=mlm_xyz"], 1, "data.objective='mlm_xyz' is not one of mlm_nsp | mlm_sop | mlm | clm | ernie"),
     (["data.masking=random"], 1,

@@ -53,6 +53,34 @@ def test_fp16_overflow_is_skipped_and_the_loss_scale_drops(train_data, tmp_path)
     assert not all(torch.equal(before[n].float(), weights[n].half().float()) for n in before)
 
 
+def test_fp16_without_zero_scales_the_loss_and_updates_as_zero_1_does(train_data, tmp_path):
+    """DeepSpeed 0.19.8's engine.backward leaves the loss unscaled under ZeRO-0 fp16 while its wrapper still divides
+    the gradients by the scale in step (deepspeed #8393): updates 2**16 times too small, overflows never seen. ptm
+    scales the loss there: ZeRO-0 and ZeRO-1 make the same updates and log the same gradient norms, and a scale of
+    2**30 overflows (steps skipped, the scale halved) under ZeRO-0 too."""
+    from pretrain.train import Trainer
+
+    updates, norms = {}, {}
+    for stage in (0, 1):
+        out = tmp_path / f"z{stage}"
+        trainer = Trainer(config(bert(train_data, "precision=fp16", f"zero.stage={stage}", "train.grad_clip=0",
+                                      "train.steps=3", f"out_dir={out}")))
+        before = {n: p.detach().float().clone() for n, p in trainer.model.named_parameters()}
+        trainer.fit()
+        trainer.close()
+        after = C.load_full_model(C.resolve(str(out)))
+        updates[stage] = torch.cat([(after[n] - before[n]).flatten() for n in sorted(before)])
+        norms[stage] = [json.loads(line)["grad_norm"] for line in open(out / "metrics.jsonl")]
+    assert ((updates[0] - updates[1]).norm() / updates[1].norm()).item() < 1e-2
+    assert norms[0] == pytest.approx(norms[1], rel=1e-3) and min(norms[0]) > 0.1
+    trainer = Trainer(config(bert(train_data, "precision=fp16", "zero.stage=0", "fp16.hysteresis=1", "train.steps=2",
+                                  "fp16.initial_scale_power=30", f"out_dir={tmp_path / 'overflow'}")))
+    assert trainer.fit()["skipped_steps"] == 2
+    assert [json.loads(line)["loss_scale"] for line in open(tmp_path / "overflow" / "metrics.jsonl")] == [2.0 ** 29,
+                                                                                                         2.0 ** 28]
+    trainer.close()
+
+
 def test_a_nan_loss_stops_the_run_with_its_step_and_samples(train_data, tmp_path):
     """A genuine NaN (here: NaN weights from a checkpoint) is not a loss-scale overflow: under fp16 the run stops
     with exit code 3, naming the step and the global sample range, and writes no checkpoint."""
@@ -107,13 +135,15 @@ def test_deepspeed_json_comes_from_the_yaml_and_a_users_json_must_agree(train_da
     cfg = config(bert(train_data, "zero.stage=3", "zero.offload=true", "precision=fp16", "train.grad_clip=0"))
     ds = ds_config(cfg, dp=2)
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 2, 2)
-    assert ds["gradient_clipping"] == 0 and ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"}}
+    assert ds["gradient_clipping"] == 0
+    assert ds["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     assert ds["fp16"]["enabled"] and ds["fp16"]["initial_scale_power"] == 16 and not ds["bf16"]["enabled"]
     user = tmp_path / "ds.json"
     user.write_text(json.dumps({"zero_optimization": {"stage": 3, "overlap_comm": True}, "wall_clock_breakdown": False}))
     cfg.deepspeed_config = str(user)
     merged = ds_config(cfg, dp=2)
-    assert merged["zero_optimization"] == {"stage": 3, "overlap_comm": True, "offload_optimizer": {"device": "cpu"}}
+    assert merged["zero_optimization"] == {"stage": 3, "overlap_comm": True,
+                                         "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     user.write_text(json.dumps({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Adam"}}))
     with pytest.raises(ConfigError) as e:
         ds_config(cfg, dp=2)

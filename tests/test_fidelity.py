@@ -33,6 +33,7 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "nezha": (["nezha-tiny", "model.max_relative_position=8"], 2, "mlm_loss"),  # relative positions, clipped
 }
 STAGES = (1, 2, 3)
+NOCLIP = {"ref": (), "mb8": ("train.micro_batch_size=8",)}  # and TP=2 x DP=2 under ZeRO-2: every split of the batch
 OPTIMIZERS = ("lamb", "adamw")
 
 
@@ -60,6 +61,8 @@ def trained(train_data, tmp_path_factory):
                 for suffix, more in (("-ref", ()), ("-mb8-unpadded", ("train.micro_batch_size=8", "data.unpadded=true")))})
     one.update({f"{m}-fused-loss": run(m, train_data, "optimizer.name=lamb", "zero.stage=1", "fused_lm_loss=on")
                 for m in ("bert", "gpt2")})
+    one.update({f"{m}-noclip-{name}": run(m, train_data, "optimizer.name=lamb", "zero.stage=1", "train.grad_clip=0",
+                                          *more) for m in MODELS for name, more in NOCLIP.items()})
     launch(out, one, nproc=1)
     two = {f"{m}-dp2": run(m, train_data, "optimizer.name=lamb", "zero.stage=1") for m in MODELS}
     two["bert-dp2-z2-fused-loss"] = run("bert", train_data, "optimizer.name=lamb", "zero.stage=2", "fused_lm_loss=on")
@@ -77,6 +80,8 @@ def trained(train_data, tmp_path_factory):
     four.update({f"{m}-lamb-z{stage}-multi": run(m, train_data, "optimizer.name=lamb", "parallel.tp=2",
                                                   f"zero.stage={stage}", "optimizer.multi_tensor=on")
                  for m, stage in (("gpt2", 0), ("bert", 3))})
+    four.update({f"{m}-noclip-z2": run(m, train_data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2",
+                                       "train.grad_clip=0") for m in MODELS})
     four["gpt2-lamb-z2-naive"] = run("gpt2", train_data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2")
     launch(out, four, nproc=4)
     return out
@@ -134,6 +139,19 @@ def test_the_logged_loss_is_the_global_mean(trained, model):
     for other in ("mb8", "dp2", "lamb-z3"):
         got = losses_by_step(trained / f"{model}-{other}", key)
         assert got[1] == pytest.approx(ref[1], rel=1e-6) and got[4] == pytest.approx(ref[4], rel=1e-4), other
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_unclipped_gradient_norm_is_the_same_on_every_layout(trained, model):
+    """Without clipping, the logged gradient norm of every step agrees across micro batch 2 x 4, micro batch 8 and
+    TP=2 x DP=2 (2 x 2 per rank): a gradient scaled by the accumulation or data-parallel factor shows here (LAMB and
+    Adam hardly see a gradient's scale, and clipping at 0.5 hides it from the weights)."""
+    ref = losses_by_step(trained / f"{model}-noclip-ref", "grad_norm")
+    assert len(ref) == 4 and min(ref.values()) > 0.5  # norms the clipping runs would have cut
+    for other in ("mb8", "z2"):
+        got = losses_by_step(trained / f"{model}-noclip-{other}", "grad_norm")
+        assert got.keys() == ref.keys() and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in ref), (other, got, ref)
+    assert diff(trained, model, "noclip-z2", "noclip-ref") < 1e-5
 
 
 def test_gpt2_zero0_offload_and_a_partition_unaware_lamb(trained):

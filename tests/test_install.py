@@ -83,5 +83,7 @@ def test_ci_turns_skips_into_failures(pytester, monkeypatch, ci):
         result.assert_outcomes(failed=1, errors=2, xfailed=1)
         for reason in ("foo missing", "bar not installed", "baz not installed"):
             result.stdout.fnmatch_lines([f"*{reason} ({conftest.CI_HINT})*"])
-    else:
+    else:  # listed at the end with their reasons
         result.assert_outcomes(skipped=3, xfailed=1)
+        result.stdout.fnmatch_lines(["*3 skipped here (with CI=true they fail)*", "*1 x *missing*",
+                                     "*1 x *not installed*", "*1 x *not installed*"])

@@ -1,6 +1,6 @@
 """The rendezvous contract (launchers/): every launcher's variables become torch's; inconsistent environments are
-one line naming the variable; `ptm launch env|hostfile|master` inside a real Slurm job; an unreachable master and a
-stalled collective end the run after parallel.timeout_s, naming the rank and host."""
+one line naming the variable; `ptm launch env|hostfile|master` inside a real Slurm job; an unreachable master, a
+stalled rank and a stalled store end the run after parallel.timeout_s in one line naming the rank and host (exit 4)."""
 import json
 import os
 import re
@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from conftest import ROOT, free_port, run_cli
@@ -103,29 +102,78 @@ def test_an_unreachable_master_ends_the_rank_after_the_timeout_naming_it(train_d
     assert f"pretrain: error: rank 1 on {socket.gethostname()} lost contact" in proc.stderr
 
 
-def test_a_stalled_rank_ends_the_job_after_the_timeout(train_data, tmp_path):
-    """One of two ranks stops (SIGSTOP) mid-run: the other gives up at its next collective after parallel.timeout_s
-    with one line naming itself, and torchrun ends the job, instead of both waiting until a time limit."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={free_port()}",
-           "-m", "pretrain", "train", "--config", "bert-tiny", "--set", f"data.path={train_data}", "data.num_workers=0",
-           "data.seq_len=32", "model.max_position_embeddings=32", "train.global_batch_size=4",
-           "train.micro_batch_size=2", "train.steps=100000", "train.eval_interval=0", "data.valid_fraction=0.02",
-           "parallel.timeout_s=10", f"out_dir={tmp_path}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    metrics = tmp_path / "metrics.jsonl"
-    deadline = time.time() + 300
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.2)
-    workers = psutil.Process(proc.pid).children()
-    rank1 = next(w for w in workers if w.environ().get("RANK") == "1")
-    rank1.send_signal(signal.SIGSTOP)
-    stalled = time.time()
+BUSY_THEN_TRAIN = """import os, sys, time
+from pretrain.config import load
+from pretrain.train import Trainer
+trainer = Trainer(load("bert-tiny", sys.argv[2:]))
+if os.environ["RANK"] == "1":
+    time.sleep(float(sys.argv[1]))  # the main thread busy (a long checkpoint write) while rank 0 waits: no verdict
+trainer.fit()
+"""
+
+
+@pytest.mark.parametrize("stopped, survivor_says", [
+    (1, "rank 0 on {host} lost contact with the other ranks (rank 1 on {host} has not been heard from for"),
+    (0, "rank 1 on {host} lost contact with the other ranks (the rendezvous store at 127.0.0.1:{port}, kept by rank 0, "
+        "has not answered for"),
+])
+def test_a_stalled_rank_is_named_by_the_heartbeat_before_any_collective_times_out(train_data, tmp_path, stopped,
+                                                                                 survivor_says):
+    """Two ranks (as mpirun or srun start them: rank 0 keeps the store), one SIGSTOPped mid-run (all its threads stop,
+    as on a hung host): the other says so in one line and exits 4 after parallel.timeout_s, from the heartbeat, not from
+    a backend timeout (collectives wait 2 x timeout_s + 3 beats), so NCCL's watchdog would not get there first. A rank
+    whose main thread is busy longer than timeout_s (but beats) is not called silent."""
+    port, host, timeout_s = free_port(), socket.gethostname(), 10
+    overrides = [f"data.path={train_data}", "data.num_workers=0", "data.seq_len=32", "model.max_position_embeddings=32",
+                 "train.global_batch_size=4", "train.micro_batch_size=2", "train.steps=100000", "train.eval_interval=0",
+                 "checkpoint.interval=0", f"parallel.timeout_s={timeout_s}", "parallel.heartbeat_s=1",
+                 f"out_dir={tmp_path}"]
+    busy = 1.5 * timeout_s if stopped == 1 else 0
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        with open(tmp_path / f"stderr-{rank}", "w") as err:
+            procs.append(subprocess.Popen([sys.executable, "-c", BUSY_THEN_TRAIN, str(busy), *overrides], cwd=ROOT,
+                                          env=env, stdout=subprocess.DEVNULL, stderr=err))
+    survivor = procs[1 - stopped]
     try:
-        proc.wait(timeout=180)
+        metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 300
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):  # steps after the busy spell
+            assert all(p.poll() is None for p in procs) and time.time() < deadline, \
+                (tmp_path / "stderr-0").read_text()[-3000:] + (tmp_path / "stderr-1").read_text()[-3000:]
+            time.sleep(0.2)
+        procs[stopped].send_signal(signal.SIGSTOP)
+        survivor.wait(timeout=180)
     finally:
-        if rank1.is_running():
-            rank1.send_signal(signal.SIGKILL)
-    stderr = proc.stderr.read()
-    assert proc.returncode != 0 and time.time() - stalled < 120, stderr[-3000:]
-    assert f"pretrain: error: rank 0 on {socket.gethostname()} lost contact" in stderr, stderr[-3000:]
+        for p in procs:
+            p.kill()
+            p.wait()
+    stderr = (tmp_path / f"stderr-{1 - stopped}").read_text()
+    assert survivor.returncode == 4, stderr[-3000:]
+    assert f"pretrain: error: {survivor_says.format(host=host, port=port)}" in stderr, stderr[-3000:]
+
+
+def test_the_heartbeat_threads_end_with_stop():
+    """A Trainer's close (and the process group's end) stops both threads: none outlives the run to judge a peer
+    that has finished. Here the peer (rank 1) is this test writing its counter into a real store."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from pretrain.heartbeat import Heartbeat
+
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=timedelta(seconds=5))
+    store.set("t/host/1", "node7")
+    beat = Heartbeat(store, rank=0, world=2, timeout_s=60, interval_s=0.05, prefix="t")
+    while beat.count is None or store.add("t/0", 0) < 2:
+        store.add("t/1", 1)
+        time.sleep(0.05)
+    assert beat.count >= 1 and beat.verdict(time.monotonic()) is None
+    assert all(t.is_alive() for t in beat._threads)
+    beat.stop()
+    assert not any(t.is_alive() for t in beat._threads)
+    beat.heard -= 61  # what the judge would say of a silent peer, and of a silent store
+    assert beat.verdict(beat.answered) == "rank 1 on node7 has not been heard from for 61 s"
+    assert re.fullmatch(r"the rendezvous store at \S+, kept by rank 0, has not answered for 61 s",
+                        beat.verdict(beat.answered + 61))

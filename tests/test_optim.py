@@ -273,3 +273,22 @@ def test_resume_from_state_dict_continues_exactly(cls):
     train(resumed, opt, batches[5:])
     for p, q in zip(straight.parameters(), resumed.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_auto_follows_the_tensors_the_optimizer_steps_now():
+    """multi_tensor=auto picks the multi-tensor path for GPU parameters (FakeTensorMode's CUDA tensors here); once
+    DeepSpeed has swapped them for fp32 partitions in CPU memory (ZeRO-Offload), the same optimizer steps one
+    parameter at a time, the faster path on a CPU (bench/optimizer_step.py)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        gpu = nn.ParameterList([torch.empty(4, 4, device="cuda"), torch.empty(4, device="cuda")])
+        lamb, adamw = Lamb(param_groups(gpu, 0.1)), AdamW(param_groups(gpu, 0.1))
+    assert lamb.foreach and lamb.implementation == "multi-tensor (torch._foreach_*)"
+    assert adamw.fused and adamw.foreach
+    for opt in (lamb, adamw):
+        for group in opt.param_groups:  # what DeepSpeed's offload does to the param groups
+            group["params"] = [torch.zeros(sum(p.numel() for p in group["params"]))]
+    assert not lamb.foreach and lamb.implementation == "one parameter at a time"
+    assert adamw.fused and not adamw.foreach
+    assert Lamb(param_groups(mlp(), 0.1), foreach=True).foreach  # a setting stays as set

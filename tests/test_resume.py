@@ -142,6 +142,9 @@ MATRIX.update({f"{precision}-z{stage}-lamb-offload": (precision, stage, "lamb", 
                for precision in ("fp32", "bf16", "fp16") for stage in (2, 3)})
 
 
+FP16_OVERFLOW = ("fp16.initial_scale_power=18", "fp16.hysteresis=1")  # overflows before the checkpoint at step 2
+
+
 @pytest.fixture(scope="module")
 def matrix(train_data, tmp_path_factory):
     """Every combination trained 3 steps on DP=2 (dropout on, checkpoint at step 2); tests/engine_worker.py copies
@@ -153,6 +156,7 @@ def matrix(train_data, tmp_path_factory):
                                       f"optimizer.name={opt}", f"zero.offload={str(offload).lower()}", "train.steps=3",
                                       "checkpoint.interval=2", "optimizer.warmup_steps=1",
                                       *(["grad_accum_dtype=bf16"] if (precision, stage) == ("bf16", 0) else []),
+                                      *(FP16_OVERFLOW if precision == "fp16" else []),
                                       *(["train.deterministic=true"] if name == "fp32-z1-adamw" else []))
     launch(out, runs, nproc=2)
     return out
@@ -174,14 +178,26 @@ def test_precision_zero_optimizer_matrix_resumes_exactly(matrix, name):
              for r in (straight, again)]
     assert scale[0] == scale[1]
     assert losses_by_step(again)[3] == losses_by_step(straight)[3]  # the resumed step itself, same loss
-    if precision == "fp16":
-        assert facts(again)["loss_scale"] == facts(straight)["loss_scale"] == 2.0 ** 16
-        assert losses_by_step(again, "loss_scale")[3] == losses_by_step(straight, "loss_scale")[3]
+    if precision == "fp16":  # the scale an overflow lowered, not the configured one, is what the resume goes on with
+        skipped, scales = losses_by_step(straight, "skipped_steps"), losses_by_step(straight, "loss_scale")
+        assert skipped[2] >= 1 and scales[2] < 2.0 ** 18, (skipped, scales)
+        assert losses_by_step(again, "loss_scale")[3] == scales[3]
+        assert losses_by_step(again, "skipped_steps")[3] == skipped[3] < 3
+        assert facts(again)["loss_scale"] == facts(straight)["loss_scale"]
     expected = {("fp16", 0): "FP16_UnfusedOptimizer", ("bf16", 0): "FP16_UnfusedOptimizer",
                 ("bf16", 1): "BF16_Optimizer" if "offload" not in name else "DeepSpeedZeroOptimizer"}
     if (precision, stage) in expected:
         assert facts(straight)["wrapper"] == expected[precision, stage]
     assert facts(straight)["deterministic"] == (name == "fp32-z1-adamw")
+
+
+@pytest.mark.parametrize("name", MATRIX)
+def test_gradients_are_reduced_in_the_dtype_they_accumulate_in(matrix, name):
+    """DeepSpeed reduces gradients in its communication_data_type (default: the model's dtype) whatever it
+    accumulates them in: bf16 with fp32 accumulation (every stage but 0) must send fp32, fp16 sends fp16."""
+    precision, stage, _, _ = MATRIX[name]
+    expected = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16" if stage == 0 else "float32"}[precision]
+    assert facts(matrix / f"{name}-resume")["reduced_dtypes"] == [expected]
 
 
 # ---- refusing what does not fit ---------------------------------------------------------------------------

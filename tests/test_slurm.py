@@ -6,6 +6,7 @@ exactly; the prep -> train -> convert chain of `ptm launch slurm`.
 Every training job here is 2 nodes x 2 tasks, TP=2 x DP=2 under ZeRO-2, dropout on, so a resumed run that is
 bit-identical to an uninterrupted one restored every RNG stream, the data position and the optimizer."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,6 +131,36 @@ def steps_done(out) -> int:
         return sum(1 for _ in open(out / "metrics.jsonl"))
     except OSError:
         return 0
+
+
+def test_a_time_limit_inside_the_signal_lead_ends_the_job_instead_of_requeueing_it_forever(slurm, train_data,
+                                                                                           reference, tmp_path):
+    """--time=1 with the script's --signal=USR1@300: the warning is due as every run starts. A resumed run that gets it
+    before its first step ends the job (exit 5, not requeued, no checkpoint written) with one line naming the time
+    limit, the lead and the fix; requeued, it would stop at the same step again, forever. slurmctld checks signal
+    times every 30 s or so, so the test sends the warning itself (`scancel -s USR1`, Slurm's own delivery to the
+    job's tasks) once the tasks run, 3 s into their start-up: on a cluster start-up takes longer than that check."""
+    out = tmp_path / "short"
+    shutil.copytree(reference["torchrun"], out)  # checkpointed at step 6
+    proc, _ = sbatch(slurm, tmp_path / "short.log", *NODES, "--time=1", SCRIPT, "bert-tiny", "--set",
+                     *settings(train_data, out, *LONG), wait=False)
+    job = proc.stdout.strip().split(";")[0]
+    try:
+        wait_until(lambda: subprocess.run(["squeue", "-h", "-s", "-j", job], capture_output=True, text=True,
+                                          env=slurm.env).stdout.strip(), what="the job's tasks")
+        time.sleep(3)
+        subprocess.run(["scancel", "-s", "USR1", job], env=slurm.env, check=True)
+        wait_until(lambda: job_state(slurm, job) in ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "GONE"),
+                   timeout=240, what="the job to end")
+    finally:
+        subprocess.run(["scancel", job], env=slurm.env)
+    log = open(tmp_path / "short.log").read()
+    assert job_state(slurm, job) == "FAILED" and "requeueing" not in log and "(restart 1)" not in log, log[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("pretrain: error:")]
+    assert len(errors) == 1 and errors[0].startswith("pretrain: error: stopped by SIGUSR1 before the first step since "
+                                                     "resuming from step 6: a requeue would stop here again"), log[-3000:]
+    assert "time limit (00:01:00)" in errors[0] and "--signal=USR1@LEAD" in errors[0] and "raise --time" in errors[0]
+    assert latest_step(out) == 6 and steps_done(out) == 6
 
 
 def test_scancel_checkpoints_when_there_is_time_and_a_resubmission_resumes(slurm, train_data, reference, tmp_path):

@@ -60,10 +60,11 @@ class DistributedSampler(Sampler):
         return max(0, -(-(self.total_samples - self.start) // self.world_size))
 
 
-def collate(samples: list[dict[str, np.ndarray]], unpadded: bool = False) -> dict[str, torch.Tensor]:
+def collate(samples: list[dict[str, np.ndarray]], unpadded: bool = False, locate=None) -> dict[str, torch.Tensor]:
     """Stack samples into int64 tensors that are views of one storage, so that a worker hands a batch
     over as one shared-memory block (twice the throughput of one block per field); `unpadded` packs the
-    batch (pretrain/data/packing.py) here, in the worker, rather than in the training process."""
+    batch (pretrain/data/packing.py) and `locate` adds its loss terms' element indices (`Objective.locate`) here,
+    in the worker, on the host, rather than in the training process on the device."""
     shapes = {k: np.shape(v) for k, v in samples[0].items()}
     flat = torch.empty(len(samples) * sum(math.prod(s) for s in shapes.values()), dtype=torch.int64)
     out, at = {}, 0
@@ -71,18 +72,20 @@ def collate(samples: list[dict[str, np.ndarray]], unpadded: bool = False) -> dic
         out[k] = flat[at:at + len(samples) * math.prod(shape)].view(len(samples), *shape)
         np.stack([s[k] for s in samples], out=out[k].numpy())
         at += out[k].numel()
-    return pack(out) if unpadded else out
+    out = pack(out) if unpadded else out
+    return locate(out) if locate else out
 
 
 def make_loader(source, micro_batch_size: int, *, rank: int = 0, world_size: int = 1, consumed_samples: int = 0,
-                total_samples: int | None = None, num_workers: int = 2, unpadded: bool = False) -> DataLoader:
-    """Micro-batches of this rank's samples (packed when `unpadded`); worker processes when num_workers > 0,
-    pinned memory when CUDA is available. The loader has its own torch generator: starting it never draws from the
-    global RNG (dropout), so a resumed run stays exact."""
+                total_samples: int | None = None, num_workers: int = 2, unpadded: bool = False,
+                locate=None) -> DataLoader:
+    """Micro-batches of this rank's samples (packed when `unpadded`, with `locate`'s fields: `collate`); worker
+    processes when num_workers > 0, pinned memory when CUDA is available. The loader has its own torch generator:
+    starting it never draws from the global RNG (dropout), so a resumed run stays exact."""
     sampler = DistributedSampler(source, rank=rank, world_size=world_size, consumed_samples=consumed_samples,
                                  total_samples=total_samples)
     return DataLoader(SampleDataset(source), batch_size=micro_batch_size, sampler=sampler,
-                      collate_fn=functools.partial(collate, unpadded=unpadded),
+                      collate_fn=functools.partial(collate, unpadded=unpadded, locate=locate),
                       num_workers=num_workers, pin_memory=torch.cuda.is_available(), persistent_workers=num_workers > 0,
                       generator=torch.Generator(), worker_init_fn=_ignore_stop_signals)
 

@@ -63,7 +63,12 @@ def pack(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def real_tokens(batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """True (1) at the batch's token slots that hold a sample's token (packed or padded); None: no padding."""
+    return batch["sample_index"] > 0 if "sample_index" in batch else batch.get("attention_mask")
+
+
 def padding_fraction(batch: dict[str, torch.Tensor]) -> float:
     """The fraction of the batch's token slots that hold padding (packed or padded)."""
-    real = batch["sample_index"] > 0 if "sample_index" in batch else batch.get("attention_mask")
+    real = real_tokens(batch)
     return 0.0 if real is None else 1.0 - float(real.float().mean())

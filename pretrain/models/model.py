@@ -26,7 +26,6 @@ Nothing here knows about ZeRO, mixed precision or data parallelism.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -113,12 +112,13 @@ class Attention(nn.Module):
         qkv, _ = self.qkv(x)
         q, k, v = qkv.view(b, s, self.heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)  # 3 x [b, heads, s, d]
         p = self.dropout if self.training else 0.0
-        with mcore.rng_tracker().fork() if p else contextlib.nullcontext():  # dropout on this rank's heads
-            if self.relative is None:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=self.causal)
-            else:
-                y = self._relative(q, k, v, mask, p)
+        y = _on_tp_generator(self._attend, q, k, v, mask, p) if p else self._attend(q, k, v, mask, p)
         return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))  # (output, bias)
+
+    def _attend(self, q, k, v, mask, p):
+        if self.relative is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=self.causal)
+        return self._relative(q, k, v, mask, p)
 
     def _relative(self, q, k, v, mask, p):
         s = q.shape[2]
@@ -130,6 +130,15 @@ class Attention(nn.Module):
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         probs = F.dropout(scores.float().softmax(-1).to(q.dtype), p)
         return probs @ v + torch.einsum("bhij,ijd->bhid", probs, a)
+
+
+@torch.compiler.disable
+def _on_tp_generator(fn, *args):
+    """fn(*args) drawing its dropout from this rank's tensor-parallel generator (the RNG tracker's fork: dropout on
+    this rank's heads). Eager even inside a compiled block, so that no compiled graph switches generators
+    (`_checkpoint` says why that matters)."""
+    with mcore.rng_tracker().fork():
+        return fn(*args)
 
 
 class MLP(nn.Module):
@@ -209,7 +218,8 @@ class RTDHead(nn.Module):
 class Pretraining(nn.Module):
     """Embeddings, blocks and the heads of `cfg.heads`. `forward` returns vocab-parallel logits (only at
     `positions` when given: the MLM head is then run on the masked tokens alone) and, with an nsp head, the
-    NSP/SOP logits.
+    NSP/SOP logits. `positions` is a boolean mask [b, s] or the flat indices of its True elements (found on the
+    host: picking them needs no device sync).
 
     Unpadded batches (pretrain/data/packing.py) hold several samples per row: `position_ids` restart per
     sample, `sample_index` (1, 2, ... per sample, 0 for padding) replaces `attention_mask` and makes attention
@@ -288,7 +298,8 @@ class Pretraining(nn.Module):
         out = {}
         if sample is not None:  # ELECTRA: the generator's samples replace the masked tokens
             logits = self.generator(input_ids, attention_mask, token_type_ids, positions=positions)["logits"]
-            input_ids = input_ids.masked_scatter(positions, sample(logits.detach()))
+            drawn = sample(logits.detach())
+            input_ids = input_ids.flatten().index_put((positions.flatten(),), drawn).view_as(input_ids)
             out = {"generator_logits": logits, "input_ids": input_ids}
         h = self.encode(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, sample_index)
         if hidden:  # ERNIE 2.0's losses run their heads on the hidden states
@@ -297,7 +308,7 @@ class Pretraining(nn.Module):
             return {**out, "rtd_logits": self.rtd(h)}
         if "nsp" in self.cfg.heads:
             out["nsp_logits"] = self.nsp_logits(h, cls_index)
-        predicted = h if positions is None else h[positions]
+        predicted = h if positions is None else h.flatten(0, 1)[positions.flatten()]
         if labels is None:
             out["logits"] = self.lm_logits(predicted)
         elif "mlm" in self.cfg.heads:
@@ -343,8 +354,17 @@ def _checkpointed_layers(setting, num_layers) -> set[int]:
 
 
 def _checkpoint(block, x, mask):
-    """Activation checkpointing that replays the TP RNG tracker too, so recomputed attention dropout
-    equals the original (torch's checkpoint restores only the default generators)."""
+    """Activation checkpointing whose recomputation draws the dropout masks of the forward, eager or compiled, on
+    CPU or CUDA, by construction: each of the two generators dropout draws from is set back to its state at the
+    forward before the block runs again.
+    * The default generator (hidden dropout; in a compiled block Inductor's kernels draw their seeds from it):
+      torch's checkpoint restores the CPU generator and those of the inputs' CUDA devices (preserve_rng_state).
+    * The TP RNG tracker (attention dropout on this rank's heads; megatron's CudaRNGStatesTracker on CUDA, ptm's
+      CpuRNGStatesTracker on CPU): its states are taken here and set again around the recomputation. They are
+      tensors that each fork replaces, never changes in place (megatron's tracker without CUDA-graph-safe RNG, as
+      ptm seeds it). Its fork runs eager even in a compiled block (`_on_tp_generator`), so no compiled graph
+      holds a generator switch or a generator state: a graph draws from the default generator as it finds it, like
+      an eager kernel, and the recomputation runs the same graphs (same shapes and grad mode) in the same order."""
     states = mcore.rng_tracker().get_states()
     ran = []
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+AT = "at:"  # the batch fields holding each term's element indices (`Objective.locate`)
+
 
 class Objective:
     name = ""
@@ -82,6 +84,18 @@ class Objective:
         """Each loss term's elements as a boolean mask over the batch (tokens [b, s] or sequences [b]), in a
         fixed order that is the same on every rank."""
         raise NotImplementedError
+
+    def locate(self, batch: dict, tasks=()) -> dict:
+        """`batch` (on the host: the data loader's collate calls this) with the flat indices of each term's elements
+        (`select`'s True positions) as `AT + name`, so that `compute` picks them on the device without a sync."""
+        return {**batch, **{AT + name: mask.flatten().nonzero().squeeze(1)
+                            for name, mask in self.select(batch, tasks).items()}}
+
+    def where(self, batch: dict, tasks=()) -> dict:
+        """Each term's elements for `losses.pick`: the indices `locate` put in the batch, else `select`'s masks (a
+        device sync on a GPU for each mask picked with: the count is data)."""
+        located = {k[len(AT):]: v for k, v in batch.items() if k.startswith(AT)}
+        return located or self.select(batch, tasks)
 
     def elements(self, batch: dict, tasks=()) -> dict:
         """The number of elements of each term in a micro-batch, from its labels alone (no forward pass)."""

@@ -29,6 +29,9 @@ class CausalLM(Objective):
     def select(self, batch, tasks=()):
         return {"lm": batch["labels"] != -100}
 
+    def locate(self, batch, tasks=()):
+        return batch  # nothing is picked: the loss runs over every token, 0 where the label is -100
+
     def compute(self, model, batch, tasks=()):
         import torch
 

@@ -21,14 +21,16 @@ def _mix(x):
 
 
 def gumbel_noise(input_ids, positions, vocab_ids):
-    """Gumbel(0, 1) noise [n, len(vocab_ids)] for the n True `positions` of `input_ids` [b, s]: a function of each
-    row's tokens, the position and the vocabulary id alone."""
+    """Gumbel(0, 1) noise [n, len(vocab_ids)] for the n `positions` of `input_ids` [b, s] (a boolean mask, or the flat
+    indices of its True elements: no device sync): a function of each row's tokens, the position and the vocabulary
+    id alone."""
     import torch
 
     b, s = input_ids.shape
     where = torch.arange(s, device=input_ids.device).expand(b, s)
     row = _mix((_mix((input_ids + (where << 20)) & _M32).sum(1)) & _M32)  # [b]: the sample's tokens
-    rows, cols = positions.nonzero(as_tuple=True)
+    flat = positions.flatten().nonzero().squeeze(1) if positions.dtype == torch.bool else positions
+    rows, cols = flat // s, flat % s
     key = _mix(row[rows] ^ _mix(cols + 0x9E3779B9 & _M32))  # [n]
     bits = _mix(key[:, None] ^ _mix(vocab_ids.long()[None, :] + 0x7F4A7C15))  # [n, v]
     u = ((bits >> 8).float() + 0.5) / float(1 << 24)  # in (0, 1), exact in fp32
@@ -51,14 +53,17 @@ def sampler(input_ids, positions):
 
 
 def auc_pairs(scores, labels):
-    """(pairs ranked right, pairs): Mann-Whitney counts of (replaced, original) token pairs whose replaced token
-    scores higher, ties counting half; their ratio is the ROC AUC."""
+    """(pairs ranked right, pairs) as device tensors: Mann-Whitney counts of (replaced, original) token pairs whose
+    replaced token scores higher, ties counting half; their ratio is the ROC AUC. Every token is searched among the
+    original tokens' sorted scores (the replaced ones moved past them as +inf), so no shape depends on the labels
+    (no device sync); the scores are finite."""
     import torch
 
-    positive, negative = scores[labels], scores[~labels].sort().values
-    below = torch.searchsorted(negative, positive, side="left")
-    tied = torch.searchsorted(negative, positive, side="right") - below
-    return float((below + 0.5 * tied).sum()), float(len(positive) * len(negative))
+    negative = scores.masked_fill(labels, float("inf")).sort().values
+    below = torch.searchsorted(negative, scores, side="left")
+    tied = torch.searchsorted(negative, scores, side="right") - below
+    positives = labels.sum()
+    return ((2 * below + tied) * labels).sum().double() / 2, positives * (len(labels) - positives)
 
 
 class Electra(Objective):
@@ -95,17 +100,18 @@ class Electra(Objective):
 
         from pretrain import losses
 
-        select = self.select(batch)
-        masked, tokens = select["mlm"], select["rtd"]
-        ids, target = batch["input_ids"], batch["labels"][masked]
+        where = self.where(batch)
+        masked, tokens = where["mlm"], where["rtd"]
+        ids, target = batch["input_ids"], losses.pick(batch["labels"], masked, 2)
         out = model(ids, batch["attention_mask"], batch["token_type_ids"], positions=masked,
                     sample=sampler(ids, masked))
-        original = ids.masked_scatter(masked, target)
-        replaced = (out["input_ids"] != original)[tokens]
-        scores = out["rtd_logits"][tokens].float()
+        original = torch.where(batch["labels"] != -100, batch["labels"], ids)
+        replaced = losses.pick(out["input_ids"] != original, tokens, 2)
+        scores = losses.pick(out["rtd_logits"], tokens, 2).float()
         loss = F.binary_cross_entropy_with_logits(scores, replaced.float(), reduction="sum")
+        count = replaced.new_full((), len(replaced), dtype=torch.long)
         with torch.no_grad():
             ratios = {"rtd_auc": auc_pairs(scores, replaced),  # the all-original guess: the baseline accuracy
-                      "rtd_original_acc": (float((~replaced).sum()), float(len(replaced)))}
+                      "rtd_original_acc": ((~replaced).sum(), count)}
         return {"mlm": losses.token_term(out["generator_logits"], target),
-                "rtd": losses.Term(loss, tokens.sum(), ((scores > 0) == replaced).sum(), self.weight, ratios)}
+                "rtd": losses.Term(loss, count, ((scores > 0) == replaced).sum(), self.weight, ratios)}

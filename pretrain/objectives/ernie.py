@@ -94,22 +94,19 @@ class Ernie(Objective):
     def compute(self, model, batch, tasks=()):
         """Every head of the stage runs on every rank, on no rows when the batch has none of its samples, so
         that ranks make the same ZeRO-3 gathers and gradient reductions whatever their data."""
-        from pretrain import losses
+        from pretrain.losses import class_term, pick, token_term
 
-        select = self.select(batch, tasks)
+        where = self.where(batch, tasks)
         h = model(batch["input_ids"], batch.get("attention_mask"), batch["token_type_ids"], batch["task_type_ids"],
                   hidden=True, position_ids=batch.get("position_ids"), sample_index=batch.get("sample_index"))["hidden"]
         terms = {}
-        if "mlm" in select:
-            masked = select["mlm"]
-            terms["mlm"] = losses.token_term(model.lm_logits(h[masked]), batch["labels"][masked])
+        if "mlm" in where:
+            terms["mlm"] = token_term(model.lm_logits(pick(h, where["mlm"], 2)), pick(batch["labels"], where["mlm"], 2))
         for name, head in model.tasks.token.items():
-            if name in select:
-                rows = select[name]
-                terms[name] = losses.class_term(head(h[rows]), batch["token_labels"][rows])
+            if name in where:
+                terms[name] = class_term(head(pick(h, where[name], 2)), pick(batch["token_labels"], where[name], 2))
         pooled = model.pooled(h, batch.get("cls_index"))
         for name, head in model.tasks.sequence.items():
-            if name in select:
-                rows = select[name]
-                terms[name] = losses.class_term(head(pooled[rows]), batch["seq_label"][rows])
+            if name in where:
+                terms[name] = class_term(head(pick(pooled, where[name], 1)), pick(batch["seq_label"], where[name], 1))
         return terms

@@ -43,17 +43,17 @@ class MaskedLM(Objective):
         from pretrain import losses
 
         fused = getattr(model, "fused_lm_loss", False) and torch.is_grad_enabled()
-        select = self.select(batch)
-        masked = select["mlm"]
-        target = batch["labels"][masked]
+        where = self.where(batch)
+        masked = where["mlm"]
+        target = losses.pick(batch["labels"], masked, 2)
         out = model(batch["input_ids"], batch.get("attention_mask"), batch["token_type_ids"], batch.get("task_type_ids"),
                     positions=masked, labels=target if fused else None,
                     **{k: batch[k] for k in losses.PACKED if k in batch})
         if fused:
-            terms = {"mlm": losses.Term(out["lm_loss"][0], target.new_tensor(len(target)), out["lm_loss"][1])}
+            terms = {"mlm": losses.Term(out["lm_loss"][0], target.new_full((), len(target)), out["lm_loss"][1])}
         else:
             terms = {"mlm": losses.token_term(out["logits"], target)}
-        if "nsp" in select:
+        if "nsp" in where:
             terms["nsp"] = losses.class_term(out["nsp_logits"], batch["next_sentence_label"])
         return terms
 

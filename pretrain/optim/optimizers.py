@@ -17,14 +17,22 @@ from pretrain.optim.norms import sum_of_squares
 class _Adam(torch.optim.Optimizer):
     """What AdamW and LAMB share: the hyper-parameters, lazily created moments, the closure, and the batching of
     parameters into multi-tensor calls (`foreach`; None: on for CUDA tensors, where one launch for all
-    parameters wins, off on CPU, where one parameter at a time stays in cache: bench/optimizer_step.py)."""
+    parameters wins, off on CPU -- ZeRO-Offload's partitions too --, where one parameter at a time stays in cache:
+    bench/optimizer_step.py)."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
                  foreach: bool | None = None, **extra):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **extra))
-        if foreach is None:
-            foreach = all(p.is_cuda for g in self.param_groups for p in g["params"])
-        self.foreach = foreach
+        self._foreach = foreach
+
+    @property
+    def foreach(self) -> bool:
+        """Multi-tensor arithmetic: as set, or (None) when every tensor it now steps is on a GPU. Asked at each use,
+        not when built: DeepSpeed replaces the parameters by its fp32 partitions, in CPU memory under ZeRO-Offload."""
+        return self._foreach if self._foreach is not None else self._all_on("cuda")
+
+    def _all_on(self, *device_types: str) -> bool:
+        return all(p.device.type in device_types for g in self.param_groups for p in g["params"])
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -70,10 +78,12 @@ class AdamW(_Adam):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
                  foreach: bool | None = None, fused: bool | None = None):
         super().__init__(params, lr, betas, eps, weight_decay, foreach)
-        if fused is None:
-            fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
-                        for g in self.param_groups for p in g["params"])
-        self.fused = fused
+        self._fused = fused
+
+    @property
+    def fused(self) -> bool:
+        """torch's fused kernel: as set, or (None) wherever torch has it for the tensors it now steps."""
+        return self._fused if self._fused is not None else self._all_on("cpu", "cuda")
 
     @property
     def implementation(self) -> str:

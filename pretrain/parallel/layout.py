@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from deepspeed.runtime.base_optimizer import ZeROOptimizer
 from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
 from pretrain import device as dev
@@ -56,6 +57,7 @@ class Layout:
         self.owner = partitioned or mcore.dp_rank() == 0
         self._segments = {id(t): segs for t, segs in tensors}
         self._runs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._owners: dict[tuple[int, ...], torch.Tensor] = {}  # on the device once: a copy of host data waits for it
 
     # ---- building from a DeepSpeed engine ------------------------------------------------------------
 
@@ -93,11 +95,14 @@ class Layout:
                 owners.append(self.index[s.name])
         sums = torch.zeros(len(self.names), dtype=torch.float32, device=values[0].device if values else None)
         if pieces:
-            sums.index_add_(0, torch.tensor(owners, device=sums.device), sum_of_squares(pieces))
+            key = tuple(map(id, tensors))
+            if key not in self._owners:
+                self._owners[key] = torch.tensor(owners, device=sums.device)
+            sums.index_add_(0, self._owners[key], sum_of_squares(pieces))
         if self.partitioned:
             dev.all_reduce(sums, mcore.dp_group())
         if mcore.tp_size() > 1:
-            split = self.split.to(sums.device)
+            split = self.split = self.split.to(sums.device)
             parts = dev.all_reduce(sums * split, mcore.tp_group())
             sums = torch.where(split, parts, sums)
         return sums
@@ -156,6 +161,15 @@ def loss_scale(opt) -> float:
     """The current loss scale (1 without loss scaling)."""
     scaler = _scaler(opt)
     return float(scaler.cur_scale) if scaler is not None else 1.0
+
+
+def unapplied_loss_scale(engine) -> float:
+    """The fp16 loss scale that `engine.backward` leaves to ptm: DeepSpeed 0.19.8 scales the loss only for its ZeRO
+    optimizers, while the ZeRO-0 fp16 wrappers (FP16_Optimizer, FP16_UnfusedOptimizer) still divide the gradients
+    (and their norm) by the scale in step (deepspeed #8393): updates cur_scale times too small. 1 elsewhere."""
+    if not engine.fp16_enabled() or isinstance(engine.optimizer, ZeROOptimizer):
+        return 1.0
+    return loss_scale(engine.optimizer)
 
 
 def loss_scale_state(opt) -> dict:

@@ -23,6 +23,7 @@ from megatron.core.tensor_parallel import random as mrandom
 
 from launchers import rendezvous
 from pretrain import device as dev
+from pretrain import heartbeat
 
 MODEL_PARALLEL_RNG = "model-parallel-rng"
 
@@ -74,37 +75,47 @@ def launched_world_size() -> int:
     return int(os.environ["WORLD_SIZE"]) if rendezvous.export() else 1
 
 
-def init_processes(timeout_s: int = 600) -> int:
+def init_processes(timeout_s: int = 600, collective_timeout_s: float | None = None) -> int:
     """The process group, from the launcher's environment (torchrun, deepspeed, mpirun, srun) or a
-    one-process group without a launcher; returns the world size. Reaching the master and every collective
-    give up after `timeout_s`. On CUDA the group is bound to this process's GPU (`device_id`, after
-    `set_device`)."""
+    one-process group without a launcher; returns the world size. Reaching the master gives up after
+    `timeout_s`, a collective after `collective_timeout_s` (default the same; it and NCCL's error handling
+    are chosen in pretrain/heartbeat.py, whose verdicts must come first). On CUDA the group is bound to this
+    process's GPU (`device_id`, after `dev.bind`), once the ranks of each node have shown that their GPUs
+    differ (NCCL binds at once)."""
     if not dist.is_initialized():
         kind = rendezvous.export()
         os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asks for the launcher's LOCAL_RANK
         options = {"timeout": timedelta(seconds=timeout_s)}
         if torch.cuda.is_available():
-            torch.cuda.set_device(dev.device())
-            options["device_id"] = dev.device()
+            options["device_id"] = dev.bind()
+            for name, value in heartbeat.NCCL_ENV.items():
+                os.environ.setdefault(name, value)
         if kind:
-            dist.init_process_group(dev.backend(), **options)
+            store, rank, world = next(dist.rendezvous("env://", timeout=options["timeout"]))
+            dev.check_unshared(store, rank, world)
+            dist.init_process_group(dev.backend(), store=dist.PrefixStore("default_pg", store), rank=rank,
+                                    world_size=world, **options)
         else:
             dist.init_process_group(dev.backend(), store=dist.HashStore(), rank=0, world_size=1, **options)
+        if collective_timeout_s:
+            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=collective_timeout_s))
     return dist.get_world_size()
 
 
-def initialize(tp: int = 1, seed: int = 1234, timeout_s: int = 600) -> None:
+def initialize(tp: int = 1, seed: int = 1234, timeout_s: int = 600, collective_timeout_s: float | None = None) -> None:
     """Process groups (see `init_processes`) and megatron-core's TP x DP groups, then the seeds."""
-    init_processes(timeout_s)
+    init_processes(timeout_s, collective_timeout_s)
     if ps.model_parallel_is_initialized() and tp_size() != tp:
         ps.destroy_model_parallel()
     if not ps.model_parallel_is_initialized():  # groups (and their threads) are made once per TP size
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, distributed_timeout_minutes=timeout_s / 60)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp,
+                                     distributed_timeout_minutes=(collective_timeout_s or timeout_s) / 60)
     seed_everything(seed)
 
 
 def shutdown() -> None:
-    """Destroy megatron-core's groups and the process group (NCCL warns at exit otherwise)."""
+    """Stop the heartbeat, destroy megatron-core's groups and the process group (NCCL warns at exit otherwise)."""
+    heartbeat.stop()
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():
