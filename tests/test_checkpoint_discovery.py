@@ -1,6 +1,8 @@
 """Finding the checkpoint to resume on a shared filesystem: ranks that see different directory listings (a node
 whose NFS cache lags after a requeue) still decide together, from rank 0's listing, and never run different
 collectives (a hang)."""
+import builtins
+import io
 import json
 import os
 import socket
@@ -27,16 +29,23 @@ def _write(root, step: int) -> None:
 
 
 def _rank(rank: int, store: str, out: str, hide_s: float, tries: int) -> None:
-    """One rank finding the newest complete checkpoint; rank 1 does not see step 2 for its first `hide_s` s."""
+    """One rank finding the newest complete checkpoint; for its first `hide_s` s rank 1 does not see step 2, and its
+    `latest` still names step 1 (what a lagging NFS cache shows after a requeue)."""
     if rank == 1:
-        until, real = time.monotonic() + hide_s, (os.listdir, os.path.isdir, os.path.isfile, os.path.getsize)
+        until, real = time.monotonic() + hide_s, (os.listdir, os.path.isdir, os.path.isfile, builtins.open)
 
         def stale(path) -> bool:
             return HIDDEN in str(path) and time.monotonic() < until
 
+        def old_latest(path, *args, **kwargs):
+            if str(path).endswith(os.path.join("checkpoints", C.LATEST)) and time.monotonic() < until:
+                return io.StringIO("step_00000001\n")
+            return real[3](path, *args, **kwargs)
+
         os.listdir = lambda p=".": [n for n in real[0](p) if not (n == HIDDEN and time.monotonic() < until)]
         os.path.isdir = lambda p: not stale(p) and real[1](p)
         os.path.isfile = lambda p: not stale(p) and real[2](p)
+        builtins.open = old_latest
     dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
     checkpoints = C.Checkpoints(out, keep=0, log=lambda msg: None)
