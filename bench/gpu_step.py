@@ -4,7 +4,7 @@ BERT-large phase 1 and 2 (seq 128 and 512) and GPT-2 medium (seq 1024), fp16 and
     python bench/gpu_step.py [--cases bert-large-128 ...] [--precisions bf16 fp16] [--steps 10] [--tiny]
 
 Per case and precision, one row per implementation: samples/s, tokens/s, model TFLOP/s, MFU (model FLOPs from
-`pretrain.plan.model_flops_per_sample`, the formula in docs/performance.md, the same for every row: useful
+`pretrain.cost.model_flops_per_sample`, the formula in docs/performance.md, the same for every row: useful
 work, not what each implementation happens to compute) and peak memory. ptm runs as `ptm train` does
 (`kernels=auto`: compiled blocks on CUDA; ZeRO-1; LAMB for BERT as in NVIDIA's recipe, AdamW for GPT-2).
 A row that cannot run (out of memory, a missing library) prints why and the others go on. `--tiny` shrinks
@@ -17,7 +17,7 @@ import traceback
 
 import torch
 
-from pretrain import plan
+from pretrain import cost, speed
 from step_runs import hf_step, mcore_step, ptm_config, ptm_step, seconds
 
 CASES = {  # name: (preset, seq_len, micro batch, optimizer)
@@ -49,9 +49,9 @@ def row(name: str, make, cfg, batch: int, steps: int, device) -> str:
         traceback.print_exc(limit=2)
         return f"{name:<18}  could not run: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
     samples = batch / s
-    flops = plan.model_flops_per_sample(cfg.model, cfg.data.seq_len, plan.predicted_tokens(cfg)) * samples
+    flops = cost.model_flops_per_sample(cfg.model, cfg.data.seq_len, cost.predicted_tokens(cfg)) * samples
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    mfu = plan.mfu(flops, device_name, cfg.precision)
+    mfu = speed.mfu(flops, device_name, cfg.precision)
     memory = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
     return (f"{name:<18}{samples:>10.1f}{samples * cfg.data.seq_len:>12.0f}{flops / 1e12:>9.1f}"
             f"{'' if mfu is None else f'{100 * mfu:.1f}%':>8}{memory:>9.1f}")

@@ -51,7 +51,7 @@ def main() -> None:
         corpus = Corpus(path)
         masker = Masker(corpus.special_ids, corpus.vocab_size, strategy="whole_word", max_predictions=20)
         start = time.perf_counter()
-        source = BertDataset(path, 128, masker, objective="mlm_nsp", seed=1234, cache_dir=tmp)
+        source = BertDataset(path, 128, masker, pair_task="nsp", seed=1234, cache_dir=tmp)
         source.prepare(0)
         print(f"dataset: {len(corpus):,} documents, {corpus.manifest['num_tokens']:,} tokens -> "
               f"{len(source):,} samples per epoch; index maps in {time.perf_counter() - start:.2f} s")

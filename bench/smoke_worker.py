@@ -54,11 +54,11 @@ def measured(run_dir: str, trainer: Trainer) -> dict:
     def median(key):
         values = [r[key] for r in timed if key in r]
         return statistics.median(values) if values else None
-    engine = trainer.engine
+    run = trainer.parallel
     return {"step_time_s": median("step_time_s"), "mfu": median("mfu"),
             "memory_gib": max(r["memory_gib"] for r in rows),
             "device_memory_gib": max((r["device_memory_gib"] for r in rows if "device_memory_gib" in r), default=None),
-            "kernels": engine.kernels + (" + fused loss" if engine.fused_lm_loss else "")}
+            "kernels": run.kernels + (" + fused loss" if run.fused_lm_loss else "")}
 
 
 def abort_if_asked(name: str) -> None:

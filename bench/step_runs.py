@@ -33,7 +33,7 @@ def make_batch(cfg: C.Config, batch_size: int, device) -> dict[str, torch.Tensor
     """One micro-batch in ptm's format (Hugging Face and megatron-core take the same tensors)."""
     seq, vocab = cfg.data.seq_len, cfg.model.vocab_size
     gen = torch.Generator().manual_seed(0)
-    if cfg.model.arch == "gpt2":
+    if cfg.model.causal:
         ids = torch.randint(0, vocab, (batch_size, seq + 1), generator=gen)
         return {"input_ids": ids[:, :-1].to(device), "labels": ids[:, 1:].to(device)}
     short = torch.rand(batch_size, generator=gen) < cfg.data.short_seq_prob
@@ -55,7 +55,7 @@ def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False):
     model = Pretraining(cfg.model).to(dev.device())
     optimizer = optim.build(model, cfg.optimizer)
     scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(optimizer)
-    eng = engine.build(cfg, model, optimizer, scheduler)
+    eng = engine.build(cfg, model, optimizer, scheduler).engine
     data = make_batch(cfg, batch_size, "cpu")
     data = {k: v.to(dev.device()) for k, v in (pack(data) if unpadded else data).items()}
     objective = objectives.get(cfg.data.objective)
@@ -74,7 +74,7 @@ def hf_step(cfg: C.Config, batch_size: int, compiled: bool):
     m, device = cfg.model, _device()
     torch.manual_seed(0)
     sizes = dict(attn_implementation="sdpa")
-    if m.arch == "gpt2":
+    if m.causal:
         model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=m.vocab_size, n_embd=m.hidden_size, n_layer=m.num_layers,
                                                n_head=m.num_heads, n_inner=m.ffn_hidden_size,
                                                n_positions=m.max_position_embeddings, **sizes))
@@ -88,7 +88,7 @@ def hf_step(cfg: C.Config, batch_size: int, compiled: bool):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
     data = make_batch(cfg, batch_size, device)
-    if m.arch == "gpt2":
+    if m.causal:
         data = {"input_ids": data["input_ids"], "labels": data["input_ids"]}  # HF shifts the labels itself
 
     def step():
@@ -116,7 +116,7 @@ def mcore_step(cfg: C.Config, batch_size: int):
                            bf16=cfg.precision == "bf16", fp16=cfg.precision == "fp16")
     data = make_batch(cfg, batch_size, device)
     seq = cfg.data.seq_len
-    if m.arch == "gpt2":
+    if m.causal:
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 

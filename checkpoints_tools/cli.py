@@ -58,5 +58,5 @@ def main(argv=None) -> None:
             if initialised:
                 print(f"initialised (not in {a.hf_dir}): {', '.join(initialised)}")
     except (CheckpointError, OSError) as e:
-        print(f"checkpoints_tools: error: {e}", file=sys.stderr)
+        print("\n".join(f"checkpoints_tools: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         sys.exit(2)

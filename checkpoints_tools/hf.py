@@ -1,4 +1,6 @@
-"""Hugging Face export and import: configs, weights (via `hf_keys`) and tokenizers, both ways."""
+"""Hugging Face export and import, both ways: configs, weights and tokenizers. What is particular to a family (its
+HF class, key maps, config translation, what the class computes) is its adapter (pretrain/families/); this module
+runs any adapter."""
 from __future__ import annotations
 
 import json
@@ -7,121 +9,29 @@ import shutil
 
 import torch
 
-from checkpoints_tools import hf_keys
 from pretrain import checkpoint as C
-from pretrain.models.config import ModelConfig, embedding_width, generator_config
+from pretrain import families
+from pretrain.models.config import ModelConfig
 
-_HF_CLASSES = {"bert": "BertForPreTraining", "ernie": "ErnieForPreTraining", "roberta": "RobertaForMaskedLM",
-               "albert": "AlbertForPreTraining", "electra": "ElectraForPreTraining", "nezha": "NezhaForPreTraining",
-               "gpt2": "GPT2LMHeadModel"}
-ELECTRA_GENERATOR = ("generator", "ElectraForMaskedLM")  # ELECTRA's export: the generator in this subdirectory
-NEZHA_AUTO_MAP = {"AutoConfig": "configuration_nezha.NezhaConfig", "AutoModel": "modeling_nezha.NezhaModel",
-                  "AutoModelForPreTraining": "modeling_nezha.NezhaForPreTraining",
-                  "AutoModelForMaskedLM": "modeling_nezha.NezhaForMaskedLM"}  # transformers ships no NEZHA: ours
-ELECTRA_GENERATOR_SIZE = 0.25  # the generator made for a discriminator imported alone (ELECTRA-small's and -large's)
-_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # ptm -> HF hidden_act
+
+def adapter(arch: str) -> families.Adapter:
+    """The Hugging Face adapter of family `arch`."""
+    found = families.get(arch).adapter
+    if found is None:
+        raise C.CheckpointError(f"model.arch={arch} has no Hugging Face class; keep the model in ptm's format")
+    return found
 
 
 def hf_config(cfg: ModelConfig, special: dict):
-    import transformers
-
-    if cfg.arch == "gpt2":
-        eod = special.get("eod")
-        return transformers.GPT2Config(
-            vocab_size=cfg.vocab_size, n_positions=cfg.max_position_embeddings, n_embd=cfg.hidden_size,
-            n_layer=cfg.num_layers, n_head=cfg.num_heads, activation_function="gelu_new",
-            n_inner=None if cfg.ffn_hidden_size == 4 * cfg.hidden_size else cfg.ffn_hidden_size,
-            resid_pdrop=cfg.hidden_dropout, embd_pdrop=cfg.hidden_dropout, attn_pdrop=cfg.attention_dropout,
-            layer_norm_epsilon=cfg.layer_norm_eps, initializer_range=cfg.init_std, bos_token_id=eod, eos_token_id=eod,
-            architectures=[_HF_CLASSES["gpt2"]])
-    common = dict(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads, intermediate_size=cfg.ffn_hidden_size,
-        hidden_act=_ACTIVATIONS[cfg.activation],
-        hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-        max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
-        layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_std, pad_token_id=special.get("pad", 0),
-        architectures=[_HF_CLASSES[cfg.arch]])
-    if cfg.arch == "albert":  # every layer is the one shared layer: one group of one layer
-        if cfg.share_layers != "all":
-            raise C.CheckpointError(f"Hugging Face's ALBERT shares whole layers; a model with share_layers="
-                                    f"{cfg.share_layers} has no HF class: keep it in ptm's format, or train with "
-                                    "share_layers=all to export it")
-        return transformers.AlbertConfig(embedding_size=embedding_width(cfg), num_hidden_groups=1,
-                                         inner_group_num=1, bos_token_id=special.get("cls"),
-                                         eos_token_id=special.get("sep"), **common)
-    if cfg.arch == "electra":  # the discriminator, or with an mlm head the generator (ElectraForMaskedLM)
-        if "mlm" in cfg.heads:
-            common["architectures"] = [ELECTRA_GENERATOR[1]]
-        return transformers.ElectraConfig(embedding_size=embedding_width(cfg), **common)
-    if cfg.arch == "nezha":  # ptm's own classes (checkpoints_tools/nezha), written next to the weights
-        from checkpoints_tools.nezha.configuration_nezha import NezhaConfig
-
-        return NezhaConfig(max_relative_position=cfg.max_relative_position, auto_map=NEZHA_AUTO_MAP, **common)
-    if cfg.arch == "roberta":  # positions from pad_token_id + 1: the model's padding id, the tokenizer's
-        common.update(pad_token_id=cfg.pad_token_id, bos_token_id=special.get("cls"), eos_token_id=special.get("sep"))
-        return transformers.RobertaConfig(**common)
-    if cfg.arch == "ernie":
-        return transformers.ErnieConfig(use_task_id=cfg.task_type_vocab_size > 0,
-                                        task_type_vocab_size=max(cfg.task_type_vocab_size, 1), **common)
-    return transformers.BertConfig(**common)
-
-
-def model_config_from_hf(hf, generator=None) -> ModelConfig:
-    """The ptm model of an HF config (ELECTRA: the discriminator's, sized with its `generator`'s; without one, a
-    generator of ELECTRA_GENERATOR_SIZE)."""
-    if hf.model_type == "gpt2":
-        return ModelConfig(arch="gpt2", vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.n_embd,
-                           num_layers=hf.n_layer, num_heads=hf.n_head, ffn_hidden_size=hf.n_inner or 4 * hf.n_embd,
-                           max_position_embeddings=hf.n_positions, type_vocab_size=0, task_type_vocab_size=0,
-                           layer_norm_eps=hf.layer_norm_epsilon, hidden_dropout=hf.resid_pdrop,
-                           attention_dropout=hf.attn_pdrop, init_std=hf.initializer_range)
-    if hf.model_type not in ("bert", "ernie", "roberta", "albert", "electra", "nezha"):
-        raise C.CheckpointError(f"model type {hf.model_type!r} is not supported; ptm imports bert, ernie, roberta, "
-                                "albert, electra, nezha and gpt2")
-    activation = {v: k for k, v in _ACTIVATIONS.items()}.get(hf.hidden_act)
-    if activation is None:
-        raise C.CheckpointError(f"hidden_act={hf.hidden_act!r} is not one ptm has ({', '.join(_ACTIVATIONS.values())})")
-    extra = {}
-    if hf.model_type == "albert":
-        if (hf.num_hidden_groups, hf.inner_group_num) != (1, 1):
-            raise C.CheckpointError(f"ALBERT with num_hidden_groups={hf.num_hidden_groups}, inner_group_num="
-                                    f"{hf.inner_group_num}: ptm imports one shared layer (1, 1), as every released "
-                                    "ALBERT has")
-    if hf.model_type == "nezha":
-        extra["max_relative_position"] = hf.max_relative_position
-    if hf.model_type in ("albert", "electra"):
-        extra["embedding_size"] = hf.embedding_size if hf.embedding_size != hf.hidden_size else 0
-    if hf.model_type == "electra":
-        if ELECTRA_GENERATOR[1] in (hf.architectures or []):
-            raise C.CheckpointError(f"this is ELECTRA's generator ({ELECTRA_GENERATOR[1]}); pass the discriminator's "
-                                    f"directory (ElectraForPreTraining), with the generator in its "
-                                    f"{ELECTRA_GENERATOR[0]}/ subdirectory")
-        extra["generator_size"] = generator.hidden_size / hf.hidden_size if generator else ELECTRA_GENERATOR_SIZE
-    task = hf.task_type_vocab_size if getattr(hf, "use_task_id", False) else 0
-    pad = hf.pad_token_id if hf.model_type == "roberta" else -1
-    cfg = ModelConfig(arch=hf.model_type, pad_token_id=pad, activation=activation, **extra,
-                      vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.hidden_size,
-                      num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads,
-                      ffn_hidden_size=hf.intermediate_size, max_position_embeddings=hf.max_position_embeddings,
-                      type_vocab_size=hf.type_vocab_size, task_type_vocab_size=task,
-                      layer_norm_eps=hf.layer_norm_eps, hidden_dropout=hf.hidden_dropout_prob,
-                      attention_dropout=hf.attention_probs_dropout_prob, init_std=hf.initializer_range)
-    if generator is not None:
-        g = generator_config(cfg)
-        theirs = (generator.hidden_size, generator.num_attention_heads, generator.intermediate_size,
-                  generator.num_hidden_layers, generator.embedding_size)
-        if (g.hidden_size, g.num_heads, g.ffn_hidden_size, g.num_layers, g.embedding_size) != theirs:
-            raise C.CheckpointError(f"the generator's sizes (hidden, heads, MLP, layers, embedding: {theirs}) are not "
-                                    f"the discriminator's scaled by {cfg.generator_size:.4g}; ptm's generator is "
-                                    "model.generator_size times as wide and as deep, on the same embeddings")
-    return cfg
+    """The transformers config of the first model `cfg` exports (`special`: the tokenizer's special ids)."""
+    return adapter(cfg.arch).hf_config(cfg, special)
 
 
 # ---- tokenizers -------------------------------------------------------------------------------------
 
-def export_tokenizer(tok_dir: str, out: str, arch: str, nfkc: bool, max_length: int) -> None:
-    """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json);
+def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int) -> None:
+    """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json) with the
+    family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's);
     the original files are copied too, so `from-hf` brings the same tokenizer back."""
     import transformers
 
@@ -131,11 +41,11 @@ def export_tokenizer(tok_dir: str, out: str, arch: str, nfkc: bool, max_length: 
     if meta["kind"] == "wordpiece":
         hf = transformers.BertTokenizerFast.from_pretrained(tok_dir, do_lower_case=meta["lowercase"])
     elif meta["kind"] == "bpe":  # RoBERTa's adds <s> A </s></s> B </s> around the same byte-level BPE
-        cls = transformers.RobertaTokenizerFast if arch == "roberta" else transformers.GPT2TokenizerFast
+        cls = transformers.RobertaTokenizerFast if template == "roberta" else transformers.GPT2TokenizerFast
         hf = cls.from_pretrained(tok_dir)
     else:
-        inputs = ["input_ids", "attention_mask"] + ([] if arch in ("gpt2", "roberta") else ["token_type_ids"])
-        hf = transformers.PreTrainedTokenizerFast(tokenizer_object=_sentencepiece_to_fast(files[0], arch),
+        inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if template == "bert" else [])
+        hf = transformers.PreTrainedTokenizerFast(tokenizer_object=_sentencepiece_to_fast(files[0], template),
                                                   unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
                                                   sep_token="[SEP]", mask_token="[MASK]", model_input_names=inputs)
     if nfkc:  # data_prep normalised the text with NFKC before tokenizing; the exported tokenizer does too
@@ -151,7 +61,7 @@ def export_tokenizer(tok_dir: str, out: str, arch: str, nfkc: bool, max_length: 
     shutil.copy(os.path.join(tok_dir, "ptm_tokenizer.json"), out)
 
 
-def _sentencepiece_to_fast(model_file: str, arch: str):
+def _sentencepiece_to_fast(model_file: str, template: str):
     """transformers' own sentencepiece converter (ids identical to sentencepiece's), with byte fallback
     decoding and, for bidirectional models, BERT's [CLS] A [SEP] B [SEP] template (RoBERTa's [CLS] A [SEP] [SEP] B
     [SEP], one segment type)."""
@@ -168,9 +78,9 @@ def _sentencepiece_to_fast(model_file: str, arch: str):
     tok = Converter(Source()).converted()
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(content=" ", left=1)])
-    if arch != "gpt2":
+    if template != "none":
         cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-        pair = "[CLS] $A [SEP] [SEP] $B [SEP]" if arch == "roberta" else "[CLS] $A [SEP] $B:1 [SEP]:1"
+        pair = "[CLS] $A [SEP] [SEP] $B [SEP]" if template == "roberta" else "[CLS] $A [SEP] $B:1 [SEP]:1"
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair=pair, special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
     return tok
@@ -202,42 +112,45 @@ def import_tokenizer(hf_dir: str, out: str) -> None:
 # ---- checkpoints ------------------------------------------------------------------------------------
 
 def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
-    """Write a transformers model directory (config, safetensors weights, tokenizer) from a ptm checkpoint (ELECTRA:
-    the discriminator, and the generator in its `generator` subdirectory)."""
+    """Write a transformers model directory (config, safetensors weights, tokenizer) from a ptm checkpoint; a family
+    whose export is two models (ELECTRA) writes the second in its subdirectory. A model whose features its family's
+    HF class does not compute is refused, one line per feature."""
     ckpt = C.check_complete(C.resolve(ckpt_or_run))
     meta = C.read_meta(ckpt)
     cfg = C.model_config(meta)
+    family = adapter(cfg.arch)
+    models = family.models(cfg)
+    problems = [p for _, m, _ in models for p in family.problems(m)]
+    if problems:
+        raise C.CheckpointError("\n".join(f"{ckpt}: {p}" for p in problems))
     tok_dir = os.path.join(ckpt, "tokenizer")
     with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
         special = json.load(f)["special_ids"]
-    models = [(cfg, out, _HF_CLASSES[cfg.arch])]
-    if cfg.arch == "electra":  # the discriminator in `out`, the generator in out/generator
-        models.append((generator_config(cfg), os.path.join(out, ELECTRA_GENERATOR[0]), ELECTRA_GENERATOR[1]))
-    configs = [hf_config(m, special) for m, _, _ in models]  # first: it refuses what HF has no class for
-    state = C.load_full_model(ckpt)
-    states = hf_keys.electra_split(state) if cfg.arch == "electra" else (state,)
-    for (model_cfg, where, cls), config, weights in zip(models, configs, states):
-        _write_hf(model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
-        export_tokenizer(tok_dir, where, cfg.arch, meta.get("nfkc", False), cfg.max_position_embeddings)
+    configs = [family.hf_config(m, special) for _, m, _ in models]
+    states = family.split(C.load_full_model(ckpt), cfg)
+    for (sub, model_cfg, cls), config, weights in zip(models, configs, states):
+        where = os.path.join(out, sub) if sub else out
+        _write_hf(family, model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
+        export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), cfg.max_position_embeddings)
     return out
 
 
-def _write_hf(cfg: ModelConfig, config, state: dict, cls: str, out: str, meta: dict, ckpt: str,
-              max_shard_size: str) -> None:
-    """One transformers model `cls` of `config` holding ptm weights `state`, saved to `out`."""
-    weights = hf_keys.to_hf(cfg.arch, state, cfg.num_layers, cfg.num_heads, cfg.vocab_size)
+def _write_hf(family: families.Adapter, cfg: ModelConfig, config, state: dict, cls: str, out: str, meta: dict,
+              ckpt: str, max_shard_size: str) -> None:
+    """One transformers model `cls` of `config` holding ptm weights `state`, saved to `out` with the files the
+    family's class needs."""
+    weights = family.to_hf(state, cfg.num_layers, cfg.num_heads, cfg.vocab_size)
     for key, value in meta.get("hf_token_ids", {}).items():  # imported models keep their own special ids
         setattr(config, key, value)
-    model = _hf_class(cls)(config)
+    model = family.hf_model_class(cls)(config)
     result = model.load_state_dict(weights, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith(("position_ids", ".attn.bias", ".attn.masked_bias"))]
     if missing or result.unexpected_keys:
         raise C.CheckpointError(f"{ckpt} does not fit {cls}: missing {missing[:5]}, "
                                 f"unexpected {result.unexpected_keys[:5]}")
     model.save_pretrained(out, max_shard_size=max_shard_size)
-    if cfg.arch == "nezha":  # the modeling code travels with the weights (config.json's auto_map names it)
-        for name in ("configuration_nezha.py", "modeling_nezha.py"):
-            shutil.copy(os.path.join(os.path.dirname(__file__), "nezha", name), out)
+    for path in family.files():  # e.g. a modeling file that config.json's auto_map names
+        shutil.copy(path, out)
 
 
 def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
@@ -247,25 +160,12 @@ def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
         what = "has no config.json" if os.path.isdir(hf_dir) else "is not a directory"
         raise C.CheckpointError(f"{hf_dir} {what}: not a Hugging Face model directory; pass the directory that "
                                 "save_pretrained wrote (config.json, weights, tokenizer files)")
-    hf_cfg = _auto_config(hf_dir)
-    gen_dir = os.path.join(hf_dir, ELECTRA_GENERATOR[0])
-    gen_cfg = _auto_config(gen_dir) \
-        if hf_cfg.model_type == "electra" and os.path.isfile(os.path.join(gen_dir, "config.json")) else None
-    cfg = model_config_from_hf(hf_cfg, gen_cfg)
-    state, initialised = _import_weights(cfg, hf_dir, _HF_CLASSES[cfg.arch])
-    if cfg.arch == "electra":  # the generator from generator/, else a new one
-        g = generator_config(cfg)
-        if gen_cfg is not None:
-            gen, missing = _import_weights(g, gen_dir, ELECTRA_GENERATOR[1])
-        else:  # a new generator: its own layers, the discriminator's embedding tables
-            from pretrain.models.model import Pretraining
-            from pretrain.parallel import mcore
-
-            mcore.initialize(1, 0)
-            torch.manual_seed(0)
-            gen = {k: p.detach() for k, p in Pretraining(g).named_parameters() if k not in hf_keys.ELECTRA_SHARED}
-            missing = [f"generator.{k}" for k in gen]
-        state, initialised = hf_keys.electra_join(state, gen), initialised + missing
+    family, hf_cfg = read_config(hf_dir)
+    try:
+        cfg = ModelConfig(**family.read_model_config(hf_dir, hf_cfg, read_config))
+    except families.ExportError as e:
+        raise C.CheckpointError(str(e)) from None
+    state, initialised = import_weights(family, cfg, hf_dir, hf_cfg)
     os.makedirs(out, exist_ok=True)
     C.save_model(out, state)
     import_tokenizer(hf_dir, os.path.join(out, "tokenizer"))
@@ -277,53 +177,69 @@ def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
     return out, initialised
 
 
-def _import_weights(cfg: ModelConfig, hf_dir: str, cls: str) -> tuple[dict, list[str]]:
-    """The ptm state dict of the HF model `cls` in `hf_dir`, and what HF lacked (initialised)."""
-    torch.manual_seed(0)
-    model, info = _hf_class(cls).from_pretrained(hf_dir, output_loading_info=True)
-    state, missing = hf_keys.from_hf(cfg.arch, model.state_dict(), cfg.num_layers, cfg.num_heads, cfg.vocab_size,
-                                     task_types=cfg.task_type_vocab_size > 0)
-    absent = ("mlm." if "rtd" in cfg.heads else "rtd.",)  # ELECTRA's key map names both models' heads
-    absent += ("embeddings.proj.",) if embedding_width(cfg) == cfg.hidden_size else ()  # and the projection
-    missing = [k for k in missing if not k.startswith(absent)]
-    return state, sorted(k for k in info["missing_keys"] if not k.endswith("position_ids")) + missing
-
-
-def _hf_class(name: str):
-    """A transformers model class by name; NEZHA's from ptm's modeling file (never from the directory imported)."""
-    if name.startswith("Nezha"):
-        from checkpoints_tools.nezha import modeling_nezha
-
-        return getattr(modeling_nezha, name)
-    import transformers
-
-    return getattr(transformers, name)
-
-
-def _auto_config(hf_dir: str):
-    """The HF config in `hf_dir` (NEZHA's read by ptm's class: transformers does not know the model type)."""
+def read_config(hf_dir: str):
+    """(the family adapter, the transformers config) of a Hugging Face directory (a family with its own config class,
+    as NEZHA's, reads it with that class: transformers does not know the model type)."""
     import transformers
 
     with open(os.path.join(hf_dir, "config.json")) as f:
-        if json.load(f).get("model_type") == "nezha":
-            from checkpoints_tools.nezha.configuration_nezha import NezhaConfig
+        model_type = json.load(f).get("model_type")
+    family = families.by_model_type(model_type)
+    if family is None:
+        known = ", ".join(f.adapter.model_type for f in families.REGISTRY.values() if f.adapter)
+        raise C.CheckpointError(f"model type {model_type!r} is not supported; ptm imports {known}")
+    config_class = family.adapter.hf_config_class()
+    hf_cfg = (config_class or transformers.AutoConfig).from_pretrained(hf_dir)
+    return family.adapter, hf_cfg
 
-            return NezhaConfig.from_pretrained(hf_dir)
-    return transformers.AutoConfig.from_pretrained(hf_dir)
+
+def import_weights(family: families.Adapter, cfg: ModelConfig, hf_dir: str, hf_cfg) -> tuple[dict, list[str]]:
+    """The ptm state dict of the model(s) in `hf_dir`, and what the directory lacked (initialised)."""
+    (sub, _, _), *companions = family.models(cfg)
+    state, initialised = _import_weights(family, cfg, hf_dir, family.import_class(hf_cfg))
+    for sub, model_cfg, cls in companions:  # ELECTRA's generator, from its subdirectory, else new
+        where = os.path.join(hf_dir, sub)
+        if os.path.isfile(os.path.join(where, "config.json")):
+            theirs, missing = _import_weights(family, model_cfg, where, cls)
+        else:
+            theirs, missing = family.new_companion(model_cfg), None
+        state, added = family.join(state, theirs, sub)
+        initialised += added if missing is None else missing
+    return state, initialised
 
 
-def _params(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, dict]:
-    """meta.json's `params` for whole tensors of a model shaped like `cfg`; which dimension tensor parallelism
-    splits comes from megatron-core's attributes on a tiny model of the same structure."""
+def _import_weights(family: families.Adapter, cfg: ModelConfig, hf_dir: str, cls: str) -> tuple[dict, list[str]]:
+    """The ptm state dict of the HF model `cls` in `hf_dir`, and what HF lacked (initialised)."""
+    torch.manual_seed(0)
+    model, info = family.hf_model_class(cls).from_pretrained(hf_dir, output_loading_info=True)
+    state, missing = family.from_hf(model.state_dict(), cfg.num_layers, cfg.num_heads, cfg.vocab_size,
+                                    task_types=cfg.task_type_vocab_size > 0)
+    ours = set(_param_names(cfg))  # a key map may name parameters this model does not have (another head)
+    missing = [k for k in missing if k in ours]
+    return state, sorted(k for k in info["missing_keys"] if not k.endswith("position_ids")) + missing
+
+
+def _param_names(cfg: ModelConfig) -> list[str]:
+    """The parameter names of a ptm model shaped like `cfg` (a tiny one of the same structure is built)."""
+    return list(_tiny(cfg).state_dict())
+
+
+def _tiny(cfg: ModelConfig):
     import dataclasses
 
     from pretrain.models.model import Pretraining
     from pretrain.parallel import mcore
 
-    mcore.initialize(1, 0)
-    tiny = Pretraining(dataclasses.replace(cfg, vocab_size=8, vocab_pad_to=8, hidden_size=8, num_heads=1,
-                                           ffn_hidden_size=8, max_position_embeddings=8))
-    dims = {name: info["split_dim"] for name, info in C.param_info(tiny.named_parameters()).items()}
+    embedding = 0 if cfg.embedding_size in (0, cfg.hidden_size) else 4  # a projection where the model has one
+    return Pretraining(dataclasses.replace(cfg, vocab_size=8, vocab_pad_to=8, hidden_size=8, num_heads=1,
+                                           ffn_hidden_size=8, max_position_embeddings=8, embedding_size=embedding),
+                       tp=mcore.OneRank())
+
+
+def _params(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, dict]:
+    """meta.json's `params` for whole tensors of a model shaped like `cfg`; which dimension tensor parallelism
+    splits comes from megatron-core's attributes on a tiny model of the same structure."""
+    dims = {name: info["split_dim"] for name, info in C.param_info(_tiny(cfg).named_parameters()).items()}
     return {name: {"shape": list(t.shape), "split_dim": dims[name]} for name, t in state.items()}
 
 

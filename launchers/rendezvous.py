@@ -59,6 +59,16 @@ def detect(environ=os.environ) -> Rendezvous | None:
     return None
 
 
+def rank(environ=os.environ) -> int:
+    """This process's rank as its launcher says it, before or after the process group exists: 0 for a single process
+    (and where the environment contradicts itself: `export` says what is wrong when the run starts)."""
+    try:
+        found = detect(environ)
+    except RendezvousError:
+        return 0
+    return found.rank if found else 0
+
+
 def export(environ=os.environ) -> str | None:
     """Fill torch's variables from the launcher that started this process; returns its name, or None for a
     single process that no launcher started."""

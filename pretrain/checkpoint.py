@@ -39,6 +39,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pretrain import device as dev
+from pretrain.families.base import VOCAB_ROWS
 from pretrain.models.config import FEATURES, ModelConfig
 from ptm.files import fsync_dir, sha256_file, write_json, write_text
 
@@ -278,7 +279,7 @@ def load_model_shard(ckpt: str, tp_rank: int, tp: int, vocab_rows: int | None = 
     out = {}
     for name, info in pieces.params.items():
         t = pieces.full("param", name)
-        if name in ("embeddings.word.weight", "mlm.bias") and t.shape[0] < vocab_rows:
+        if name in VOCAB_ROWS and t.shape[0] < vocab_rows:
             t = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], *t.shape[1:])])
         out[name] = t if info["split_dim"] is None else t.chunk(tp, dim=info["split_dim"])[tp_rank].contiguous()
     return out
@@ -446,11 +447,12 @@ class Checkpoints:
 
     # ---- saving ------------------------------------------------------------------------------------------
 
-    def save(self, step: int, trainer_state: dict, engine, optimizer, *, tp_rank: int, dp_rank: int, meta: dict,
+    def save(self, step: int, trainer_state: dict, run, optimizer, *, tp_rank: int, dp_rank: int, meta: dict,
              config_yaml: str, tokenizer_dir: str) -> str:
         """Write step_N: each process its own pieces (no gathering) and RNG states, rank 0 the rest; renamed
-        into place when every file is on disk, then `latest` is pointed at it and old ones are pruned.
-        `meta`: write_meta's keyword arguments (model, params, tp, dp, step, extra)."""
+        into place when every file is on disk, then `latest` is pointed at it and old ones are pruned. `run`: the
+        engine and the layout of its optimizer's tensors (`engine.Parallelized`); `meta`: write_meta's keyword
+        arguments (model, params, tp, dp, step, extra)."""
         from pretrain.parallel.layout import engine_counters, loss_scale_state
 
         name = f"step_{step:08d}"
@@ -460,7 +462,7 @@ class Checkpoints:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(os.path.join(tmp, "rng"))
         dist.barrier()
-        layout, state, written = engine.layout, optimizer.state, []
+        layout, state, written = run.layout, optimizer.state, []
         if layout.owner:
             for kind in KINDS:
                 pieces = {f"{s.name}@{s.start}": (master if kind == "param" else state[master][kind]
@@ -476,8 +478,8 @@ class Checkpoints:
         if rank0:
             steps = [s["step"] for s in state.values() if s]
             torch.save({**trainer_state, "optimizer_steps": steps[0] if steps else 0,
-                        "loss_scaler": loss_scale_state(engine.optimizer),
-                        "engine": engine_counters(engine)}, os.path.join(tmp, "trainer.pt"))
+                        "loss_scaler": loss_scale_state(run.engine.optimizer),
+                        "engine": engine_counters(run.engine)}, os.path.join(tmp, "trainer.pt"))
             copy_tokenizer(tokenizer_dir, tmp)
             write_text(os.path.join(tmp, "config.yaml"), config_yaml)
             files = {k: v for records in every for k, v in records.items()}
@@ -502,7 +504,7 @@ class Checkpoints:
 
     # ---- restoring ---------------------------------------------------------------------------------------
 
-    def restore(self, ckpt: str, engine, optimizer, scheduler, *, tp_rank: int, tp: int, same_layout: bool) -> dict:
+    def restore(self, ckpt: str, run, optimizer, scheduler, *, tp_rank: int, tp: int, same_layout: bool) -> dict:
         """Optimizer pieces, schedule, loss scale, DeepSpeed's counters and (for the same layout) every RNG
         stream from a checkpoint written by any layout; the weights were loaded into the model before DeepSpeed
         copied them. Returns trainer.pt (step, consumed samples, ...)."""
@@ -514,7 +516,7 @@ class Checkpoints:
                                   "out_dir with checkpoint.init_from pointing at it")
         pieces, trainer = Pieces(ckpt), torch.load(path, weights_only=False)
         kinds = [k for k in KINDS if pieces.has(k)]
-        layout, state = engine.layout, optimizer.state
+        layout, state = run.layout, optimizer.state
         places: dict[str, list] = {}
         for master, segments in layout.tensors:
             if "exp_avg" in kinds:
@@ -532,8 +534,8 @@ class Checkpoints:
         scheduler.load_state_dict(trainer["scheduler"])
         for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
             group["lr"] = lr
-        restore_loss_scale(engine.optimizer, trainer["loss_scaler"])
-        restore_engine_counters(engine, trainer["engine"])
+        restore_loss_scale(run.engine.optimizer, trainer["loss_scaler"])
+        restore_engine_counters(run.engine, trainer["engine"])
         rng = os.path.join(ckpt, "rng", f"rank{dist.get_rank():05d}.pt")
         if same_layout and os.path.isfile(rng):
             _set_rng_states(torch.load(rng, weights_only=False))

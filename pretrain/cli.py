@@ -37,14 +37,6 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _rank() -> int:
-    """This process's rank as its launcher says it (before or after the process group exists)."""
-    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        if name in os.environ:
-            return int(os.environ[name])
-    return 0
-
-
 def _lost_contact(e: RuntimeError, dist_error: type) -> bool:
     """A failed collective or rendezvous: a rank died, stalled past parallel.timeout_s, or cannot be reached
     (torch raises DistError; gloo reports timeouts and closed peers as RuntimeErrors of its own)."""
@@ -76,6 +68,7 @@ def main(argv=None) -> None:
 
     from data_prep import PrepError
     from launchers.rendezvous import RendezvousError
+    from launchers.rendezvous import rank as _rank
     from pretrain.checkpoint import CheckpointError
     from pretrain.config import ConfigError, load
     from pretrain.device import DeviceError

@@ -1,32 +1,32 @@
-"""The training config: nested dataclasses loaded from YAML with dotted overrides, validated before training.
+"""The training config: nested dataclasses whose fields carry their help, choices and range (pretrain/schema.py),
+loaded from YAML with dotted overrides (pretrain/yaml_config.py), validated before training.
 
     cfg = load("configs/bert-base.yaml", ["train.steps=1000", "optimizer.name=lamb"])
     cfg.validate(dp=world_size // cfg.parallel.tp)
     text = cfg.to_yaml()                      # the resolved config (checkpoints keep it)
 
-A YAML file may start from another one with `base: other.yaml` (relative to the file; a bare name such as
-`bert-base` is a preset from configs/) and override some keys: mappings merge key by key, lists and scalars
-replace. Unknown keys are errors, and values are coerced to the field's type.
+The sections are the core ones below plus those the objective plug-ins own (`ernie`, `electra`, ...: each
+objective module declares its section, with the checks that go with it); families own rules of their own. What is
+left here relates the core sections to each other.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
-import types
 import typing
 from dataclasses import dataclass, field
 
 import yaml
 
-from pretrain import objectives
-from pretrain.models.config import (ACTIVATIONS, ARCHS, HEADS, NORMS, POSITIONS, SHARING, ModelConfig, embedding_width,
-                                    generator_config, positions_needed)
-from pretrain.objectives.ernie import TASK_SPECS, USER_LABELED
-from pretrain.objectives.masking import KNOWLEDGE_LEVELS as _KNOWLEDGE_UNITS, STRATEGIES as MASKINGS
+from pretrain import families, objectives, schema
+from pretrain import yaml_config as Y
+from pretrain.models.config import ModelConfig, embedding_width, generator_config, positions_needed
+from pretrain.objectives.ernie import ErnieStage  # noqa: F401 (the ernie section's stages, named here too)
+from pretrain.objectives.masking import STRATEGIES as MASKINGS
+from pretrain.schema import opt
+from pretrain.yaml_config import ConfigError
 from ptm import shipped
-
 
 PRESETS_DIR = shipped("presets", "configs")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -34,83 +34,29 @@ GRAD_ACCUM_DTYPES = ("fp32", "bf16")
 OPTIMIZERS = ("adamw", "lamb")
 SCHEDULES = ("linear", "poly", "cosine", "constant")
 OBJECTIVES = {name: o.help for name, o in objectives.REGISTRY.items()}
-ERNIE_TASKS = {name: task.help for name, task in TASK_SPECS.items()}
-KNOWLEDGE_LEVELS = tuple(_KNOWLEDGE_UNITS)
-
-# help for the `model` section, whose dataclass lives with the model (pretrain/models/config.py)
-MODEL_HELP = {
-    "arch": " | ".join(ARCHS) + ": a preset of the features below (unset ones take the arch's) and the Hugging "
-            "Face class for conversion",
-    "vocab_size": "vocabulary size; 0: the dataset's tokenizer",
-    "vocab_pad_to": "embedding rows are padded to a multiple of this (must be divisible by parallel.tp)",
-    "hidden_size": "width of the hidden states",
-    "embedding_size": "width of the embeddings, projected to hidden_size (ALBERT's factorised embedding); the MLM head "
-                      "maps back to it; 0: hidden_size",
-    "num_layers": "transformer layers",
-    "num_heads": "attention heads",
-    "ffn_hidden_size": "inner width of the MLP",
-    "max_position_embeddings": "learned positions: the longest data.seq_len the model takes",
-    "type_vocab_size": "segment embeddings (BERT, ERNIE); 0 for GPT-2",
-    "task_type_vocab_size": "ERNIE 2.0 task-type embeddings (HF use_task_id); 0: none",
-    "layer_norm_eps": "LayerNorm epsilon",
-    "hidden_dropout": "dropout on embeddings and sublayer outputs",
-    "attention_dropout": "dropout on attention probabilities",
-    "init_std": "standard deviation of the normal weight initialisation",
-    "activation_checkpointing": "recompute activations in the backward pass: true (every layer) or layer indices",
-    "norm": "post: LayerNorm after each residual sum and on the embeddings (BERT); pre: before each sublayer, and a "
-            "final one (GPT-2); null: the arch's",
-    "activation": " | ".join(ACTIVATIONS) + ": the MLP's activation; null: the arch's",
-    "causal": "attend to earlier tokens only (GPT-2); null: the arch's",
-    "heads": "output heads: lm (word embeddings as output projection), mlm (BERT's transform first), rtd (ELECTRA's "
-             "replaced-token detection, with a generator), nsp (pooler + 2-way classifier for NSP/SOP); null: the arch's",
-    "generator_size": "ELECTRA (heads [rtd]): the generator's width (hidden size, heads, MLP) as a fraction of the "
-                      "model's; it shares the model's embeddings (the paper: 1/4 to 1/2)",
-    "scaled_init": "initialise residual output projections with init_std / sqrt(2 * num_layers) (GPT-2); null: the "
-                   "arch's",
-    "position_encoding": "learned (absolute positions from 0) | roberta (from pad_token_id + 1, padding tokens at "
-                         "pad_token_id, as HF RoBERTa) | relative (NEZHA's functional relative positions: fixed "
-                         "sinusoids of the clipped distance added to keys and values inside attention, no position "
-                         "table); null: the arch's",
-    "max_relative_position": "position_encoding=relative: attention tells distances apart up to this many tokens "
-                             "(NEZHA: 64)",
-    "pad_token_id": "the padding id, which position_encoding=roberta numbers positions from; -1: the dataset's",
-    "share_layers": "none | all (one layer's parameters for every layer, ALBERT) | attention | ffn (only those "
-                    "sublayers shared); null: the arch's",
-}
-
-
-class ConfigError(ValueError):
-    """A bad config file, override or value; the message names the key and the fix."""
-
-
-def _opt(default, help_: str):
-    """A field with its one-line description; list and dict defaults are copied per instance."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: json.loads(json.dumps(default)), metadata={"help": help_})
-    return field(default=default, metadata={"help": help_})
+__all__ = ["Config", "ConfigError", "load", "keys", "describe"]
 
 
 @dataclass
 class DataConfig:
-    path: str | list[str] = _opt("", "dataset directory built by `ptm prep`, or a list of them to blend")
-    weights: list[float] | None = _opt(None, "sampling weight of each data.path (default: by size)")
-    seq_len: int = _opt(512, "tokens per training sequence")
-    objective: str = _opt("mlm_nsp", " | ".join(OBJECTIVES))
-    mask_prob: float = _opt(0.15, "fraction of tokens masked (masked-LM objectives)")
-    max_predictions_per_seq: int = _opt(0, "most masked tokens per sequence; 0: ceil(mask_prob * seq_len)")
-    masking: str = _opt("token", " | ".join(MASKINGS))
-    short_seq_prob: float = _opt(0.1, "probability of a shorter sequence (BERT's short_seq_prob)")
-    similar_words: str = _opt("", "data.masking=correction (MacBERT): a UTF-8 file, one word per line followed by its "
-                                  "similar words (synonyms, embedding neighbours), whitespace-separated; words without "
-                                  "one of as many tokens are replaced by random words")
-    rtd_weight: float = _opt(50.0, "electra: the weight of the discriminator's replaced-token-detection loss against "
-                                   "the generator's masked-LM loss (the paper's lambda)")
-    pack_documents: bool = _opt(True, "clm: concatenate documents into full windows (Megatron); false: a window never "
-                                      "crosses a document's end and the last one is padded")
-    unpadded: bool = _opt(False, "BERT/ERNIE: pack each micro batch's samples into as few rows as their lengths allow, "
-                                 "attention kept within a sample (same loss, less padding)")
-    valid_fraction: float = _opt(0.001, "fraction of documents held out for evaluation")
-    num_workers: int = _opt(2, "data loader worker processes per rank")
+    path: str | list[str] = opt("", "dataset directory built by `ptm prep`, or a list of them to blend")
+    weights: list[float] | None = opt(None, "sampling weight of each data.path (default: by size)")
+    seq_len: int = opt(512, "tokens per training sequence", range="> 0")
+    objective: str = opt("mlm_nsp", " | ".join(OBJECTIVES), choices=lambda: tuple(objectives.REGISTRY))
+    mask_prob: float = opt(0.15, "fraction of tokens masked (masked-LM objectives)", range="(0, 1)")
+    max_predictions_per_seq: int = opt(0, "most masked tokens per sequence; 0: ceil(mask_prob * seq_len)",
+                                       range=">= 0")
+    masking: str = opt("token", " | ".join(MASKINGS), choices=tuple(MASKINGS))
+    short_seq_prob: float = opt(0.1, "probability of a shorter sequence (BERT's short_seq_prob)", range="[0, 1]")
+    similar_words: str = opt("", "data.masking=correction (MacBERT): a UTF-8 file, one word per line followed by its "
+                                 "similar words (synonyms, embedding neighbours), whitespace-separated; words without "
+                                 "one of as many tokens are replaced by random words")
+    pack_documents: bool = opt(True, "clm: concatenate documents into full windows (Megatron); false: a window never "
+                                     "crosses a document's end and the last one is padded")
+    unpadded: bool = opt(False, "BERT/ERNIE: pack each micro batch's samples into as few rows as their lengths allow, "
+                                "attention kept within a sample (same loss, less padding)")
+    valid_fraction: float = opt(0.001, "fraction of documents held out for evaluation", range="[0, 1)")
+    num_workers: int = opt(2, "data loader worker processes per rank", range=">= 0")
 
     @property
     def paths(self) -> list[str]:
@@ -119,31 +65,34 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = _opt(1_000_000, "optimizer steps")
-    global_batch_size: int = _opt(256, "sequences per optimizer step, over all data-parallel ranks")
-    micro_batch_size: int = _opt(32, "sequences per forward pass on one rank (gradient accumulation fills the rest)")
-    grad_clip: float = _opt(1.0, "clip the global gradient norm to this; 0: no clipping")
-    log_interval: int = _opt(10, "steps between log lines")
-    eval_interval: int = _opt(1000, "steps between evaluations; 0: never")
-    eval_steps: int = _opt(10, "batches per evaluation")
-    deterministic: bool = _opt(False, "deterministic kernels (torch.use_deterministic_algorithms): bit-identical resume "
-                                      "on GPUs too, at some speed; CPU runs are deterministic anyway")
+    steps: int = opt(1_000_000, "optimizer steps", range="> 0")
+    global_batch_size: int = opt(256, "sequences per optimizer step, over all data-parallel ranks", range="> 0")
+    micro_batch_size: int = opt(32, "sequences per forward pass on one rank (gradient accumulation fills the rest)",
+                                range="> 0")
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this; 0: no clipping", range=">= 0")
+    log_interval: int = opt(10, "steps between log lines", range="> 0")
+    eval_interval: int = opt(1000, "steps between evaluations; 0: never", range=">= 0")
+    eval_steps: int = opt(10, "batches per evaluation", range="> 0")
+    deterministic: bool = opt(False, "deterministic kernels (torch.use_deterministic_algorithms): bit-identical resume "
+                                     "on GPUs too, at some speed; CPU runs are deterministic anyway")
 
 
 @dataclass
 class OptimizerConfig:
-    name: str = _opt("adamw", " | ".join(OPTIMIZERS))
-    lr: float = _opt(1e-4, "peak learning rate")
-    weight_decay: float = _opt(0.01, "decoupled weight decay (not on biases and norm weights)")
-    betas: list[float] = _opt([0.9, 0.999], "Adam's beta1, beta2")
-    eps: float = _opt(1e-6, "Adam's epsilon")
-    schedule: str = _opt("linear", "decay after warmup: " + " | ".join(SCHEDULES))
-    warmup_steps: int | float = _opt(0.01, "linear warmup: a number of steps, or below 1 a fraction of train.steps")
-    min_lr: float = _opt(0.0, "learning rate at the end of the decay")
-    poly_power: float = _opt(1.0, "power of the poly decay")
-    multi_tensor: str = _opt("auto", "auto | on | off: LAMB/AdamW arithmetic over all tensors at once (torch._foreach_*, "
-                                     "apex's multi-tensor kernels on CUDA) or one tensor at a time; auto = on for CUDA "
-                                     "tensors (AdamW uses torch's fused kernel wherever torch has one)")
+    name: str = opt("adamw", " | ".join(OPTIMIZERS), choices=OPTIMIZERS)
+    lr: float = opt(1e-4, "peak learning rate", range="> 0")
+    weight_decay: float = opt(0.01, "decoupled weight decay (not on biases and norm weights)", range=">= 0")
+    betas: list[float] = opt([0.9, 0.999], "Adam's beta1, beta2")
+    eps: float = opt(1e-6, "Adam's epsilon", range="> 0")
+    schedule: str = opt("linear", "decay after warmup: " + " | ".join(SCHEDULES), choices=SCHEDULES)
+    warmup_steps: int | float = opt(0.01, "linear warmup: a number of steps, or below 1 a fraction of train.steps",
+                                    range=">= 0")
+    min_lr: float = opt(0.0, "learning rate at the end of the decay", range=">= 0")
+    poly_power: float = opt(1.0, "power of the poly decay", range=">= 0")
+    multi_tensor: str = opt("auto", "auto | on | off: LAMB/AdamW arithmetic over all tensors at once (torch._foreach_*, "
+                                    "apex's multi-tensor kernels on CUDA) or one tensor at a time; auto = on for CUDA "
+                                    "tensors (AdamW uses torch's fused kernel wherever torch has one)",
+                            choices=("auto", "on", "off"))
 
     def warmup(self, total_steps: int) -> int:
         """The warmup length in steps."""
@@ -152,100 +101,72 @@ class OptimizerConfig:
 
 @dataclass
 class CheckpointConfig:
-    interval: int = _opt(1000, "steps between checkpoints (one is always written at the end); 0: only at the end")
-    keep: int = _opt(3, "newest checkpoints kept in out_dir; 0: all")
-    init_from: str = _opt("", "start from these weights (a ptm checkpoint, e.g. from `ptm convert from-hf`); model "
-                              "sizes the config leaves unset are taken from it")
-    allow_dataset_change: bool = _opt(False, "resume on another dataset (same tokenizer) on purpose; otherwise a resume "
-                                             "refuses a checkpoint trained on other data")
+    interval: int = opt(1000, "steps between checkpoints (one is always written at the end); 0: only at the end",
+                        range=">= 0")
+    keep: int = opt(3, "newest checkpoints kept in out_dir; 0: all", range=">= 0")
+    init_from: str = opt("", "start from these weights (a ptm checkpoint, e.g. from `ptm convert from-hf`); model "
+                             "sizes the config leaves unset are taken from it")
+    allow_dataset_change: bool = opt(False, "resume on another dataset (same tokenizer) on purpose; otherwise a resume "
+                                            "refuses a checkpoint trained on other data")
 
 
 @dataclass
 class ParallelConfig:
-    tp: int = _opt(1, "tensor-parallel size (megatron-core); data-parallel size = world size / tp")
-    timeout_s: int = _opt(600, "a rank that cannot reach the master, or whose peer falls silent (dead or stalled), "
-                               "ends the job after this many seconds (naming rank and host, exit 4) instead of hanging "
-                               "until the time limit (a collective that hangs while every rank is alive: after twice "
-                               "this)")
-    heartbeat_s: float = _opt(10.0, "how often each rank tells the rendezvous store it is alive (from a thread: a long "
-                                    "checkpoint write or evaluation keeps beating); below parallel.timeout_s")
+    tp: int = opt(1, "tensor-parallel size (megatron-core); data-parallel size = world size / tp", range="> 0")
+    timeout_s: int = opt(600, "a rank that cannot reach the master, or whose peer falls silent (dead or stalled), "
+                              "ends the job after this many seconds (naming rank and host, exit 4) instead of hanging "
+                              "until the time limit (a collective that hangs while every rank is alive: after twice "
+                              "this)", range="> 0")
+    heartbeat_s: float = opt(10.0, "how often each rank tells the rendezvous store it is alive (from a thread: a long "
+                                   "checkpoint write or evaluation keeps beating); below parallel.timeout_s",
+                             range="> 0")
 
 
 @dataclass
 class ZeroConfig:
-    stage: int = _opt(1, "DeepSpeed ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + weights")
-    offload: bool = _opt(False, "keep optimizer states in CPU memory (ZeRO-Offload; needs stage >= 1)")
+    stage: int = opt(1, "DeepSpeed ZeRO stage: 0 off, 1 optimizer states, 2 + gradients, 3 + weights",
+                     choices=(0, 1, 2, 3))
+    offload: bool = opt(False, "keep optimizer states in CPU memory (ZeRO-Offload; needs stage >= 1)")
 
 
 @dataclass
 class FP16Config:
-    initial_scale_power: int = _opt(16, "dynamic loss scaling starts at 2**this")
-    loss_scale_window: int = _opt(1000, "overflow-free steps before the loss scale doubles")
-    hysteresis: int = _opt(2, "overflows tolerated before the loss scale halves")
-    min_loss_scale: float = _opt(1.0, "the loss scale never goes below this")
+    initial_scale_power: int = opt(16, "dynamic loss scaling starts at 2**this", range=">= 0")
+    loss_scale_window: int = opt(1000, "overflow-free steps before the loss scale doubles", range="> 0")
+    hysteresis: int = opt(2, "overflows tolerated before the loss scale halves", range="> 0")
+    min_loss_scale: float = opt(1.0, "the loss scale never goes below this", range="> 0")
 
 
 @dataclass
-class ErnieStage:
-    steps: int = _opt(0, "optimizer steps of this stage")
-    tasks: dict[str, float] = _opt({}, "task name -> sampling weight (data.objective=ernie)")
-    knowledge_level: str = _opt("entity", "knowledge-masking units in this stage: " + " | ".join(KNOWLEDGE_LEVELS)
-                                + " (ERNIE 1.0's basic, phrase and entity stages)")
-
-
-@dataclass
-class ErnieConfig:
-    stages: list[ErnieStage] = _opt([], "ERNIE 2.0 continual multi-task schedule, run in order: "
-                                        "[{steps, tasks: {task: weight}}]; tasks: " + ", ".join(ERNIE_TASKS))
-    task_data: dict[str, str] = _opt({}, "labelled datasets of " + " and ".join(USER_LABELED) + ": {task: path}")
-
-    def stage_index(self, step: int) -> int:
-        """Index of the stage that optimizer step `step` (from 0) belongs to; the last one after the schedule
-        ends; 0 without stages."""
-        end = 0
-        for i, stage in enumerate(self.stages):
-            end += stage.steps
-            if step < end:
-                return i
-        return max(len(self.stages) - 1, 0)
-
-    def stage_at(self, step: int) -> ErnieStage:
-        """The stage that optimizer step `step` (from 0) belongs to."""
-        return self.stages[self.stage_index(step)]
-
-
-def _section(cls):
-    return field(default_factory=cls)
-
-
-@dataclass
-class Config:
-    seed: int = _opt(1234, "random seed: weights, data order, dropout")
-    out_dir: str = _opt("runs/default", "run directory: checkpoints, logs and the resolved config")
-    precision: str = _opt("fp32", "fp32 | bf16 | fp16 (mixed precision keeps fp32 master weights)")
-    grad_accum_dtype: str = _opt("fp32", "with precision=bf16: accumulate and reduce gradients in fp32 (needs "
-                                         "zero.stage >= 1) or bf16 (DeepSpeed's only choice at zero.stage=0)")
-    deepspeed_config: str = _opt("", "a DeepSpeed JSON of your own: keys this config also sets must agree with it, "
-                                     "the others (bucket sizes, overlap_comm, ...) are used as given")
-    kernels: str = _opt("auto", "eager | compile | auto: compile each transformer block and the MLM/LM head with "
-                                "torch.compile (Inductor fuses bias+GELU, bias+dropout+residual+LayerNorm, softmax); "
-                                "auto = compile on CUDA, eager on CPU (see docs/performance.md)")
-    fused_lm_loss: str = _opt("auto", "auto | on | off: liger-kernel's fused linear cross-entropy for the MLM/LM head "
-                                      "(the logits are never held whole); auto = on with liger-kernel installed, on "
-                                      "CUDA, parallel.tp=1, precision bf16/fp32, objectives other than ernie")
-    model: ModelConfig = _section(ModelConfig)
-    data: DataConfig = _section(DataConfig)
-    train: TrainConfig = _section(TrainConfig)
-    optimizer: OptimizerConfig = _section(OptimizerConfig)
-    checkpoint: CheckpointConfig = _section(CheckpointConfig)
-    parallel: ParallelConfig = _section(ParallelConfig)
-    zero: ZeroConfig = _section(ZeroConfig)
-    fp16: FP16Config = _section(FP16Config)
-    ernie: ErnieConfig = _section(ErnieConfig)
+class CoreConfig:
+    seed: int = opt(1234, "random seed: weights, data order, dropout")
+    out_dir: str = opt("runs/default", "run directory: checkpoints, logs and the resolved config")
+    precision: str = opt("fp32", "fp32 | bf16 | fp16 (mixed precision keeps fp32 master weights)", choices=PRECISIONS)
+    grad_accum_dtype: str = opt("fp32", "with precision=bf16: accumulate and reduce gradients in fp32 (needs "
+                                        "zero.stage >= 1) or bf16 (DeepSpeed's only choice at zero.stage=0)",
+                                choices=GRAD_ACCUM_DTYPES)
+    deepspeed_config: str = opt("", "a DeepSpeed JSON of your own: keys this config also sets must agree with it, "
+                                    "the others (bucket sizes, overlap_comm, ...) are used as given")
+    kernels: str = opt("auto", "eager | compile | auto: compile each transformer block and the MLM/LM head with "
+                               "torch.compile (Inductor fuses bias+GELU, bias+dropout+residual+LayerNorm, softmax); "
+                               "auto = compile on CUDA, eager on CPU (see docs/performance.md)",
+                       choices=("auto", "eager", "compile"))
+    fused_lm_loss: str = opt("auto", "auto | on | off: liger-kernel's fused linear cross-entropy for the MLM/LM head "
+                                     "(the logits are never held whole); auto = on with liger-kernel installed, on "
+                                     "CUDA, parallel.tp=1, precision bf16/fp32, objectives other than ernie",
+                             choices=("auto", "on", "off"))
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    fp16: FP16Config = field(default_factory=FP16Config)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> Config:
-        return _build(cls, raw, "")
+    def from_dict(cls, raw: dict) -> "Config":
+        return Y.build(Config, raw)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -282,258 +203,34 @@ class Config:
             raise ConfigError("\n".join(errors))
 
 
-# ---------------------------------------------------------------------------------------------- loading
+# the sections the objective plug-ins own (pretrain/objectives/), after the core ones
+Config = dataclasses.make_dataclass(
+    "Config", [(s.name, s.schema, field(default_factory=s.schema)) for s in objectives.sections()], bases=(CoreConfig,))
+Config.__doc__ = "The training config: the core sections and those of the objective plug-ins."
+Config.__module__ = __name__
+
 
 def load(path: str, overrides: typing.Iterable[str] = ()) -> Config:
     """A YAML file (or preset name) with its `base` chain, then `key=value` overrides (--set)."""
-    raw = _read(_resolve(path, os.getcwd()), ())
+    raw = Y.read(Y.resolve(path, os.getcwd(), PRESETS_DIR), Config, PRESETS_DIR)
     for item in overrides:
-        _override(raw, item)
-    cfg = _build(Config, raw, "")
-    cfg.explicit = frozenset(_dotted(raw))  # keys a file or override gave (the rest are the defaults)
+        Y.override(raw, item, Config)
+    cfg = Y.build(Config, raw)
+    cfg.explicit = frozenset(Y.dotted(raw, Config))  # keys a file or override gave (the rest are the defaults)
     return cfg
-
-
-def _dotted(raw: dict, cls=None, prefix: str = ""):
-    """The dotted keys of a raw config mapping, down to the sections' values."""
-    hints = _hints(cls or Config)
-    for key, value in raw.items():
-        if dataclasses.is_dataclass(hints.get(key)) and isinstance(value, dict):
-            yield from _dotted(value, hints[key], f"{prefix}{key}.")
-        else:
-            yield prefix + key
-
-
-def _resolve(name: str, relative_to: str) -> str:
-    path = os.path.join(relative_to, name)
-    if os.path.isfile(path):
-        return path
-    preset = os.path.join(PRESETS_DIR, name if name.endswith(".yaml") else f"{name}.yaml")
-    if os.sep not in name and os.path.isfile(preset):
-        return preset
-    presets = sorted(f[:-5] for f in os.listdir(PRESETS_DIR) if f.endswith(".yaml"))
-    raise ConfigError(f"config file {name} not found in {relative_to}; "
-                      f"give a path to a YAML file or a preset: {', '.join(presets)}")
-
-
-def _read(path: str, chain: tuple[str, ...]) -> dict:
-    """The file's keys merged over those of its `base` chain; each file is checked on its own."""
-    real = os.path.realpath(path)
-    if real in chain:
-        raise ConfigError(f"{path}: `base` loops back: {' -> '.join((*chain, real))}")
-    with open(path, encoding="utf-8") as f:
-        try:
-            raw = yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    raw = {} if raw is None else raw
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
-    base = raw.pop("base", None)
-    try:
-        _build(Config, raw, "")
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    if base is None:
-        return raw
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: base must be a file name, got {base!r}")
-    return _merge(_read(_resolve(base, os.path.dirname(path)), (*chain, real)), raw)
-
-
-def _merge(base: dict, top: dict) -> dict:
-    out = dict(base)
-    for key, value in top.items():
-        _put(out, key, value)
-    return out
-
-
-def _put(node: dict, key: str, value) -> None:
-    """node[key] = value, merging mappings key by key."""
-    both = isinstance(value, dict) and isinstance(node.get(key), dict)
-    node[key] = _merge(node[key], value) if both else value
-
-
-def _override(raw: dict, item: str) -> None:
-    """Apply one `dotted.key=value` to the raw mapping; the value is YAML unless the field takes a string."""
-    key, eq, text = item.partition("=")
-    key = key.strip()
-    if not eq or not key:
-        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.steps=1000")
-    parts = key.split(".")
-    cls, node = Config, raw
-    for i, name in enumerate(parts):
-        hints = _hints(cls)
-        if name not in hints:
-            raise ConfigError(f"--set {item}: {_unknown('.'.join(parts[:i]), name, cls)}")
-        hint = hints[name]
-        if i == len(parts) - 1:
-            return _put(node, name, _parse(text, hint, item, key))
-        if typing.get_origin(hint) is dict and i == len(parts) - 2:
-            return _put(_child(node, name), parts[-1], _parse(text, typing.get_args(hint)[1], item, key))
-        if not dataclasses.is_dataclass(hint):
-            raise ConfigError(f"--set {item}: {'.'.join(parts[:i + 1])} is a value ({_type_name(hint)}), not a section")
-        cls, node = hint, _child(node, name)
-
-
-def _child(node: dict, name: str) -> dict:
-    if not isinstance(node.get(name), dict):
-        node[name] = {}
-    return node[name]
-
-
-def _parse(text: str, hint, item: str, key: str):
-    """A --set value: YAML (numbers, booleans, lists, null), except that string fields take the text as is;
-    checked against the field's type here so that errors name the --set."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        value = text
-    unions = (typing.Union, types.UnionType)
-    takes_str = hint is str or (typing.get_origin(hint) in unions and str in typing.get_args(hint))
-    if takes_str and not isinstance(value, (list, dict)):
-        value = text
-    try:
-        _coerce(value, hint, key)
-    except ConfigError as e:
-        raise ConfigError(f"--set {item}: {e}") from None
-    return value
-
-
-# ------------------------------------------------------------------------------------------ coercion
-
-@functools.cache
-def _hints(cls) -> dict:
-    return typing.get_type_hints(cls)
-
-
-def _unknown(section: str, key: str, cls) -> str:
-    where = f"{section}." if section else ""
-    return (f"unknown key '{where}{key}'; valid keys of {section or 'the top level'}: "
-            f"{', '.join(_hints(cls))}")
-
-
-def _build(cls, raw, where: str):
-    """Dataclass `cls` from a mapping; `where` is the dotted prefix of its keys (for messages)."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
-    hints = _hints(cls)
-    for key in raw:
-        if key not in hints:
-            raise ConfigError(_unknown(where.rstrip("."), key, cls))
-    return cls(**{key: _coerce(value, hints[key], where + key) for key, value in raw.items()})
-
-
-_BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
-
-
-def _coerce(value, hint, key: str):
-    """`value` as type `hint` (int, float, bool, str, lists, dicts, unions, Optional, dataclasses)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, key + ".")
-    if origin in (typing.Union, types.UnionType):
-        options = [a for a in args if a is not type(None)]
-        if value is None and len(options) < len(args):
-            return None
-        if len(options) == 1:  # Optional[X]: X's own message
-            return _coerce(value, options[0], key)
-        for arg in options:
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError:
-                pass
-    elif origin is list and isinstance(value, (list, tuple)):
-        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    elif origin is dict and isinstance(value, dict):
-        return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
-    elif hint is bool:
-        if isinstance(value, bool):
-            return value
-        if str(value).lower() in _BOOLS:
-            return _BOOLS[str(value).lower()]
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-    elif hint in (int, float) and not isinstance(value, bool):
-        number = _number(value)
-        if hint is float and number is not None:
-            return float(number)
-        if hint is int and number is not None and float(number).is_integer():
-            return int(number)
-    raise ConfigError(f"{key}: expected {_type_name(hint)}, got {value!r}")
-
-
-def _number(value) -> int | float | None:
-    if isinstance(value, (int, float)):
-        return value
-    if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
-        for kind in (int, float):
-            try:
-                return kind(value)
-            except ValueError:
-                pass
-    return None
-
-
-def _type_name(hint) -> str:
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " | ".join("null" if a is type(None) else _type_name(a) for a in args)
-    if args:
-        return f"{typing.get_origin(hint).__name__}[{', '.join(map(_type_name, args))}]"
-    return hint.__name__
-
-
-# ------------------------------------------------------------------------------------------- listing
-
-def _leaves(cls, prefix: str = ""):
-    """(dotted key, type, default, help) of every value field, sections flattened."""
-    for f in dataclasses.fields(cls):
-        hint = _hints(cls)[f.name]
-        if dataclasses.is_dataclass(hint):
-            yield from _leaves(hint, f"{prefix}{f.name}.")
-            continue
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        help_ = f.metadata.get("help") or (MODEL_HELP.get(f.name, "") if cls is ModelConfig else "")
-        yield prefix + f.name, hint, default, help_
 
 
 def keys() -> list[str]:
     """Every dotted key of the config."""
-    return [key for key, *_ in _leaves(Config)]
+    return [key for key, *_ in schema.leaves(Config)]
 
 
 def describe() -> str:
     """Every key with its type, default and description, one per line (for `train --help`)."""
-    rows = [(key, _type_name(hint), json.dumps(default), help_) for key, hint, default, help_ in _leaves(Config)]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join(f"{k:<{widths[0]}}  {t:<{widths[1]}}  {d:<{widths[2]}}  {h}" for k, t, d, h in rows)
+    return schema.describe(Config)
 
 
 # ----------------------------------------------------------------------------------------- validation
-
-_POSITIVE = ("model.max_relative_position", "model.vocab_pad_to", "model.hidden_size", "model.num_layers", "model.num_heads", "model.ffn_hidden_size",
-             "model.max_position_embeddings", "model.init_std", "model.layer_norm_eps", "data.seq_len",
-             "train.steps", "train.global_batch_size", "train.micro_batch_size", "train.log_interval",
-             "train.eval_steps", "optimizer.lr", "optimizer.eps", "parallel.tp", "parallel.timeout_s",
-             "parallel.heartbeat_s", "fp16.loss_scale_window",
-             "fp16.hysteresis", "fp16.min_loss_scale")
-_NON_NEGATIVE = ("data.rtd_weight", "model.vocab_size", "model.embedding_size", "model.type_vocab_size", "model.task_type_vocab_size",
-                 "data.max_predictions_per_seq", "data.num_workers", "train.grad_clip", "train.eval_interval",
-                 "optimizer.weight_decay", "optimizer.warmup_steps", "optimizer.min_lr", "optimizer.poly_power",
-                 "checkpoint.interval", "checkpoint.keep", "fp16.initial_scale_power")
-_UNIT = {"[0, 1)": lambda x: 0 <= x < 1, "(0, 1)": lambda x: 0 < x < 1, "[0, 1]": lambda x: 0 <= x <= 1}
-_FRACTIONS = {"model.generator_size": "[0, 1]", "model.hidden_dropout": "[0, 1)", "model.attention_dropout": "[0, 1)", "data.mask_prob": "(0, 1)",
-              "data.short_seq_prob": "[0, 1]", "data.valid_fraction": "[0, 1)"}
-_CHOICES = {"kernels": ("auto", "eager", "compile"), "fused_lm_loss": ("auto", "on", "off"),
-            "optimizer.multi_tensor": ("auto", "on", "off"), "precision": PRECISIONS, "grad_accum_dtype": GRAD_ACCUM_DTYPES,
-            "model.arch": ARCHS, "data.objective": tuple(OBJECTIVES),
-            "data.masking": tuple(MASKINGS), "optimizer.name": OPTIMIZERS, "optimizer.schedule": SCHEDULES,
-            "zero.stage": (0, 1, 2, 3)}
-
 
 class _Problems(list):
     def need(self, ok: bool, message: str) -> None:
@@ -542,28 +239,14 @@ class _Problems(list):
 
 
 def _range_errors(cfg: Config, dp: int) -> list[str]:
-    """Values that are wrong on their own: choices, signs, ranges."""
-    errors = _Problems()
-    for k, choices in _CHOICES.items():
-        errors.need(cfg.get(k) in choices, f"{k}={cfg.get(k)!r} is not one of {' | '.join(map(str, choices))}; "
-                                           f"set {k} to one of them")
-    if cfg.model.arch in ARCHS:  # else the features are unset, and the arch's error says it all
-        for k, choices in (("model.norm", NORMS), ("model.activation", ACTIVATIONS),
-                           ("model.position_encoding", POSITIONS), ("model.share_layers", SHARING)):
-            errors.need(cfg.get(k) in choices, f"{k}={cfg.get(k)!r} is not one of {' | '.join(choices)}; "
-                                               f"set {k} to one of them")
-        heads = cfg.model.heads
-        errors.need(all(h in HEADS for h in heads) and sum(h in heads for h in ("lm", "mlm", "rtd")) == 1
-                    and not ("rtd" in heads and "nsp" in heads),
+    """Values that are wrong on their own: each field's choices and range, and a few shapes."""
+    errors = _Problems(schema.problems(cfg))
+    heads = cfg.model.heads
+    if heads is not None:
+        errors.need(all(h in ("lm", "mlm", "rtd", "nsp") for h in heads)
+                    and sum(h in heads for h in ("lm", "mlm", "rtd")) == 1 and not ("rtd" in heads and "nsp" in heads),
                     f"model.heads={heads} is not one LM head and optionally nsp; set it to [lm], [mlm] or either "
                     f"with nsp, or [rtd] (ELECTRA)")
-    for k in _POSITIVE:
-        errors.need(cfg.get(k) > 0, f"{k}={cfg.get(k)} must be positive; set {k} to a value > 0")
-    for k in _NON_NEGATIVE:
-        errors.need(cfg.get(k) >= 0, f"{k}={cfg.get(k)} must not be negative; set {k} to a value >= 0")
-    for k, interval in _FRACTIONS.items():
-        errors.need(_UNIT[interval](cfg.get(k)), f"{k}={cfg.get(k)} is outside {interval}; "
-                                                 f"set {k} to a value in {interval}")
     betas = cfg.optimizer.betas
     errors.need(len(betas) == 2 and all(0 <= b < 1 for b in betas),
                 f"optimizer.betas={betas} must be two values in [0, 1); e.g. set optimizer.betas=[0.9,0.999]")
@@ -574,7 +257,8 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
 
 
 def _relation_errors(cfg: Config, dp: int) -> list[str]:
-    """Values that do not fit together."""
+    """Values that do not fit together: the core sections' relations, then the rules of the objective, of every
+    plug-in's section and of every family."""
     m, d, t, o, tp = cfg.model, cfg.data, cfg.train, cfg.optimizer, cfg.parallel.tp
     errors = _Problems()
     errors.need(m.hidden_size % m.num_heads == 0, f"model.hidden_size={m.hidden_size} is not divisible by "
@@ -621,8 +305,6 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
                 "data.masking=correction (MacBERT): set it, or remove data.similar_words")
     errors.need(not d.similar_words or os.path.isfile(d.similar_words),
                 f"data.similar_words={d.similar_words} not found; give a UTF-8 file of words and their similar words")
-    errors.need(m.task_type_vocab_size == 0 or m.arch == "ernie",
-                f"model.task_type_vocab_size={m.task_type_vocab_size} needs model.arch=ernie; set it to 0")
     errors.need(o.warmup_steps < 1 or float(o.warmup_steps).is_integer(),
                 f"optimizer.warmup_steps={o.warmup_steps} is neither whole steps nor a fraction below 1; round it")
     errors.need(o.warmup(t.steps) <= t.steps, f"optimizer.warmup_steps={o.warmup_steps} is longer than "
@@ -645,11 +327,31 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(cfg.fused_lm_loss != "on" or cfg.precision != "fp16",
                 "fused_lm_loss=on with precision=fp16: liger-kernel computes the LM head's gradients before the fp16 "
                 "loss scale, where small ones underflow; use precision=bf16, or fused_lm_loss=auto (off under fp16)")
-    for task in cfg.ernie.task_data:
-        errors.need(task in USER_LABELED, f"ernie.task_data.{task}: only {' and '.join(USER_LABELED)} "
-                                          f"take a dataset; remove it")
-    for i, stage in enumerate(cfg.ernie.stages):
-        errors.need(stage.knowledge_level in KNOWLEDGE_LEVELS,
-                    f"ernie.stages[{i}].knowledge_level={stage.knowledge_level!r}: use one of {', '.join(KNOWLEDGE_LEVELS)}")
+    _objective_errors(cfg, errors.need)
     objectives.get(d.objective).check(cfg, errors.need)
+    for section in objectives.sections():
+        if section.check:
+            section.check(cfg, errors.need)
+    for family in families.REGISTRY.values():
+        if family.check:
+            family.check(cfg, errors.need)
     return errors
+
+
+def _objective_errors(cfg: Config, need) -> None:
+    """What the objective's attributes ask of the model and the data."""
+    o, m, d = objectives.get(cfg.data.objective), cfg.model, cfg.data
+    attention = "causal" if o.causal else "bidirectional"
+    need(m.causal == o.causal,
+         f"data.objective={o.name} does not fit model.arch={m.arch} (model.causal={m.causal}); {o.name} trains a model "
+         f"with {attention} attention: " + ", ".join(p.name for p in objectives.REGISTRY.values() if p.causal == m.causal)
+         + f" fit model.arch={m.arch}")
+    need(not o.pairs or m.type_vocab_size >= 2,
+         f"data.objective={o.name} pairs two segments but model.type_vocab_size={m.type_vocab_size}; "
+         f"set model.type_vocab_size=2")
+    need(d.pack_documents or o.packs_documents,
+         "data.pack_documents=false applies to data.objective=" + ", ".join(
+             p.name for p in objectives.REGISTRY.values() if p.packs_documents) + f", not {o.name}; remove it")
+    need(cfg.fused_lm_loss != "on" or o.one_lm_head,
+         f"fused_lm_loss=on replaces the one LM head, and data.objective={o.name} has several heads; "
+         "set fused_lm_loss=auto (on where it applies) or off")

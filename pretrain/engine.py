@@ -1,13 +1,15 @@
 """The parallelize step: wrap a model and its optimizer in a DeepSpeed engine as the config asks (ZeRO stage,
-offload, fp16 loss scaling or bf16, clipping, accumulation), with megatron-core's TP x DP groups as its mpu.
-The model stays unaware of all of it.
+offload, fp16 loss scaling or bf16, clipping, accumulation), with megatron-core's TP x DP groups as its mpu, and
+choose the kernels. The model stays unaware of all of it; what was decided comes back as one object.
 
-    engine = build(cfg, model, optimizer, scheduler)   # after mcore.initialize(cfg.parallel.tp, cfg.seed)
+    run = build(cfg, model, optimizer, scheduler)   # after mcore.initialize(cfg.parallel.tp, cfg.seed)
+    run.engine, run.layout, run.kernels, run.fused_lm_loss
 """
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 
 import deepspeed
 from deepspeed.accelerator import get_accelerator
@@ -102,19 +104,16 @@ def _allow_half_on_cpu() -> None:
         accelerator.is_fp16_supported = lambda: True
 
 
-def _read_elsewhere(model):
-    """(module, parameter) pairs where a module's forward reads a parameter that another module owns; ZeRO-3
-    gathers a parameter only for its owner's forward unless told: the LM heads read the tied word embeddings, a
-    post-LN block passes its LayerNorms' weights to the fused residual + LayerNorm kernel."""
-    for m in (model, getattr(model, "generator", None)):  # ELECTRA's generator: its MLM head, its blocks
-        if m is None:
-            continue
-        yield (m.mlm if "mlm" in m.cfg.heads else m), model.embeddings.word.weight
-        for block in m.blocks:
-            if not block.pre_ln:
-                for norm in (block.attn_norm, block.mlp_norm):
-                    yield block, norm.weight
-                    yield block, norm.bias
+@dataclass
+class Parallelized:
+    """What the parallelize step decided: the DeepSpeed engine, the layout of its optimizer's tensors (ZeRO
+    partitions x TP shards), the kernels the blocks run (eager | compile) and whether the LM head runs the fused linear
+    cross-entropy. The trainer holds it; the objectives receive `fused_lm_loss`."""
+
+    engine: object
+    layout: Layout
+    kernels: str
+    fused_lm_loss: bool
 
 
 def _fused_lm_loss(cfg: Config, device) -> bool:
@@ -127,9 +126,10 @@ def _fused_lm_loss(cfg: Config, device) -> bool:
     return why is None and (cfg.fused_lm_loss == "on" or device.type == "cuda")
 
 
-def build(cfg: Config, model, optimizer, scheduler):
-    """A DeepSpeed engine over `model` (already on its device) with ptm's optimizer and LR scheduler. LAMB gets
-    the engine's `Layout` so that its trust ratios are per whole parameter whatever the partitioning."""
+def build(cfg: Config, model, optimizer, scheduler) -> Parallelized:
+    """A DeepSpeed engine over `model` (already on its device) with ptm's optimizer and LR scheduler, and the kernels
+    chosen. LAMB gets the engine's `Layout` so that its trust ratios are per whole parameter whatever the
+    partitioning."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     _allow_half_on_cpu()
     kernels = cfg.kernels_on(next(model.parameters()).device.type == "cuda")
@@ -139,12 +139,10 @@ def build(cfg: Config, model, optimizer, scheduler):
                                            mpu=mcore.DeepSpeedMPU(), config=ds_config(cfg, mcore.dp_size()),
                                            dist_init_required=False)
     if cfg.zero.stage == 3:
-        for module, param in _read_elsewhere(model):
+        for module, param in model.external_parameters():
             deepspeed.zero.register_external_parameter(module, param)
     undo_construction_step(engine)
-    engine.layout = Layout.of(engine)
-    engine.kernels = kernels
-    engine.fused_lm_loss = _fused_lm_loss(cfg, next(model.parameters()).device)
+    layout = Layout.of(engine)
     if isinstance(optimizer, Lamb):
-        optimizer.layout = engine.layout
-    return engine
+        optimizer.layout = layout
+    return Parallelized(engine, layout, kernels, _fused_lm_loss(cfg, next(model.parameters()).device))

@@ -1,13 +1,12 @@
-"""`ptm plan`: does a config fit per GPU, before launch? Memory by component, and the trainer's FLOPs/MFU.
+"""`ptm plan`: does a config fit per GPU, before launch? Memory by component, the checkpoint it writes, and with
+--gpu the predicted speed (pretrain/speed.py) and the layouts ranked.
 
     cfg = load("bert-large")
     plan = estimate(cfg, world_size=8, gpu_memory_gib=80)     # bytes per GPU, plan.fits, plan.max_micro_batch
-    flops = model_flops_per_sample(cfg.model, cfg.data.seq_len, predicted_tokens(cfg))
-    utilisation = mfu(flops * samples_per_second / num_gpus, torch.cuda.get_device_name(), cfg.precision)
 
-Everything is computed from the config alone (no torch, no megatron import): parameter counts mirror
-pretrain/models/model.py, model states follow DeepSpeed's ZeRO partitioning, activations follow Korthikanti
-et al. 2022. docs/performance.md lists the assumptions.
+Everything is computed from the config alone (no torch, no megatron import) by pretrain/cost.py: parameter counts
+held to the model built on the meta device, model states following DeepSpeed's ZeRO partitioning, activations
+following Korthikanti et al. 2022. docs/performance.md lists the assumptions.
 """
 from __future__ import annotations
 
@@ -17,134 +16,21 @@ import functools
 import json
 import math
 import os
-import re
 import sys
 from dataclasses import dataclass
 
 from data_prep import PrepError
-from pretrain import objectives, speed
+from pretrain import speed
 from pretrain.config import Config, ConfigError, load
-from pretrain.models.config import ModelConfig, embedding_width, generator_config, padded_vocab_size
+from pretrain.cost import (STATE_BYTES, activation_bytes, checkpointed, count_parameters, largest_module,
+                           model_flops_per_sample, model_state_bytes, objective_parameters, predicted_tokens)
 
 GIB = 1 << 30
-MIG_SLICES = 7  # compute slices of a MIG-capable GPU in the catalog (A100, H100, H200)
 CUDA_CONTEXT = GIB  # assumed: CUDA context, cuBLAS/NCCL workspaces, allocator slack
 REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size (elements): one gradient bucket, allocated whole
 DEFAULT_VOCAB = 30522  # BERT's WordPiece vocabulary, when neither config nor dataset gives one
-
-# bytes per parameter: (weights, gradients, fp32 master copy); Adam and LAMB add fp32 moments m and v
-STATE_BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
-MOMENT_BYTES = 8
-OFFLOAD_BYTES = 16  # per parameter of a ZeRO-Offload shard in CPU memory: fp32 weights, fp32 gradients, moments
 CHECKPOINT_BYTES = 12  # per parameter in a ptm checkpoint: fp32 weights and both moments
 SHA256_GBPS = 1.0  # each writer hashes its files after writing them (meta.json records them)
-
-# ------------------------------------------------------------------------------------------ parameters
-
-def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int, int]]:
-    """(TP-split, replicated) counts of the parameters each module of `Pretraining(m)` owns directly; a shared
-    layer (share_layers) once; `shared_embeddings`: the tables and their LayerNorm belong to another model (ELECTRA's
-    generator reads the discriminator's)."""
-    h, f, v, e = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m)
-    positions = 0 if m.position_encoding == "relative" else m.max_position_embeddings  # NEZHA's are functions
-    tables = [(v * e, 0), (0, positions * e), (0, m.type_vocab_size * e), (0, m.task_type_vocab_size * e)]
-    embeddings = ([] if shared_embeddings else tables) + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
-    norms = [(0, 2 * h), (0, 2 * h)]
-    attention = [(3 * h * h + 3 * h, 0), (h * h, h)]  # QKV (column), output (row: bias replicated)
-    mlp = [(f * h + f, 0), (f * h, h)]  # fc1 (column), fc2 (row)
-    if m.share_layers == "all":
-        blocks = norms + attention + mlp
-    else:
-        shared = {"attention": attention, "ffn": mlp}.get(m.share_layers, [])
-        blocks = (norms + (attention if m.share_layers != "attention" else [])
-                  + (mlp if m.share_layers != "ffn" else [])) * m.num_layers + shared
-    # the embedding LayerNorm (post-LN; a shared one belongs to the other model) or the final one (pre-LN)
-    heads = [] if shared_embeddings and m.norm == "post" else [(0, 2 * (e if m.norm == "post" else h))]
-    if "mlm" in m.heads:  # MLM bias (vocab-split), transform dense and LayerNorm; "lm" is the word embeddings
-        heads += [(v, 0), (0, h * e + e), (0, 2 * e)]
-    if "nsp" in m.heads:  # pooler, NSP/SOP classifier
-        heads += [(0, h * h + h), (0, 2 * h + 2)]
-    if "rtd" in m.heads:  # the discriminator head, and the generator on the shared embeddings
-        heads += [(0, h * h + h), (0, h + 1)] + _modules(generator_config(m), shared_embeddings=True)
-    return embeddings + blocks + heads
-
-
-def count_parameters(m: ModelConfig, tp: int = 1) -> int:
-    """Parameters of `Pretraining(m)` on one of `tp` tensor-parallel ranks (tp=1: the whole model). Split over
-    TP: word embeddings, QKV/output/MLP weights, column biases, the MLM bias; the rest is replicated. ELECTRA's
-    generator is counted with its discriminator, their shared embeddings once. ERNIE 2.0's task heads (a few thousand parameters, added by the trainer) are not counted."""
-    return sum(split // tp + replicated for split, replicated in _modules(m))
-
-
-def largest_module(m: ModelConfig, tp: int = 1) -> int:
-    """Parameters of the biggest single module on one TP rank (usually the word embeddings): what ZeRO-3
-    gathers at once (DeepSpeed's `largest_layer_params`)."""
-    return max(split // tp + replicated for split, replicated in _modules(m))
-
-
-# --------------------------------------------------------------------------------------------- FLOPs
-
-def predicted_tokens(cfg: Config) -> int:
-    """Tokens per sequence the LM head runs on: all for causal LM, the masked positions for masked LM."""
-    return objectives.get(cfg.data.objective).predicted_tokens(cfg.data)
-
-
-def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None = None) -> float:
-    """Training FLOPs of one sequence: forward + backward = 3 x forward (2 FLOPs per multiply-add), activation
-    recomputation not counted (model FLOPs, not hardware FLOPs). With s = seq_len, L layers, hidden h, MLP
-    width f, padded vocabulary V and p = `predicted` tokens (default s):
-
-        6 * s * L * (4h^2 + 2hf)      block matmuls: QKV, attention output, MLP
-      + 12 * L * h * s^2              attention scores QK^T and P @ V over the full s x s square
-                                      (causal masking's halving is not applied, as in Megatron and nanoGPT);
-                                      twice that with relative positions (NEZHA: q . a_ij and P . a_ij too)
-      + 6 * p * e * V                 LM head logits on the predicted tokens (e: the embedding width, = h
-                                      unless factorised as ALBERT's)
-      + 6 * p * h * e                 with an mlm head: its transform dense on the predicted tokens
-      + 6 * s * e * h                 with e != h: the embedding projection
-      + 6 * s * (h^2 + h)             with an rtd head (ELECTRA) instead of the LM head: the discriminator head on
-                                      every token, plus the generator's FLOPs (this formula, its own sizes)
-
-    For f = 4h and p = s this is Megatron's 72*s*L*h^2 * (1 + s/(6h) + V/(12*L*h)). Embedding lookups, norms,
-    softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
-    h, s, p, e = m.hidden_size, seq_len, seq_len if predicted is None else predicted, embedding_width(m)
-    layers = m.num_layers * layer_flops_per_sample(m, s)  # every layer, shared or not
-    projection = 6 * s * e * h if e != h else 0  # ALBERT's embedding projection
-    if "rtd" in m.heads:
-        return float(layers + projection + 6 * s * (h * h + h)) + model_flops_per_sample(
-            generator_config(m), seq_len, predicted)
-    head = 6 * p * e * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
-    return float(layers + head + projection)
-
-
-def layer_flops_per_sample(m: ModelConfig, seq_len: int) -> int:
-    """Training FLOPs of one transformer layer on one sequence: its matmuls 6*s*(4h^2 + 2hf) and attention
-    12*h*s^2 (doubled with relative positions); see model_flops_per_sample."""
-    h, s = m.hidden_size, seq_len
-    return 6 * s * (4 * h * h + 2 * h * m.ffn_hidden_size) + 12 * h * s * s * (
-        2 if m.position_encoding == "relative" else 1)
-
-
-def peak_flops(device_name: str, precision: str) -> float | None:
-    """Dense peak FLOPs/s of a GPU named like `torch.cuda.get_device_name()` (configs/hardware/gpus.yaml), or of the
-    MIG slice of one so named; None if unknown (or a CPU)."""
-    hw = speed.by_device_name(device_name)
-    peak = None if hw is None else hw.peak(precision)
-    return None if peak is None else peak * mig_share(device_name)
-
-
-def mig_share(device_name: str) -> float:
-    """The share of its GPU's compute a MIG slice has: "NVIDIA A100-SXM4-80GB MIG 3g.40gb" is 3 of the 7 compute
-    slices of an A100/H100/H200, "... MIG 1c.3g.40gb" (a compute instance in it) 1 of 7; 1 for a whole GPU."""
-    m = re.search(r"\bMIG (?:(\d+)c\.)?(\d+)g\.", device_name)
-    return 1.0 if m is None else int(m.group(1) or m.group(2)) / MIG_SLICES
-
-
-def mfu(flops_per_second: float, device_name: str, precision: str) -> float | None:
-    """Model FLOPs utilisation of one GPU: its achieved model FLOPs/s over the device's peak."""
-    peak = peak_flops(device_name, precision)
-    return None if peak is None else flops_per_second / peak
-
 
 # -------------------------------------------------------------------------------------------- memory
 
@@ -180,55 +66,17 @@ class Plan:
         return None if self.gpu_memory is None else self.total <= self.gpu_memory
 
 
-def model_state_bytes(n: int, dp: int, stage: int, offload: bool, precision: str) -> tuple[int, int, int, int]:
-    """(weights, gradients, optimizer states) bytes per GPU and CPU bytes per GPU process, for `n` parameters
-    per TP rank under ZeRO `stage` over `dp` ranks: stage 1 partitions optimizer states, 2 also gradients,
-    3 also weights. Offload moves the optimizer states to CPU memory, and from stage 2 the gradient partition
-    too (the CPU optimizer steps on an fp32 copy of it)."""
-    weight, grad, master = STATE_BYTES[precision]
-
-    def per_gpu(nbytes: int, partitioned: bool) -> int:
-        return nbytes * n // dp if partitioned else nbytes * n
-
-    gradients = 0 if offload and stage >= 2 else per_gpu(grad, stage >= 2)
-    optimizer = 0 if offload else per_gpu(master + MOMENT_BYTES, stage >= 1)
-    cpu = per_gpu(OFFLOAD_BYTES, True) if offload else 0
-    return per_gpu(weight, stage >= 3), gradients, optimizer, cpu
-
-
-def _checkpointed(m: ModelConfig) -> int:
-    """How many layers `model.activation_checkpointing` recomputes."""
-    return m.num_layers if m.activation_checkpointing is True else len(set(m.activation_checkpointing or ()))
-
-
-def activation_bytes(cfg: Config, micro_batch: int) -> tuple[int, int]:
-    """(transformer layers, logits) activation bytes per GPU. A layer keeps s*b*h*(10 + 24/t + 5*a*s/(h*t))
-    bytes in 16 bits (Korthikanti et al. 2022, tensor parallelism without sequence parallelism; 24 is 8 + 4f/h
-    for an MLP of width f), double in fp32. A checkpointed layer keeps only its input (2*s*b*h), and one
-    layer's full activations live again during its recomputation. Logits: fp32, over this rank's vocabulary."""
-    m, s, t, b = cfg.model, cfg.data.seq_len, cfg.parallel.tp, micro_batch
-    scale = 2 if cfg.precision == "fp32" else 1
-    layers = 0
-    for model in (m, generator_config(m)) if "rtd" in m.heads else (m,):  # ELECTRA: the generator's layers too
-        h = model.hidden_size
-        layer = scale * s * b * (10 * h + (8 * h + 4 * model.ffn_hidden_size + 5 * model.num_heads * s) // t)
-        checkpointed, kept = _checkpointed(model), scale * 2 * s * b * h
-        layers += (model.num_layers - checkpointed) * layer + checkpointed * kept + (layer if checkpointed else 0)
-    logits = 4 * b * predicted_tokens(cfg) * padded_vocab_size(m) // t
-    return layers, logits
-
-
 def estimate(cfg: Config, world_size: int, gpu_memory_gib: float | None = None) -> Plan:
     """Memory per GPU of training `cfg` on `world_size` GPUs, and the largest micro batch that fits
     `gpu_memory_gib` (when given). Raises ConfigError for a config that would not start."""
     m, z, tp = cfg.model, cfg.zero, cfg.parallel.tp
     dp = _data_parallel_size(cfg, world_size)
-    n = count_parameters(m, tp)
+    n = count_parameters(m, tp) + objective_parameters(cfg)
     weights, gradients, optimizer, cpu = model_state_bytes(n, dp, z.stage, z.offload, cfg.precision)
     weight, grad, _ = STATE_BYTES[cfg.precision]
     gathered = (weight + grad) * largest_module(m, tp) if z.stage == 3 else 0
     activations, logits = activation_bytes(cfg, cfg.train.micro_batch_size)
-    plan = Plan(params=count_parameters(m), params_per_rank=n, tp=tp, dp=dp, weights=weights, gradients=gradients,
+    plan = Plan(params=count_parameters(m) + objective_parameters(cfg), params_per_rank=n, tp=tp, dp=dp, weights=weights, gradients=gradients,
                 optimizer_states=optimizer, zero3_gathered=gathered, activations=activations, logits=logits,
                 buffers=CUDA_CONTEXT + REDUCE_BUCKET * grad, cpu_offload=cpu)
     if gpu_memory_gib is not None:
@@ -338,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         predicted = speed.report(cfg, hw, world, efficiency) if hw else ""  # a layout it refuses stops here
         print(_header(args.config, cfg, plan, vocab_source, world))
         if args.compare and hw:
-            print(speed.ranking(cfg, hw, world, efficiency, memory))
+            print(ranking(cfg, hw, world, efficiency, memory))
         elif args.compare:
             stages = {f"ZeRO-{s}": _variant(cfg, {"zero.stage": s, "zero.offload": cfg.zero.offload and s > 0})
                       for s in range(4)}
@@ -392,7 +240,7 @@ def _header(name: str, cfg: Config, plan: Plan, vocab_source: str, world: int) -
             f"TP rank), vocabulary {m.vocab_size} ({vocab_source})\n"
             f"{world} GPUs = tp {plan.tp} x dp {plan.dp}, ZeRO-{z.stage}{' + offload' if z.offload else ''}, "
             f"{cfg.precision}, micro batch {cfg.train.micro_batch_size} x {d.seq_len} tokens, "
-            f"activation checkpointing {_checkpointed(m)}/{m.num_layers} layers\n"
+            f"activation checkpointing {checkpointed(m)}/{m.num_layers} layers\n"
             f"training FLOPs per sequence: {flops:.3e} (forward + backward, no recomputation)\n")
 
 
@@ -467,6 +315,65 @@ def _suggestions(cfg: Config, plan: Plan, world_size: int) -> list[tuple[dict, P
         if after.total < plan.total:
             found.append((changes, after))
     return sorted(found, key=lambda item: (not item[1].fits, item[1].total))
+
+
+REASONS = {  # why a layout's part is bigger than the fastest layout's (the layout, the fastest)
+    "compute (matmuls)": lambda c, best: "recomputes activations" if c.model.activation_checkpointing else
+    f"micro batch {c.train.micro_batch_size}: smaller matmuls" if c.train.micro_batch_size < best.train.micro_batch_size
+    else "",
+    "memory-bound kernels": lambda c, best: f"kernels={c.kernels_on(cuda=True)}, micro batch {c.train.micro_batch_size}",
+    "tensor-parallel all-reduces": lambda c, best: f"tp {c.parallel.tp}: 4 all-reduces per layer per micro batch",
+    "data-parallel / ZeRO communication": lambda c, best: (
+        "gradient all-reduce each step", "gradient all-reduce and weight all-gather each step",
+        "gradient all-reduce every micro batch", "weights gathered every micro batch")[c.zero.stage],
+    "optimizer step": lambda c, best: "every rank updates its whole TP shard" if c.zero.stage == 0 else "",
+}
+
+
+def ranking(cfg: Config, hw: speed.Hardware, world: int, eff: speed.Efficiency, memory_gib: float | None, top: int = 12) -> str:
+    """`ptm plan --gpu --compare`: the layouts that fit (tp within a node, ZeRO stage, micro batch, activation
+    checkpointing), fastest first, each with the part that makes it slower than the fastest."""
+    found, unfit = [], 0
+    micro = {2 ** i for i in range(12)} | {cfg.train.micro_batch_size}
+    for tp in (t for t in (1, 2, 4, 8) if t <= hw.gpus_per_node and world % t == 0):
+        for stage in range(4):
+            for ckpt in (False, True):
+                for b in sorted(micro):
+                    v = _variant(cfg, {"parallel.tp": tp, "zero.stage": stage, "train.micro_batch_size": b,
+                                       "model.activation_checkpointing": ckpt,
+                                       "zero.offload": cfg.zero.offload and stage > 0})
+                    try:
+                        plan, p = estimate(v, world, memory_gib), speed.predict(v, hw, world, eff)
+                    except ConfigError:  # tp does not divide the heads, the batch does not split, ...
+                        continue
+                    if plan.fits is False:
+                        unfit += 1
+                    else:
+                        found.append((p.step, v, plan, p))
+    if not found:
+        return f"no layout of {world} GPUs fits in {memory_gib:g} GiB per GPU ({unfit} tried)"
+    found.sort(key=lambda item: (item[0], item[2].total))
+    best = found[0][3].parts()
+    lines = [f"layouts on {speed.hardware_line(hw, world, eff)}, fastest first ({len(found)} fit"
+             + (f", {unfit} do not fit in {memory_gib:g} GiB" if memory_gib else "") + "):",
+             f"  {'#':>3} {'tp':>3} {'ZeRO':>4} {'micro':>6} {'ckpt':>5} {'GiB/GPU':>8} {'step':>12} {'samples/s':>11} "
+             f"{'MFU':>6}  slower than #1 because"]
+    for rank, (_, v, plan, p) in enumerate(found[:top], 1):
+        if rank == 1:
+            why = "fastest"
+        elif p.step <= found[0][0] * (1 + 1e-9):
+            why = "as fast"
+        else:
+            part, extra = max(((k, s - best[k]) for k, s in p.parts().items()), key=lambda kv: kv[1])
+            hint = REASONS[part](v, found[0][1])
+            why = f"+{speed.ms(extra)} {part}" + (f" ({hint})" if hint else "")
+        lines.append(f"  {rank:>3} {v.parallel.tp:>3} {v.zero.stage:>4} {v.train.micro_batch_size:>6} "
+                     f"{'yes' if v.model.activation_checkpointing else 'no':>5} {plan.total / 2 ** 30:>8.2f} "
+                     f"{speed.ms(p.step):>12} {p.samples_per_s:>11,.1f} {100 * p.mfu:>5.1f}%  {why}")
+    if len(found) > top:
+        lines.append(f"  ... {len(found) - top} slower layouts not shown")
+    return "\n".join(lines)
+
 
 
 if __name__ == "__main__":

@@ -31,12 +31,15 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 
 import yaml
 
 from pretrain.config import PRESETS_DIR, Config, ConfigError
-from pretrain.models.config import embedding_width, generator_config, padded_vocab_size
+from pretrain.cost import (checkpointed, count_parameters, layer_flops_per_sample, model_flops_per_sample,
+                           objective_parameters, predicted_tokens, stacks)
+from pretrain.models.config import embedding_width, padded_vocab_size
 
 HARDWARE_FILE = os.path.join(PRESETS_DIR, "hardware", "gpus.yaml")
 NVLINK_LATENCY_S = 5e-6  # one ring step inside a node (NCCL's small-message all-reduce over NVLink: ~10 us for 2)
@@ -56,6 +59,7 @@ RELATIVE_SCORE_BYTES = 60  # NEZHA: fp32 scores per head and key, 15 passes (sco
 OPTIMIZER_BYTES = {"adamw": 28, "lamb": 116}
 MIXED_PRECISION_BYTES = {"fp32": 4, "bf16": 16, "fp16": 16}
 GRAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}  # one element in the model's dtype (DeepSpeed's 16-bit weights)
+MIG_SLICES = 7  # compute slices of a MIG-capable GPU in the catalog (A100, H100, H200)
 REUSE_DISTANCE = 1e9  # stage3_max_reuse_distance's default: DeepSpeed keeps weights used again within it (parameters)
 
 
@@ -189,6 +193,27 @@ def by_device_name(device_name: str) -> Hardware | None:
 
 # ----------------------------------------------------------------------------------------- collectives
 
+def peak_flops(device_name: str, precision: str) -> float | None:
+    """Dense peak FLOPs/s of a GPU named like `torch.cuda.get_device_name()` (configs/hardware/gpus.yaml), or of the
+    MIG slice of one so named; None if unknown (or a CPU)."""
+    hw = by_device_name(device_name)
+    peak = None if hw is None else hw.peak(precision)
+    return None if peak is None else peak * mig_share(device_name)
+
+
+def mig_share(device_name: str) -> float:
+    """The share of its GPU's compute a MIG slice has: "NVIDIA A100-SXM4-80GB MIG 3g.40gb" is 3 of the 7 compute
+    slices of an A100/H100/H200, "... MIG 1c.3g.40gb" (a compute instance in it) 1 of 7; 1 for a whole GPU."""
+    m = re.search(r"\bMIG (?:(\d+)c\.)?(\d+)g\.", device_name)
+    return 1.0 if m is None else int(m.group(1) or m.group(2)) / MIG_SLICES
+
+
+def mfu(flops_per_second: float, device_name: str, precision: str) -> float | None:
+    """Model FLOPs utilisation of one GPU: its achieved model FLOPs/s over the device's peak."""
+    peak = peak_flops(device_name, precision)
+    return None if peak is None else flops_per_second / peak
+
+
 def _ring(kind: str, nbytes: float, ranks: int, per_node: int, hw: Hardware, eff: Efficiency,
           tp: int = 1) -> float:
     """Seconds of one all-reduce / reduce-scatter / all-gather of `nbytes` (the whole buffer) over `ranks` GPUs,
@@ -288,8 +313,6 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
     """The step of `cfg` on `world_size` GPUs of `hw` (hw.gpus_per_node per node). `overlap_reduce`: whether the
     gradient reduction hides behind the backward pass (and ZeRO-3's gathers behind the compute); default: as
     DeepSpeed does for this config (overlap_comm: on for ZeRO-3, else off unless a deepspeed_config sets it)."""
-    from pretrain.plan import count_parameters, model_flops_per_sample, predicted_tokens
-
     t, b, precision = cfg.parallel.tp, cfg.train.micro_batch_size, cfg.precision
     peak = hw.peak(precision)
     if peak is None:
@@ -303,7 +326,7 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
     accumulation = global_batch // (b * dp)
     flops = model_flops_per_sample(cfg.model, cfg.data.seq_len, predicted_tokens(cfg))
     compute, memory, tp_comm = _micro_batch(cfg, hw, eff, flops)
-    n = count_parameters(cfg.model, t)
+    n = count_parameters(cfg.model, t) + objective_parameters(cfg)
     overlap = _overlap_comm(cfg) if overlap_reduce is None else overlap_reduce
     dp_comm, hidden = _data_parallel(cfg, hw, eff, n, dp, accumulation, compute, overlap)
     notes = [f"parallel.tp={t} spans nodes: its all-reduces cross the network"] if t > hw.gpus_per_node else []
@@ -318,15 +341,13 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
 def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tuple[float, float, float]:
     """(compute, memory-bound, tensor-parallel) seconds of one micro batch on one GPU; `flops`: model FLOPs of
     one sequence."""
-    from pretrain.plan import _checkpointed, layer_flops_per_sample, predicted_tokens
-
     m, t, s, b = cfg.model, cfg.parallel.tp, cfg.data.seq_len, cfg.train.micro_batch_size
     act, kernels, hbm = 4 if cfg.precision == "fp32" else 2, cfg.kernels_on(cuda=True), hw.hbm_gbps * 1e9 * eff.memory
     rate = hw.peak(cfg.precision) * eff.matmul * b * s / (b * s + MATMUL_HALF_ROWS)  # achieved matmul FLOP/s
     tp_per_node = min(t, hw.gpus_per_node)
     compute, memory, tp_comm = flops * b / t / rate, 0.0, 0.0
-    for model in (m, generator_config(m)) if "rtd" in m.heads else (m,):  # ELECTRA: the generator's layers too
-        h, f, layers, recomputed = model.hidden_size, model.ffn_hidden_size, model.num_layers, _checkpointed(model)
+    for model in stacks(m):
+        h, f, layers, recomputed = model.hidden_size, model.ffn_hidden_size, model.num_layers, checkpointed(model)
         layer_flops = b * layer_flops_per_sample(model, s)  # forward + backward of one layer
         compute += recomputed * layer_flops / 3 / t / rate  # the recomputed forwards
         rep, per_h, per_f = ELEMENTWISE[kernels]
@@ -386,13 +407,11 @@ def _zero3_gathers(cfg: Config) -> float:
     again (by its backward, or with activation checkpointing by its recomputed forward) after 2j layers' parameters,
     so the top ceil(D / 2 x layer) layers are gathered once, the others twice; a recomputed layer is gathered a third
     time only if its own parameters exceed D (its backward follows right after its recomputation)."""
-    from pretrain.plan import _checkpointed
-
     m = cfg.model
     distance = _deepspeed_json(cfg).get("zero_optimization", {}).get("stage3_max_reuse_distance", REUSE_DISTANCE)
     layer = (4 * m.hidden_size ** 2 + 2 * m.hidden_size * m.ffn_hidden_size) / cfg.parallel.tp
     kept = min(m.num_layers, math.ceil(distance / (2 * layer)))
-    return 2 - kept / m.num_layers + (1 if _checkpointed(m) and layer > distance else 0)
+    return 2 - kept / m.num_layers + (1 if checkpointed(m) and layer > distance else 0)
 
 
 def _optimizer(cfg: Config, hw: Hardware, eff: Efficiency, updated: int) -> float:
@@ -420,7 +439,7 @@ def calibrate(cfg: Config, hw: Hardware, world_size: int, samples_per_s: float, 
 
 # ----------------------------------------------------------------------------------------------- reports
 
-def _ms(seconds: float) -> str:
+def ms(seconds: float) -> str:
     return f"{1e3 * seconds:,.1f} ms"
 
 
@@ -435,7 +454,7 @@ def _layout(p: Prediction, cfg: Config) -> str:
             f"{cfg.precision}, kernels={cfg.kernels_on(cuda=True)}")
 
 
-def _hardware_line(hw: Hardware, world: int, eff: Efficiency) -> str:
+def hardware_line(hw: Hardware, world: int, eff: Efficiency) -> str:
     net = hw.network
     nodes = math.ceil(world / hw.gpus_per_node)
     return (f"{world} x {hw.name} ({nodes} node{'s' if nodes > 1 else ''} of {hw.gpus_per_node}; NVLink "
@@ -446,16 +465,16 @@ def _hardware_line(hw: Hardware, world: int, eff: Efficiency) -> str:
 def _step_table(p: Prediction) -> list[str]:
     lines = []
     for part, seconds in p.parts().items():
-        hidden = f" (+{_ms(p.dp_comm_hidden)} hidden behind the compute)" if "ZeRO" in part and p.dp_comm_hidden else ""
-        lines.append(f"  {part:<38}{_ms(seconds):>14} {100 * seconds / p.step:6.1f}%{hidden}")
-    lines.append(f"  {'step':<38}{_ms(p.step):>14}")
+        hidden = f" (+{ms(p.dp_comm_hidden)} hidden behind the compute)" if "ZeRO" in part and p.dp_comm_hidden else ""
+        lines.append(f"  {part:<38}{ms(seconds):>14} {100 * seconds / p.step:6.1f}%{hidden}")
+    lines.append(f"  {'step':<38}{ms(p.step):>14}")
     return lines
 
 
 def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()) -> str:
     """The speed section of `ptm plan --gpu`: the step by part, throughput, MFU, time to train, scaling."""
     p = predict(cfg, hw, world, eff)
-    lines = [f"\npredicted speed on {_hardware_line(hw, world, eff)}", f"one step ({_layout(p, cfg)}):",
+    lines = [f"\npredicted speed on {hardware_line(hw, world, eff)}", f"one step ({_layout(p, cfg)}):",
              *_step_table(p), *[f"  note: {n}" for n in p.notes],
              f"throughput: {p.samples_per_s:,.1f} samples/s, {p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}% "
              f"({p.mfu * p.peak / 1e12:,.0f} TFLOP/s per GPU)",
@@ -477,66 +496,6 @@ def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()
                          f"{100 * q.samples_per_s / gpus / base:>10.1f}% {_duration(cfg.train.steps * q.step):>16}")
     else:
         lines.append("give --nodes M for the scaling from 1 node to M")
-    return "\n".join(lines)
-
-
-REASONS = {  # why a layout's part is bigger than the fastest layout's (the layout, the fastest)
-    "compute (matmuls)": lambda c, best: "recomputes activations" if c.model.activation_checkpointing else
-    f"micro batch {c.train.micro_batch_size}: smaller matmuls" if c.train.micro_batch_size < best.train.micro_batch_size
-    else "",
-    "memory-bound kernels": lambda c, best: f"kernels={c.kernels_on(cuda=True)}, micro batch {c.train.micro_batch_size}",
-    "tensor-parallel all-reduces": lambda c, best: f"tp {c.parallel.tp}: 4 all-reduces per layer per micro batch",
-    "data-parallel / ZeRO communication": lambda c, best: (
-        "gradient all-reduce each step", "gradient all-reduce and weight all-gather each step",
-        "gradient all-reduce every micro batch", "weights gathered every micro batch")[c.zero.stage],
-    "optimizer step": lambda c, best: "every rank updates its whole TP shard" if c.zero.stage == 0 else "",
-}
-
-
-def ranking(cfg: Config, hw: Hardware, world: int, eff: Efficiency, memory_gib: float | None, top: int = 12) -> str:
-    """`ptm plan --gpu --compare`: the layouts that fit (tp within a node, ZeRO stage, micro batch, activation
-    checkpointing), fastest first, each with the part that makes it slower than the fastest."""
-    from pretrain.plan import _variant, estimate
-
-    found, unfit = [], 0
-    micro = {2 ** i for i in range(12)} | {cfg.train.micro_batch_size}
-    for tp in (t for t in (1, 2, 4, 8) if t <= hw.gpus_per_node and world % t == 0):
-        for stage in range(4):
-            for ckpt in (False, True):
-                for b in sorted(micro):
-                    v = _variant(cfg, {"parallel.tp": tp, "zero.stage": stage, "train.micro_batch_size": b,
-                                       "model.activation_checkpointing": ckpt,
-                                       "zero.offload": cfg.zero.offload and stage > 0})
-                    try:
-                        plan, p = estimate(v, world, memory_gib), predict(v, hw, world, eff)
-                    except ConfigError:  # tp does not divide the heads, the batch does not split, ...
-                        continue
-                    if plan.fits is False:
-                        unfit += 1
-                    else:
-                        found.append((p.step, v, plan, p))
-    if not found:
-        return f"no layout of {world} GPUs fits in {memory_gib:g} GiB per GPU ({unfit} tried)"
-    found.sort(key=lambda item: (item[0], item[2].total))
-    best = found[0][3].parts()
-    lines = [f"layouts on {_hardware_line(hw, world, eff)}, fastest first ({len(found)} fit"
-             + (f", {unfit} do not fit in {memory_gib:g} GiB" if memory_gib else "") + "):",
-             f"  {'#':>3} {'tp':>3} {'ZeRO':>4} {'micro':>6} {'ckpt':>5} {'GiB/GPU':>8} {'step':>12} {'samples/s':>11} "
-             f"{'MFU':>6}  slower than #1 because"]
-    for rank, (_, v, plan, p) in enumerate(found[:top], 1):
-        if rank == 1:
-            why = "fastest"
-        elif p.step <= found[0][0] * (1 + 1e-9):
-            why = "as fast"
-        else:
-            part, extra = max(((k, s - best[k]) for k, s in p.parts().items()), key=lambda kv: kv[1])
-            hint = REASONS[part](v, found[0][1])
-            why = f"+{_ms(extra)} {part}" + (f" ({hint})" if hint else "")
-        lines.append(f"  {rank:>3} {v.parallel.tp:>3} {v.zero.stage:>4} {v.train.micro_batch_size:>6} "
-                     f"{'yes' if v.model.activation_checkpointing else 'no':>5} {plan.total / 2 ** 30:>8.2f} "
-                     f"{_ms(p.step):>12} {p.samples_per_s:>11,.1f} {100 * p.mfu:>5.1f}%  {why}")
-    if len(found) > top:
-        lines.append(f"  ... {len(found) - top} slower layouts not shown")
     return "\n".join(lines)
 
 
@@ -582,13 +541,13 @@ def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Eff
                      network=network(interconnect) if interconnect else hw.network)
     world, got = launch["world_size"], measured(run_dir)
     p = predict(cfg, hw, world, eff)
-    rows = [("step time", _ms(p.step), _ms(got["step_time_s"]), got["step_time_s"] / p.step),
+    rows = [("step time", ms(p.step), ms(got["step_time_s"]), got["step_time_s"] / p.step),
             ("samples/s", f"{p.samples_per_s:,.1f}", f"{p.samples_per_step / got['step_time_s']:,.1f}",
              p.step / got["step_time_s"])]
     if got["mfu"] is not None:
         rows.append(("MFU", f"{100 * p.mfu:.1f}%", f"{100 * got['mfu']:.1f}%", got["mfu"] / p.mfu))
     lines = [f"{run_dir}: {launch['device']} x {world}, {_layout(p, cfg)}",
-             f"predicted on {_hardware_line(hw, world, eff)}:", *_step_table(p),
+             f"predicted on {hardware_line(hw, world, eff)}:", *_step_table(p),
              f"  {'':<14}{'predicted':>14}{'measured':>14}{'measured/predicted':>20}  ({got['steps']} steps)"]
     lines += [f"  {name:<14}{a:>14}{b:>14}{ratio:>20.3f}" for name, a, b, ratio in rows]
     fitted = calibrate(cfg, hw, world, p.samples_per_step / got["step_time_s"], eff)

@@ -68,7 +68,7 @@ def test_unpadded_training_compiles_once_and_runs_compiled(train_data, tmp_path)
     trainer = Trainer(tiny_bert(train_data, tmp_path, "kernels=compile", "data.unpadded=true", "data.seq_len=128",
                                 "data.short_seq_prob=0.5", "train.global_batch_size=16", "train.micro_batch_size=8",
                                 "train.steps=30"))
-    assert trainer.engine.kernels == "compile"
+    assert trainer.parallel.kernels == "compile"
     source = trainer._sources(0)[0]
     rows = [b["input_ids"].shape[0] for b in itertools.islice(trainer._loader(source, 0, 0), 30 * trainer.accumulation)]
     assert len(set(rows)) >= 3 and min(rows) > 1, rows  # many shapes, none of the one-row specialisation

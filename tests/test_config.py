@@ -12,7 +12,7 @@ from pretrain.models.config import ARCH_FEATURES, ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
-TOP_KEYS = "seed, out_dir, precision, grad_accum_dtype, deepspeed_config, kernels, fused_lm_loss, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie"
+TOP_KEYS = "seed, out_dir, precision, grad_accum_dtype, deepspeed_config, kernels, fused_lm_loss, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie, electra, unilm"
 OPTIMIZER_KEYS = "name, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, poly_power, multi_tensor"
 
 
@@ -315,19 +315,19 @@ def test_every_objective_is_one_registered_module():
     """The config's choices and help, the data factory and the trainer all come from the registry."""
     from pretrain import objectives
 
-    assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie", "electra")
+    assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie", "electra", "unilm")
     assert all(o.help and C.OBJECTIVES[name] == o.help for name, o in objectives.REGISTRY.items())
     with pytest.raises(ValueError, match="data.objective 't5' is not one of mlm_nsp | mlm_sop"):
         objectives.get("t5")
 
 
 def test_electra_weighs_its_rtd_term_by_the_config():
-    """data.rtd_weight reaches the objective the trainer computes with (objectives.get(...).configured(cfg))."""
+    """electra.rtd_weight reaches the objective the trainer computes with (objectives.get(...).configured(cfg))."""
     import torch
 
     from pretrain import losses, objectives
 
-    electra = objectives.get("electra").configured(load("electra-tiny", ["data.rtd_weight=7"]))
+    electra = objectives.get("electra").configured(load("electra-tiny", ["electra.rtd_weight=7"]))
     terms = {"mlm": losses.Term(torch.tensor(2.0), torch.tensor(4)),
              "rtd": losses.Term(torch.tensor(3.0), torch.tensor(6), weight=electra.weight)}
     counts = {name: t.count.double() for name, t in terms.items()}

@@ -57,9 +57,9 @@ class Located:
         return at[self.boundary[at] & self.boundary[at + len(tokens)]]
 
 
-def make(dataset, seq_len=128, objective="mlm_nsp", seed=11, **masking):
+def make(dataset, seq_len=128, pair_task="nsp", seed=11, **masking):
     c = Corpus(dataset)
-    return BertDataset(dataset, seq_len, Masker(c.special_ids, c.vocab_size, **masking), objective=objective, seed=seed)
+    return BertDataset(dataset, seq_len, Masker(c.special_ids, c.vocab_size, **masking), pair_task=pair_task, seed=seed)
 
 
 def original(s):
@@ -131,7 +131,7 @@ def test_nsp_pairs_are_consecutive_sentences_or_another_document(dataset, locate
 
 
 def test_sop_swaps_consecutive_segments(dataset, located):
-    ds = make(dataset, 512, objective="mlm_sop")
+    ds = make(dataset, 512, pair_task="sop")
     labels = []
     for i in range(150):
         s = ds.sample(0, i)
@@ -146,7 +146,7 @@ def test_sop_swaps_consecutive_segments(dataset, located):
 
 
 def test_full_sentences_pack_whole_sentences_across_documents(dataset, located):
-    ds = make(dataset, 128, objective="mlm")
+    ds = make(dataset, 128, pair_task="none")
     sep = ds.corpus.special_ids["sep"]
     crossed = 0
     for i in range(200):
@@ -306,7 +306,7 @@ def test_knowledge_masking_masks_whole_phrases_and_entities(dataset, located, le
 def test_same_samples_from_independent_builders(dataset, tmp_path):
     keys = [(0, 0), (0, 3), (2, 7), (5, 123)]
     copy = shutil.copytree(dataset, tmp_path / "copy", ignore=shutil.ignore_patterns(".ptm_index"))
-    for kw in ({"strategy": "whole_word"}, {"strategy": "knowledge"}, {"objective": "mlm", "strategy": "span"}):
+    for kw in ({"strategy": "whole_word"}, {"strategy": "knowledge"}, {"pair_task": "none", "strategy": "span"}):
         a = [make(dataset, **kw).sample(*k) for k in keys]
         b = [make(str(copy), **kw).sample(*k) for k in keys]
         for x, y in zip(a, b):

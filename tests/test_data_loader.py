@@ -9,7 +9,7 @@ import torch
 
 from data_prep.dataset import Corpus
 from helpers import quick_build
-from pretrain.config import DataConfig
+from pretrain.config import Config, DataConfig
 from pretrain.data.bert import BertDataset
 from pretrain.data.blend import BlendedDataset
 from pretrain.data.factory import build_sources
@@ -118,22 +118,22 @@ def test_blending_in_proportion_with_each_source_as_a_stream_of_epochs(dataset):
 def test_sources_from_the_data_config(dataset, tmp_path):
     data = DataConfig(path=[dataset, dataset], weights=[0.5, 0.5], seq_len=64, objective="mlm_sop",
                       masking="knowledge", valid_fraction=0.1)
-    train, valid = build_sources(data, seed=3)
+    train, valid = build_sources(Config(data=data, seed=3))
     assert isinstance(train, BlendedDataset) and isinstance(valid, BlendedDataset)
     part = train.sources[0]
     assert part.masker.max_predictions == 10 and part.masker.span_kinds == ("phrase", "entity")
     assert not np.intersect1d(part.docs, valid.sources[0].docs).size
     assert len(part.docs) + len(valid.sources[0].docs) == len(Corpus(dataset))
     assert "next_sentence_label" in train.sample(0, 0)
-    gpt, none = build_sources(DataConfig(path=dataset, seq_len=64, objective="clm", valid_fraction=0), seed=3)
+    gpt, none = build_sources(Config(data=DataConfig(path=dataset, seq_len=64, objective="clm", valid_fraction=0), seed=3))
     assert isinstance(gpt, GPTDataset) and none is None
     with pytest.raises(ValueError, match="data.objective .t5. is not one of mlm_nsp"):
-        build_sources(DataConfig(path=dataset, objective="t5"), seed=3)
+        build_sources(Config(data=DataConfig(path=dataset, objective="t5"), seed=3))
     with pytest.raises(ValueError, match="needs the current stage's tasks"):
-        build_sources(DataConfig(path=dataset, objective="ernie"), seed=3)
+        build_sources(Config(data=DataConfig(path=dataset, objective="ernie"), seed=3))
     other = shutil.copytree(dataset, tmp_path / "other", ignore=shutil.ignore_patterns(".ptm_index"))
     manifest = json.loads((other / "manifest.json").read_text())
     manifest["tokenizer"]["sha256"] = "0" * 64
     (other / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="different tokenizers"):
-        build_sources(DataConfig(path=[dataset, str(other)], seq_len=64), seed=3)
+        build_sources(Config(data=DataConfig(path=[dataset, str(other)], seq_len=64), seed=3))

@@ -160,7 +160,7 @@ def test_bf16_trains_with_bf16_weights_and_fp32_master_copies(train_data, tmp_pa
     trainer = Trainer(config(bert(train_data, "precision=bf16", "zero.stage=0", "grad_accum_dtype=bf16",
                                   "train.steps=3", f"out_dir={tmp_path}")))
     assert all(p.dtype == torch.bfloat16 for p in trainer.model.parameters())
-    assert all(master.dtype == torch.float32 for master, _ in trainer.engine.layout.tensors)
+    assert all(master.dtype == torch.float32 for master, _ in trainer.parallel.layout.tensors)
     summary = trainer.fit()
     assert summary["steps"] == 3 and summary["skipped_steps"] == 0
     weights = C.load_full_model(C.resolve(str(tmp_path)))

@@ -1,8 +1,9 @@
 """The same global batch trains the same model whatever the layout, for every objective: BERT (mlm_nsp, whole-word
 masking, padded samples), ERNIE 2.0 (two tasks of one stage), GPT-2 (unpacked documents, padded windows), RoBERTa
 (mlm on full sentences, its positions), ALBERT (shared layers, factorised embeddings, n-gram masking, SOP), MacBERT
-(correction masking), ELECTRA (a generator sampling the tokens a discriminator judges) and NEZHA (relative positions
-inside attention), under TP=2 x DP=2 with ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
+(correction masking), ELECTRA (a generator sampling the tokens a discriminator judges), NEZHA (relative positions
+inside attention), GPT (a post-LN decoder) and UniLM (four attention masks, one per sample), under TP=2 x DP=2 with
+ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
 
 Every loss is a sum over its elements divided by their count in the whole global batch (pretrain/losses.py); with
 per-micro-batch means the BERT differences were up to 1.4e-1. The one-process references run under ZeRO-1: DeepSpeed
@@ -12,6 +13,7 @@ ZeRO>=1 run, one process included, by more than the layouts do. Dropout is off (
 import json
 
 import pytest
+import torch
 
 from runs import config, launch, losses_by_step, max_rel_diff, weights
 
@@ -31,6 +33,8 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "macbert": (["macbert-tiny"], 2, "mlm_loss"),  # correction masking: random words (no similar-words file here)
     "electra": (["electra-tiny"], {"": 8, "generator.": 2}, "rtd_loss"),  # the generator's samples drawn alike on every layout
     "nezha": (["nezha-tiny", "model.max_relative_position=8"], 2, "mlm_loss"),  # relative positions, clipped
+    "gpt": (["gpt-tiny", "model.num_heads=4", "data.pack_documents=false"], 4, "lm_loss"),  # post-LN decoder
+    "unilm": (["unilm-tiny"], 2, "mlm_loss"),  # each sample under its own mask (4 kinds), drawn from the sample
 }
 STAGES = (1, 2, 3)
 NOCLIP = {"ref": (), "mb8": ("train.micro_batch_size=8",)}  # and TP=2 x DP=2 under ZeRO-2: every split of the batch
@@ -100,8 +104,7 @@ def test_the_batches_have_what_makes_normalisation_matter(train_data):
 
     for model in MODELS:
         cfg = config(run(model, train_data))
-        tasks = cfg.ernie.stages[0].tasks if cfg.ernie.stages else None
-        source, _ = build_sources(cfg.data, cfg.seed, tasks=tasks)
+        source, _ = build_sources(cfg, cfg.ernie.stages[0] if cfg.ernie.stages else None)
         samples = [source.sample(0, i) for i in range(32)]
         counts = [int((s["labels"] != -100).sum()) for s in samples]
         assert len(set(counts)) > 1, model
@@ -110,6 +113,11 @@ def test_the_batches_have_what_makes_normalisation_matter(train_data):
         if model == "ernie":
             pairs = [{int(s["task"]) for s in samples[i:i + 2]} for i in range(0, 32, 2)]
             assert any(len(p) == 1 for p in pairs)
+        if model == "unilm":  # every mask in the batch
+            from pretrain.objectives.unilm import sample_modes
+
+            ids = torch.stack([torch.from_numpy(s["input_ids"]) for s in samples])
+            assert set(sample_modes(ids, cfg.unilm.mix).tolist()) == {0, 1, 2, 3}
 
 
 @pytest.mark.parametrize("model", MODELS)

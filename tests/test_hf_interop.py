@@ -24,9 +24,9 @@ def one_process_group():
 def _checkpoint(tmp_path, arch, tok_dir, nfkc=True, **features):
     tok = load_tokenizer(tok_dir)
     cfg = ModelConfig(arch=arch, vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=4,
-                      ffn_hidden_size=64, max_position_embeddings=64,
-                      type_vocab_size={"gpt2": 0, "roberta": 1}.get(arch, 2),
-                      layer_norm_eps=1e-5 if arch == "gpt2" else 1e-12, hidden_dropout=0, attention_dropout=0,
+                      ffn_hidden_size=128 if arch == "gpt" else 64, max_position_embeddings=64,  # GPT's MLP: 4 x hidden
+                      type_vocab_size={"gpt2": 0, "gpt": 0, "roberta": 1}.get(arch, 2),
+                      layer_norm_eps=1e-5 if arch in ("gpt2", "gpt") else 1e-12, hidden_dropout=0, attention_dropout=0,
                       pad_token_id=tok.special["pad"] if arch == "roberta" else -1, **features)
     torch.manual_seed(0)
     model = Pretraining(cfg).eval()
@@ -65,13 +65,15 @@ def test_bert_to_hf_loads_in_transformers_with_its_tokenizer(sp_model, tmp_path)
     assert len(answers) == 5 and all("token_str" in a for a in answers)
 
 
-def test_gpt2_to_hf_generates(gpt2_vocab, tmp_path):
+@pytest.mark.parametrize("arch", ["gpt2", "gpt"])
+def test_gpt2_and_gpt_to_hf_generate(arch, gpt2_vocab, tmp_path):
     tok_dir = tmp_path / "tok"
     load_tokenizer(gpt2_vocab).save(str(tok_dir))
-    model, cfg = _checkpoint(tmp_path, "gpt2", str(tok_dir), nfkc=False)
+    model, cfg = _checkpoint(tmp_path, arch, str(tok_dir), nfkc=False)
     out = tmp_path / "hf"
     run_cli("checkpoints_tools", "to-hf", tmp_path / "run" / "checkpoints" / "step_00000007", "--out", out)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == {"gpt2": "GPT2LMHeadModel", "gpt": "OpenAIGPTLMHeadModel"}[arch]
     tok = transformers.AutoTokenizer.from_pretrained(out)
     enc = tok("def add(a, b): return a + b", return_tensors="pt")
     with torch.no_grad():
@@ -81,14 +83,18 @@ def test_gpt2_to_hf_generates(gpt2_vocab, tmp_path):
     assert gen("def add(a, b):", max_new_tokens=5, do_sample=False)[0]["generated_text"].startswith("def add(a, b):")
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", "roberta", "albert", "nezha"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "gpt", "ernie", "roberta", "albert", "nezha"])
 def test_hf_to_ptm_to_hf_is_bit_exact(arch, wordpiece_vocab, gpt2_vocab, roberta_vocab, tmp_path):
     torch.manual_seed(0)
-    vocab_file = {"gpt2": gpt2_vocab, "roberta": roberta_vocab}.get(arch, wordpiece_vocab)
+    vocab_file = {"gpt2": gpt2_vocab, "gpt": gpt2_vocab, "roberta": roberta_vocab}.get(arch, wordpiece_vocab)
     vocab = load_tokenizer(vocab_file).vocab_size
     if arch == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64)
         model = transformers.GPT2LMHeadModel(cfg)
+        tok = transformers.GPT2TokenizerFast.from_pretrained(os.path.dirname(vocab_file))
+    elif arch == "gpt":
+        cfg = transformers.OpenAIGPTConfig(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+        model = transformers.OpenAIGPTLMHeadModel(cfg)
         tok = transformers.GPT2TokenizerFast.from_pretrained(os.path.dirname(vocab_file))
     elif arch == "roberta":
         cfg = transformers.RobertaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -189,6 +195,23 @@ def test_albert_to_hf_and_back(sp_model, tmp_path):
     _checkpoint(tmp_path / "partial", "albert", sp_model, share_layers="attention")
     proc = run_cli("checkpoints_tools", "to-hf", tmp_path / "partial" / "run", "--out", tmp_path / "no", check=False)
     assert proc.returncode == 2 and "share_layers=attention has no HF class" in proc.stderr
+
+
+def test_export_refuses_what_the_family_class_does_not_compute(sp_model, gpt2_vocab, tmp_path):
+    """`arch` picks the HF class, and the class must compute the model: a causal BERT, or a GPT-2 with post-LN and GELU,
+    is refused with one line per feature (else the export would load as a different model)."""
+    _checkpoint(tmp_path / "bert", "bert", sp_model, causal=True)
+    proc = run_cli("checkpoints_tools", "to-hf", tmp_path / "bert" / "run", "--out", tmp_path / "no", check=False)
+    errors = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert "model.causal=True has no HF class: BertForPreTraining computes causal = False" in errors[0]
+    tok_dir = tmp_path / "tok"
+    load_tokenizer(gpt2_vocab).save(str(tok_dir))
+    _checkpoint(tmp_path / "gpt2", "gpt2", str(tok_dir), nfkc=False, norm="post", activation="gelu")
+    proc = run_cli("checkpoints_tools", "to-hf", tmp_path / "gpt2" / "run", "--out", tmp_path / "no", check=False)
+    errors = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(errors) == 2 and not (tmp_path / "no").exists(), proc.stderr
+    assert "model.norm=post has no HF class" in errors[0] and "model.activation=gelu has no HF class" in errors[1]
 
 
 def test_electra_exports_discriminator_and_generator_and_comes_back(sp_model, tmp_path):

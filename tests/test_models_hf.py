@@ -29,6 +29,15 @@ def _hf(arch):
         cfg = transformers.GPT2Config(vocab_size=V, n_embd=H, n_layer=L, n_head=HEADS, n_positions=64,
                                       resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
         return transformers.GPT2LMHeadModel(cfg).eval()
+    if arch == "gpt":  # OpenAI GPT (2018): post-LN, no embedding or final LayerNorm
+        cfg = transformers.OpenAIGPTConfig(vocab_size=V, n_embd=H, n_layer=L, n_head=HEADS, n_positions=64,
+                                           resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+        model = transformers.OpenAIGPTLMHeadModel(cfg)
+        with torch.no_grad():  # random LayerNorm weights and biases, as the others' biases below
+            for name, p in model.named_parameters():
+                if ".ln_" in name or name.endswith("bias"):
+                    p.normal_(mean=1.0 if name.endswith("weight") else 0.0, std=0.1)
+        return model.eval()
     common = dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=HEADS, intermediate_size=48,
                   max_position_embeddings=64, hidden_dropout_prob=0, attention_probs_dropout_prob=0)
     if arch == "ernie":
@@ -60,9 +69,10 @@ def _hf(arch):
 
 def _ours(arch, hf_model, vocab_pad_to):
     cfg = ModelConfig(arch=arch, vocab_size=V, vocab_pad_to=vocab_pad_to, hidden_size=H, num_layers=L, num_heads=HEADS,
-                      ffn_hidden_size=H * 4 if arch == "gpt2" else 48, max_position_embeddings=64,
-                      type_vocab_size={"gpt2": 0, "roberta": 1}.get(arch, 2), task_type_vocab_size=3 if arch == "ernie" else 0,
-                      layer_norm_eps=1e-5 if arch == "gpt2" else 1e-12, hidden_dropout=0, attention_dropout=0,
+                      ffn_hidden_size=H * 4 if arch in ("gpt2", "gpt") else 48, max_position_embeddings=64,
+                      type_vocab_size={"gpt2": 0, "gpt": 0, "roberta": 1}.get(arch, 2),
+                      task_type_vocab_size=3 if arch == "ernie" else 0,
+                      layer_norm_eps=1e-5 if arch in ("gpt2", "gpt") else 1e-12, hidden_dropout=0, attention_dropout=0,
                       pad_token_id=PAD if arch == "roberta" else -1, embedding_size=E if arch == "albert" else 0,
                       max_relative_position=MAX_DISTANCE)
     model = Pretraining(cfg).eval()
@@ -114,9 +124,12 @@ def test_bert_ernie_albert_and_nezha_match_hf(arch, vocab_pad_to):
 
 
 @pytest.mark.parametrize("vocab_pad_to", [1, 128])
-def test_gpt2_matches_hf(vocab_pad_to):
-    hf = _hf("gpt2")
-    ours = _ours("gpt2", hf, vocab_pad_to)
+@pytest.mark.parametrize("arch", ["gpt2", "gpt"])
+def test_gpt2_and_gpt_match_hf(arch, vocab_pad_to):
+    """GPT-2 (pre-LN, a final LayerNorm) and GPT (post-LN, no embedding or final LayerNorm; random LayerNorm weights
+    so that their places matter), the loss with HF's shifted labels too."""
+    hf = _hf(arch)
+    ours = _ours(arch, hf, vocab_pad_to)
     ids = _inputs()[0]
     with torch.no_grad():
         ref = hf(input_ids=ids, labels=ids)
@@ -147,7 +160,7 @@ def test_roberta_matches_hf_with_its_positions(vocab_pad_to):
     assert (plain - ref.logits).abs().amax(dim=(1, 2)).gt(1e-3).tolist() == [True, True, True]
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt2", "ernie", "roberta", "albert", "nezha"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "gpt", "ernie", "roberta", "albert", "nezha"])
 def test_hf_round_trip_is_bit_exact(arch):
     hf = _hf(arch)
     sd = hf.state_dict()
@@ -165,7 +178,9 @@ def test_relative_attention_equals_a_float64_computation():
     import math
 
     from checkpoints_tools.nezha.modeling_nezha import relative_position_encoding
-    from pretrain.models.model import Attention, relative_positions
+    from megatron.core.transformer.spec_utils import build_module
+
+    from pretrain.models.layers import Context, attention_spec, relative_positions
 
     s, d, m, heads = 7, 4, 2, 2
     a = torch.zeros(s, s, d, dtype=torch.float64)
@@ -179,8 +194,9 @@ def test_relative_attention_equals_a_float64_computation():
     cfg = ModelConfig(arch="nezha", vocab_size=V, hidden_size=heads * d, num_heads=heads, max_relative_position=m,
                       attention_dropout=0)
     torch.manual_seed(0)
-    attention = Attention(cfg, mcore.model_parallel_config(), lambda w: torch.nn.init.normal_(w, std=0.5),
-                          lambda w: torch.nn.init.normal_(w, std=0.5)).double().eval()
+    init = lambda w: torch.nn.init.normal_(w, std=0.5)  # noqa: E731
+    ctx = Context(cfg, mcore.tp_group(), mcore.model_parallel_config(), init, init)
+    attention = build_module(attention_spec(cfg), ctx).double().eval()
     x = torch.randn(2, s, heads * d, dtype=torch.float64)
     keep = torch.ones(2, s, dtype=torch.bool)
     keep[1, 5:] = False
@@ -204,6 +220,7 @@ def test_relative_attention_equals_a_float64_computation():
 def _electra(vocab_pad_to=1):
     """ElectraForPreTraining and ElectraForMaskedLM (half as wide) on one set of embedding tables, as ELECTRA trains
     them, and the ptm model holding both."""
+    from pretrain.families.electra import join
     from pretrain.models.config import generator_config
 
     disc, gen = _hf("electra"), _hf("electra-generator")
@@ -220,7 +237,7 @@ def _electra(vocab_pad_to=1):
     # generator's head
     gs, missing = hf_keys.from_hf("electra", gen.state_dict(), L, HEADS // 2, rows)
     assert sorted({k.split(".")[0] for k in missing}) == ["rtd"]
-    model.load_state_dict(hf_keys.electra_join(d, gs))
+    model.load_state_dict(join(d, gs))
     return disc, gen, model
 
 

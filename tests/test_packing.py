@@ -66,8 +66,8 @@ def test_packing_without_the_block_diagonal_mask_would_differ():
 def test_packed_ernie2_batch_gives_the_padded_task_terms_and_gradients():
     """ERNIE 2.0: per-token tasks (capitalisation) select their tokens through each token's task, sequence tasks
     (sentence distance) pool each sample's [CLS], knowledge masking is masked LM."""
-    from pretrain.models.ernie_heads import ErnieTaskHeads
-    from pretrain.objectives.ernie import TASK_SPECS, TASKS
+    from pretrain.config import Config
+    from pretrain.objectives.ernie import TASK_SPECS, TASKS, ErnieStage
 
     tasks = ("knowledge_masking", "capitalization", "sentence_distance")
     lengths = [16, 3, 9, 7, 5, 12]
@@ -87,9 +87,8 @@ def test_packed_ernie2_batch_gives_the_padded_task_terms_and_gradients():
     for b in (batch, packed):
         mcore.initialize(tp=1, seed=0)
         cfg = dataclasses.replace(tiny("ernie"), max_position_embeddings=16, task_type_vocab_size=3)
-        model = Pretraining(cfg).train()
-        model.tasks = ErnieTaskHeads(cfg.hidden_size, cfg.init_std)
-        terms = objectives.get("ernie").compute(model, b, tasks)
+        model = Pretraining(cfg, heads=objectives.get("ernie").heads(Config(model=cfg))).train()
+        terms = objectives.get("ernie").compute(model, b, ErnieStage(tasks=dict.fromkeys(tasks, 1.0)))
         sum(t.loss for t in terms.values()).backward()
         results.append((terms, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
     (padded, grads), (unpadded, packed_grads) = results

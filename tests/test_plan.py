@@ -12,8 +12,9 @@ import pytest
 from conftest import ROOT, run_cli
 from pretrain.config import load
 from pretrain.models.config import ModelConfig, padded_vocab_size
-from pretrain.plan import (activation_bytes, checkpoint_bytes, count_parameters, estimate, largest_module, mfu,
-                           model_flops_per_sample, peak_flops)
+from pretrain.cost import activation_bytes, count_parameters, largest_module, model_flops_per_sample
+from pretrain.plan import checkpoint_bytes, estimate
+from pretrain.speed import mfu, peak_flops
 
 GPT2_SMALL = ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
                          ffn_hidden_size=3072, max_position_embeddings=1024, type_vocab_size=0)
@@ -50,6 +51,23 @@ def test_parameter_counts_match_the_model(arch):
     assert all(p.shape[p.partition_dim] % 2 == 0 for p in split)
     assert count_parameters(m, tp=2) == sum(p.numel() for p in params) - sum(p.numel() for p in split) // 2
     assert largest_module(m) == model_to_params(model)[1]
+
+
+@pytest.mark.parametrize("preset", sorted(p[:-5] for p in os.listdir(os.path.join(ROOT, "configs")) if p.endswith(".yaml")))
+def test_the_cost_module_counts_every_preset_as_the_model_built_on_the_meta_device(preset):
+    """pretrain/cost.py counts parameters from the config alone; the model the trainer builds (with the heads its
+    objective adds), on the meta device, has exactly as many."""
+    import torch
+
+    from pretrain import cost, objectives
+    from pretrain.models.model import Pretraining
+    from pretrain.parallel import mcore
+
+    cfg = load(preset)
+    cfg.model.vocab_size = cfg.model.vocab_size or 30522  # the tiny presets take the dataset's
+    with torch.device("meta"):
+        model = Pretraining(cfg.model, heads=objectives.get(cfg.data.objective).heads(cfg), tp=mcore.OneRank())
+    assert cost.count_parameters(cfg.model) + cost.objective_parameters(cfg) == sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -190,22 +208,23 @@ def test_every_plan_option_has_help():
         assert action.help and len(action.help) > 10, action.option_strings
 
 
-@pytest.mark.parametrize("preset", ["bert-base", "roberta-base", "albert-base", "electra-base", "nezha-base", "gpt2"])
+@pytest.mark.parametrize("preset", ["bert-base", "roberta-base", "albert-base", "electra-base", "nezha-base", "gpt2",
+                                    "gpt", "unilm-large"])
 def test_preset_parameter_counts_equal_hugging_face_classes(preset):
     """`ptm plan`'s count of a published size (vocabulary unpadded) equals the HF class's, built on the meta device
     (ELECTRA: ElectraForPreTraining + ElectraForMaskedLM, whose embedding tables are the discriminator's in ptm)."""
     import torch
 
-    from checkpoints_tools.hf import _HF_CLASSES, ELECTRA_GENERATOR, _hf_class, hf_config
-    from pretrain.models.config import generator_config
+    from checkpoints_tools.hf import adapter
 
     m = dataclasses.replace(load(preset).model, vocab_pad_to=1, pad_token_id=1)
     special = {"pad": 1, "cls": 0, "sep": 2, "eod": 0}
+    family = adapter(m.arch)
     with torch.device("meta"):
-        hf = _hf_class(_HF_CLASSES[m.arch])(hf_config(m, special))  # NEZHA: ptm's modeling file
-        expected = hf.num_parameters()
-        if m.arch == "electra":
-            gen = _hf_class(ELECTRA_GENERATOR[1])(hf_config(generator_config(m), special))
+        (_, _, cls), *companions = family.models(m)
+        expected = family.hf_model_class(cls)(family.hf_config(m, special)).num_parameters()  # NEZHA: ptm's file
+        for _, g, cls in companions:  # ELECTRA's generator
+            gen = family.hf_model_class(cls)(family.hf_config(g, special))
             shared = gen.electra.embeddings
             expected += gen.num_parameters() - sum(p.numel() for n, p in shared.named_parameters())
             assert gen.config.hidden_size == 256 and gen.config.num_attention_heads == 4  # google/electra-base-generator

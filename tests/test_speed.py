@@ -82,7 +82,7 @@ def test_step_terms_per_zero_stage_and_tensor_parallelism(tmp_path):
     again for the backward, except the top layers kept within stage3_max_reuse_distance (all of BERT-large), behind
     the compute; TP all-reduces 4 times per layer and micro batch (6 with recomputation), plus the embeddings'
     forward and the head's backward."""
-    from pretrain.plan import count_parameters
+    from pretrain.cost import count_parameters
 
     hw, eff = speed.gpu("a100-80gb"), speed.Efficiency()
     world, per_node = 32, 8
@@ -161,7 +161,7 @@ def test_gradients_travel_in_deepspeeds_communication_dtype(tmp_path, precision,
     `grad` bytes per gradient and `weight` bytes per gathered weight (ZeRO-2: an all-reduce per micro batch, an
     all-gather per step), as the DeepSpeed config ptm builds says; a deepspeed_config's own choice counts too."""
     from pretrain.engine import ds_config
-    from pretrain.plan import count_parameters
+    from pretrain.cost import count_parameters
 
     hw, eff = speed.gpu("a100-80gb"), speed.Efficiency()
     sets = [f"precision={precision}", f"grad_accum_dtype={accumulation}", "train.global_batch_size=4096"]
@@ -223,7 +223,7 @@ def test_samples_mfu_and_time_follow_from_the_step():
     hw = speed.gpu("h100")
     cfg = _bert("train.global_batch_size=1024", "train.steps=1000")
     p = speed.predict(cfg, hw, 16)
-    from pretrain.plan import model_flops_per_sample, predicted_tokens
+    from pretrain.cost import model_flops_per_sample, predicted_tokens
 
     assert p.step == pytest.approx(sum(p.parts().values()))
     assert p.samples_per_s == pytest.approx(1024 / p.step) and p.tokens_per_s == pytest.approx(128 * 1024 / p.step)

@@ -62,7 +62,7 @@ def test_samplers_refuse_a_dataset_without_the_structure_they_need(builds):
         (lambda: BertDataset(builds["sentences"], 64, masker("whole_word")),
          (r"built with --structure sentences, without the words that whole_word masking needs; rebuild it with "
           r"`data_prep build --structure words`")),
-        (lambda: BertDataset(builds["sentences"], 64, masker("token"), objective="mlm_sop"),
+        (lambda: BertDataset(builds["sentences"], 64, masker("token"), pair_task="sop"),
          "without the words that sentence-order prediction needs"),
         (lambda: BertDataset(builds["none"], 64, masker("token")), "without the sentences that token masking needs"),
         (lambda: BertDataset(builds["words"], 64, masker("knowledge")), "without the full that knowledge masking"),

@@ -97,7 +97,7 @@ def test_ernie2_schedule_switches_tasks_at_the_stage_boundaries(dataset, tmp_pat
                               "train.global_batch_size=16", "train.micro_batch_size=8", "train.eval_interval=1",
                               "ernie.stages=" + json.dumps([{"steps": 2, "tasks": t} for t in stages])])
     for stage in cfg.ernie.stages:
-        source, _ = build_sources(cfg.data, cfg.seed, tasks=stage.tasks)
+        source, _ = build_sources(cfg, stage)
         samples = [source.sample(0, i) for i in range(min(200, len(source)))]
         assert {TASKS[int(s["task"])] for s in samples} == set(stage.tasks)
         for s in samples:
@@ -163,7 +163,7 @@ def test_ernie2_semantic_task_from_labelled_pairs(dataset, corpus, sp_model, tmp
                               "ernie.stages=[{steps: 4, tasks: {knowledge_masking: 1}}, "
                               "{steps: 4, tasks: {knowledge_masking: 1, ir_relevance: 1}}]",
                               f"ernie.task_data.ir_relevance={pairs}"])
-    source, _ = build_sources(cfg.data, cfg.seed, tasks=cfg.ernie.stages[1].tasks, task_data=cfg.ernie.task_data)
+    source, _ = build_sources(cfg, cfg.ernie.stages[1])
     labelled = Corpus(str(pairs))
     samples = [s for s in (source.sample(0, i) for i in range(60)) if TASKS[int(s["task"])] == "ir_relevance"]
     assert samples and all(int(s["seq_label"]) in (0, 1) and (s["task_type_ids"] == 2).all() for s in samples)

@@ -1,12 +1,14 @@
 """BERT / ERNIE masked-LM samples from the stored sentence boundaries.
 
-Objectives:
-- mlm_nsp (BERT): [CLS] A [SEP] B [SEP]; A is the first sentences of a run of sentences of one document,
-  B the rest of the run (next_sentence_label 0) or, with probability 1/2 or when the run is one sentence,
-  sentences of another random document (label 1).
-- mlm_sop (ALBERT): B always follows A; with probability 1/2 they are swapped (label 1). A run of one
-  sentence is split at a word boundary.
-- mlm (RoBERTa FULL-SENTENCES): [CLS] S1 S2 ... [SEP]: contiguous whole sentences up to seq_len, across
+Pair tasks:
+- nsp (BERT's next sentence prediction): [CLS] A [SEP] B [SEP]; A is the first sentences of a run of sentences
+  of one document, B the rest of the run (next_sentence_label 0) or, with probability 1/2 or when the run is one
+  sentence, sentences of another random document (label 1).
+- sop (ALBERT's sentence order prediction): B always follows A; with probability 1/2 they are swapped (label 1).
+  A run of one sentence is split at a word boundary.
+- next (UniLM's segments): B always follows A, never swapped; no label. A run of one sentence is split at a word
+  boundary.
+- none (RoBERTa FULL-SENTENCES): [CLS] S1 S2 ... [SEP]: contiguous whole sentences up to seq_len, across
   document boundaries with a [SEP] between documents; no next_sentence_label.
 
 Runs are built once per dataset (`indexes.pair_chunks` / `packed_chunks`, with BERT's short_seq_prob) and
@@ -23,29 +25,27 @@ import numpy as np
 from data_prep.text import has
 from pretrain.data.indexes import Stream, packed_chunks, pair_chunks, rng, sentence_table, shuffle
 from pretrain.data.source import CorpusSource
-from pretrain.objectives.masked_lm import MASKED_LM
-from pretrain.objectives.masking import Masker
 
-OBJECTIVES = tuple(o.name for o in MASKED_LM)
+PAIR_TASKS = ("nsp", "sop", "next", "none")
 
 
 class BertDataset(CorpusSource):
     """Masked-LM samples of seq_len tokens over documents `docs` (default: all) of the dataset at `path`."""
 
-    def __init__(self, path: str, seq_len: int, masker: Masker, *, objective: str = "mlm_nsp",
-                 short_seq_prob: float = 0.1, seed: int = 1234, docs=None, cache_dir: str | None = None):
-        if objective not in OBJECTIVES:
-            raise ValueError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
+    def __init__(self, path: str, seq_len: int, masker, *, pair_task: str = "nsp", short_seq_prob: float = 0.1,
+                 seed: int = 1234, docs=None, cache_dir: str | None = None):
+        if pair_task not in PAIR_TASKS:
+            raise ValueError(f"pair task {pair_task!r}: expected one of {', '.join(PAIR_TASKS)}")
         if seq_len < 5:
             raise ValueError(f"seq_len {seq_len} is too short for [CLS] A [SEP] B [SEP]")
         super().__init__(path, seed=seed, docs=docs, cache_dir=cache_dir)
-        self.require(*self._structure(masker, objective))
+        self.require(*self._structure(masker, pair_task))
         self._words = has(self.corpus.structure, "words")
-        if objective == "mlm_nsp" and len(self.docs) < 2:
+        if pair_task == "nsp" and len(self.docs) < 2:
             raise ValueError(f"{path}: next sentence prediction needs two documents at least")
-        self.seq_len, self.masker, self.objective = seq_len, masker, objective
+        self.seq_len, self.masker, self.pair_task = seq_len, masker, pair_task
         self.short_seq_prob = short_seq_prob
-        self.max_tokens = seq_len - (2 if objective == "mlm" else 3)
+        self.max_tokens = seq_len - (2 if pair_task == "none" else 3)
         self.special = self.corpus.special_ids
         self._len = len(self.chunks)
         if not self._len:
@@ -55,10 +55,10 @@ class BertDataset(CorpusSource):
         return self._len
 
     @staticmethod
-    def _structure(masker: Masker, objective: str) -> tuple[str, str]:
+    def _structure(masker, pair_task: str) -> tuple[str, str]:
         """(the dataset structure these samples need, what needs it)."""
-        if objective == "mlm_sop" and masker.structure == "sentences":  # a one-sentence chunk splits at a word
-            return "words", "sentence-order prediction"
+        if pair_task in ("sop", "next") and masker.structure == "sentences":  # a one-sentence run splits at a word
+            return "words", "sentence-order prediction" if pair_task == "sop" else "a pair cut inside a sentence"
         return masker.structure, f"{masker.unit} masking"
 
     @cached_property
@@ -70,7 +70,7 @@ class BertDataset(CorpusSource):
     @cached_property
     def chunks(self) -> np.ndarray:
         """(C, 3) [first sentence, end sentence, target length] of every run of sentences."""
-        if self.objective == "mlm":
+        if self.pair_task == "none":
             return self.index("bert-packed", lambda: packed_chunks(self.sentences, self.max_tokens),
                               max_tokens=self.max_tokens)
         return self.index("bert-pairs", lambda: pair_chunks(self.sentences, self.max_tokens, self.short_seq_prob,
@@ -84,7 +84,7 @@ class BertDataset(CorpusSource):
     def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:
         g = rng(Stream.SAMPLE, self.seed, epoch, index)
         lo, hi, target = (int(x) for x in self.chunks[self.epoch_index(epoch)[index]])
-        if self.objective == "mlm":
+        if self.pair_task == "none":
             pieces, label = self._packed(lo, hi), None
         else:
             pieces, label = self._pair(g, lo, hi, target)
@@ -105,18 +105,18 @@ class BertDataset(CorpusSource):
         a0, b1 = int(first[lo]), int(end[hi - 1])
         if hi - lo >= 2:
             cut = int(first[g.integers(lo + 1, hi)])
-        elif self.objective == "mlm_sop":
+        elif self.pair_task in ("sop", "next"):
             words = a0 + 1 + np.flatnonzero(self.corpus.word_start(doc)[a0 + 1:b1])
             cut = int(g.choice(words)) if len(words) else int(g.integers(a0 + 1, b1))
         else:
             cut = b1
         a, b, label = (doc, a0, cut), (doc, cut, b1), 0
-        if self.objective == "mlm_nsp" and (cut == b1 or g.random() < 0.5):
+        if self.pair_task == "nsp" and (cut == b1 or g.random() < 0.5):
             b, label = self._random_segment(g, int(doc_pos[lo]), target - (cut - a0)), 1
-        elif self.objective == "mlm_sop" and g.random() < 0.5:
+        elif self.pair_task == "sop" and g.random() < 0.5:
             a, b, label = b, a, 1
         a, b = _truncate_pair(g, a, b, self.max_tokens)
-        return [(a, 0), (b, 1)], label
+        return [(a, 0), (b, 1)], None if self.pair_task == "next" else label
 
     def _random_segment(self, g, pos: int, target: int) -> tuple[int, int, int]:
         """Whole sentences of another document, from a random one on, until `target` tokens."""

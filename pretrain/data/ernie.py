@@ -23,7 +23,7 @@ import numpy as np
 from data_prep.dataset import Corpus
 from pretrain.data.bert import BertDataset, _truncate_pair
 from pretrain.data.indexes import Stream, rng
-from pretrain.objectives.ernie import PERMUTATIONS, TASK_SPECS, TASKS, TOKEN_TASKS, USER_LABELED
+from pretrain.data.ernie_tasks import PERMUTATIONS, TASK_SPECS, TASKS, TOKEN_TASKS, USER_LABELED
 
 
 def labelled_corpus(task: str, path: str | None, main: str) -> Corpus:
@@ -47,14 +47,14 @@ class ErnieDataset(BertDataset):
     def __init__(self, path: str, seq_len: int, masker, *, tasks: dict[str, float], task_data: dict[str, str] | None = None,
                  seed: int = 1234, docs=None, cache_dir: str | None = None):
         self.labelled = {t: labelled_corpus(t, (task_data or {}).get(t), path) for t in tasks if t in USER_LABELED}
-        super().__init__(path, seq_len, masker, objective="mlm_nsp", short_seq_prob=0.0, seed=seed, docs=docs,
+        super().__init__(path, seq_len, masker, pair_task="nsp", short_seq_prob=0.0, seed=seed, docs=docs,
                          cache_dir=cache_dir)
         self.tasks = list(tasks)
         weights = np.array(list(tasks.values()), dtype=np.float64)
         self.weights = weights / weights.sum()
 
     @staticmethod
-    def _structure(masker, objective: str) -> tuple[str, str]:
+    def _structure(masker, pair_task: str) -> tuple[str, str]:
         return "full", "ERNIE's knowledge masking stages"
 
     @cached_property

@@ -1,4 +1,5 @@
-"""Train and validation sources from the `data` section of the training config."""
+"""Train and validation sources of a training config: its datasets, split into held-out documents, sampled by its
+objective (`Objective.source`)."""
 from __future__ import annotations
 
 from data_prep.dataset import Corpus
@@ -7,25 +8,29 @@ from pretrain.data.blend import BlendedDataset
 from pretrain.data.indexes import split_documents
 
 
-def build_sources(data, seed: int, *, cache_dir: str | None = None, knowledge_level: str = "entity",
-                  tasks: dict[str, float] | None = None, task_data: dict[str, str] | None = None):
-    """(train, valid) sources for `data` (a DataConfig): one per data.path, blended by data.weights when
-    there are several; documents are held out by `split_documents`; valid is None when valid_fraction is 0.
-    `tasks` ({task: weight}, the current ERNIE 2.0 stage) and `task_data` ({task: labelled dataset}) are for
-    data.objective == "ernie"."""
-    objective = objectives.get(data.objective)
-    corpora = [Corpus(p) for p in data.paths]
+def open_corpora(paths: list[str]) -> list[Corpus]:
+    """The datasets of `data.path`, which must share one tokenizer (the one check of it)."""
+    corpora = [Corpus(p) for p in paths]
     if len({c.manifest["tokenizer"]["sha256"] for c in corpora}) > 1:
-        raise ValueError(f"data.path: {', '.join(data.paths)} were encoded with different tokenizers; "
-                         "only datasets that share one can be blended")
+        raise ValueError(f"data.path: {', '.join(paths)} were encoded with different tokenizers; only datasets that "
+                         "share one can be blended: build them with one --tokenizer")
+    return corpora
+
+
+def build_sources(cfg, phase=None, *, corpora: list[Corpus] | None = None, cache_dir: str | None = None):
+    """(train, valid) sources of a training config at its objective's `phase` (`Objective.phase(step)`: ERNIE 2.0's
+    stage decides the tasks, a knowledge-masking stage the level): one per data.path, blended by data.weights when
+    there are several; documents are held out by `split_documents`; valid is None when valid_fraction is 0."""
+    data, seed = cfg.data, cfg.seed
+    objective = objectives.get(data.objective).configured(cfg)
+    corpora = corpora or open_corpora(data.paths)
     splits = [split_documents(len(c), data.valid_fraction, seed) for c in corpora]
 
     def source(path: str, corpus: Corpus, docs):
         if not len(docs):
             raise ValueError(f"{path}: data.valid_fraction={data.valid_fraction} holds out no document; "
                              "raise it, or set it to 0 to train without validation")
-        return objective.source(data, path, corpus, docs, seed=seed, cache_dir=cache_dir,
-                                knowledge_level=knowledge_level, tasks=tasks, task_data=task_data or {})
+        return objective.source(path, corpus, docs, phase, cache_dir)
 
     def part(which: int):
         try:

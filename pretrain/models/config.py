@@ -1,13 +1,17 @@
 """The model's shape and options (the `model` section of a training config).
 
 The model reads *features* (LayerNorm position, activation, attention direction, heads, initialisation),
-never an architecture name. `arch` names a preset combination of them: a feature the config leaves unset
-(None) takes the arch's value, so `arch: gpt2` alone is GPT-2, and a config may change any one feature.
-`arch` also picks the Hugging Face class and key map for conversion.
+never an architecture name. `arch` names a family (pretrain/families/): a feature the config leaves unset (None)
+takes the family's value, so `arch: gpt2` alone is GPT-2, and a config may change any one feature. `arch` also picks
+the Hugging Face adapter for conversion, which refuses a model whose features its HF class does not compute.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import dataclasses
+from dataclasses import dataclass, replace
+
+from pretrain import families
+from pretrain.schema import opt
 
 NORMS = ("post", "pre")  # post-LN (BERT): embedding LayerNorm; pre-LN (GPT-2): a final LayerNorm
 ACTIVATIONS = ("gelu", "gelu_tanh")
@@ -16,55 +20,73 @@ HEADS = ("lm", "mlm", "rtd", "nsp")  # tied LM projection; BERT's MLM transform 
 POSITIONS = ("learned", "roberta", "relative")  # absolute; RoBERTa's: from pad_token_id + 1, padding at pad_token_id;
 # NEZHA's functional relative positions: sinusoids of the clipped distance inside attention, no position table
 SHARING = ("none", "all", "attention", "ffn")  # ALBERT's cross-layer parameter sharing
-_BERT = dict(norm="post", activation="gelu", causal=False, heads=["mlm", "nsp"], scaled_init=False,
-             position_encoding="learned", share_layers="none")
-ARCH_FEATURES = {
-    "bert": _BERT,
-    "gpt2": dict(_BERT, norm="pre", activation="gelu_tanh", causal=True, heads=["lm"], scaled_init=True),
-    "ernie": _BERT,
-    "roberta": dict(_BERT, heads=["mlm"], position_encoding="roberta"),
-    "albert": dict(_BERT, activation="gelu_tanh", share_layers="all"),
-    "electra": dict(_BERT, heads=["rtd"]),
-    "nezha": dict(_BERT, position_encoding="relative"),
-}
-ARCHS = tuple(ARCH_FEATURES)
-FEATURES = tuple(ARCH_FEATURES["bert"])
+ARCH_FEATURES = families.ARCH_FEATURES
+ARCHS = families.names()
 
 
 @dataclass
 class ModelConfig:
-    arch: str = "bert"  # one of ARCHS
-    vocab_size: int = 0  # 0: the dataset's vocabulary
-    vocab_pad_to: int = 128  # embedding rows are padded to a multiple of this (and of parallel.tp)
-    hidden_size: int = 768
-    embedding_size: int = 0  # width of the embeddings, projected to hidden_size when smaller (ALBERT); 0: hidden_size
-    num_layers: int = 12
-    num_heads: int = 12
-    ffn_hidden_size: int = 3072
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2  # segment embeddings (BERT, ERNIE); 0 for GPT-2
-    task_type_vocab_size: int = 0  # ERNIE 2.0 task embeddings (HF use_task_id); 0: none
-    max_relative_position: int = 64  # position_encoding=relative: distances are clipped to +-this (NEZHA: 64)
-    generator_size: float = 0.0  # ELECTRA (heads [rtd]): the generator's hidden size, heads and MLP width as a fraction
-    pad_token_id: int = -1  # the padding id (position_encoding=roberta numbers positions from it); -1: the dataset's
-    layer_norm_eps: float = 1e-12
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.1
-    init_std: float = 0.02
-    activation_checkpointing: bool | list[int] = field(default=False)  # all layers, or these layer indices
-    # features: None takes the arch's (ARCH_FEATURES)
-    norm: str | None = None
-    activation: str | None = None
-    causal: bool | None = None
-    heads: list[str] | None = None
-    scaled_init: bool | None = None
-    position_encoding: str | None = None
-    share_layers: str | None = None
+    arch: str = opt("bert", " | ".join(ARCHS) + ": a family (pretrain/families/): the features below that a config "
+                            "leaves unset take its values, and its Hugging Face class converts the model",
+                    choices=families.names)
+    vocab_size: int = opt(0, "vocabulary size; 0: the dataset's tokenizer", range=">= 0")
+    vocab_pad_to: int = opt(128, "embedding rows are padded to a multiple of this (must be divisible by parallel.tp)",
+                            range="> 0")
+    hidden_size: int = opt(768, "width of the hidden states", range="> 0")
+    embedding_size: int = opt(0, "width of the embeddings, projected to hidden_size (ALBERT's factorised embedding); "
+                                 "the MLM head maps back to it; 0: hidden_size", range=">= 0")
+    num_layers: int = opt(12, "transformer layers", range="> 0")
+    num_heads: int = opt(12, "attention heads", range="> 0")
+    ffn_hidden_size: int = opt(3072, "inner width of the MLP", range="> 0")
+    max_position_embeddings: int = opt(512, "learned positions: the longest data.seq_len the model takes", range="> 0")
+    type_vocab_size: int = opt(2, "segment embeddings (BERT, ERNIE); 0 for GPT-2", range=">= 0")
+    task_type_vocab_size: int = opt(0, "ERNIE 2.0 task-type embeddings (HF use_task_id); 0: none", range=">= 0")
+    max_relative_position: int = opt(64, "position_encoding=relative: attention tells distances apart up to this many "
+                                         "tokens (NEZHA: 64)", range="> 0")
+    generator_size: float = opt(0.0, "ELECTRA (heads [rtd]): the generator's width (hidden size, heads, MLP) as a "
+                                     "fraction of the model's; it shares the model's embeddings (the paper: 1/4 to 1/2)",
+                                range="[0, 1]")
+    pad_token_id: int = opt(-1, "the padding id, which position_encoding=roberta numbers positions from; -1: the "
+                                "dataset's")
+    layer_norm_eps: float = opt(1e-12, "LayerNorm epsilon", range="> 0")
+    hidden_dropout: float = opt(0.1, "dropout on embeddings and sublayer outputs", range="[0, 1)")
+    attention_dropout: float = opt(0.1, "dropout on attention probabilities", range="[0, 1)")
+    init_std: float = opt(0.02, "standard deviation of the normal weight initialisation", range="> 0")
+    activation_checkpointing: bool | list[int] = opt(False, "recompute activations in the backward pass: true (every "
+                                                            "layer) or layer indices")
+    # features: None takes the arch's (its family's FEATURES)
+    norm: str | None = opt(None, "post: LayerNorm after each residual sum (BERT, GPT); pre: before each sublayer, and "
+                                 "a final one (GPT-2); null: the arch's", choices=NORMS)
+    embedding_norm: bool | None = opt(None, "LayerNorm on the embeddings (BERT; not GPT's post-LN decoder); null: the "
+                                            "arch's, else as norm=post")
+    activation: str | None = opt(None, " | ".join(ACTIVATIONS) + ": the MLP's activation; null: the arch's",
+                                 choices=ACTIVATIONS)
+    causal: bool | None = opt(None, "attend to earlier tokens only (GPT-2); null: the arch's")
+    heads: list[str] | None = opt(None, "output heads: lm (word embeddings as output projection), mlm (BERT's "
+                                        "transform first), rtd (ELECTRA's replaced-token detection, with a generator), "
+                                        "nsp (pooler + 2-way classifier for NSP/SOP); null: the arch's")
+    scaled_init: bool | None = opt(None, "initialise residual output projections with init_std / sqrt(2 * "
+                                         "num_layers) (GPT-2); null: the arch's")
+    position_encoding: str | None = opt(None, "learned (absolute positions from 0) | roberta (from pad_token_id + 1, "
+                                              "padding tokens at pad_token_id, as HF RoBERTa) | relative (NEZHA's "
+                                              "functional relative positions: fixed sinusoids of the clipped distance "
+                                              "added to keys and values inside attention, no position table); null: "
+                                              "the arch's", choices=POSITIONS)
+    share_layers: str | None = opt(None, "none | all (one layer's parameters for every layer, ALBERT) | attention | "
+                                         "ffn (only those sublayers shared); null: the arch's", choices=SHARING)
 
     def __post_init__(self):
         for key, value in ARCH_FEATURES.get(self.arch, {}).items():  # an unknown arch: ConfigError in validation
             if getattr(self, key) is None:
                 setattr(self, key, list(value) if isinstance(value, list) else value)
+
+
+FEATURES = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.default is None)  # what the model computes
+
+
+def normalises_embeddings(cfg: ModelConfig) -> bool:
+    """Whether the embeddings get a LayerNorm: `embedding_norm`, or where it is unset, post-LN models' (BERT's)."""
+    return cfg.norm == "post" if cfg.embedding_norm is None else cfg.embedding_norm
 
 
 def embedding_width(cfg: ModelConfig) -> int:

@@ -1,14 +1,20 @@
-"""Causal LM (GPT-2): every next token of packed document windows (samples: pretrain/data/gpt.py). One term,
+"""Causal LM (GPT, GPT-2): every next token of packed document windows (samples: pretrain/data/gpt.py). One term,
 `lm`, over the tokens with a label."""
 from __future__ import annotations
 
-from pretrain.objectives import Objective
+import math
+
+from pretrain.objectives.base import Objective
+
+ORDER = 20
 
 
 class CausalLM(Objective):
     name = "clm"
     help = "causal LM on packed documents (GPT-2)"
     causal = True
+    packs_documents = True
+    headline = ("lm_loss",)
 
     def check(self, cfg, need) -> None:
         super().check(cfg, need)
@@ -21,26 +27,31 @@ class CausalLM(Objective):
     def predicted_tokens(self, data) -> int:
         return data.seq_len
 
-    def source(self, data, path, corpus, docs, *, seed, cache_dir, knowledge_level, tasks, task_data):
+    def source(self, path, corpus, docs, phase, cache_dir=None):
         from pretrain.data.gpt import GPTDataset
 
-        return GPTDataset(path, data.seq_len, seed=seed, docs=docs, cache_dir=cache_dir, pack=data.pack_documents)
+        d = self.cfg.data
+        return GPTDataset(path, d.seq_len, seed=self.cfg.seed, docs=docs, cache_dir=cache_dir, pack=d.pack_documents)
 
-    def select(self, batch, tasks=()):
+    def select(self, batch, phase=None):
         return {"lm": batch["labels"] != -100}
 
-    def locate(self, batch, tasks=()):
+    def locate(self, batch, phase=None):
         return batch  # nothing is picked: the loss runs over every token, 0 where the label is -100
 
-    def compute(self, model, batch, tasks=()):
-        import torch
-
+    def compute(self, model, batch, phase=None, fused=False):
         from pretrain import kernels as K
         from pretrain.losses import Term
 
         count = self.select(batch)["lm"].sum()
-        if getattr(model, "fused_lm_loss", False) and torch.is_grad_enabled():
+        if fused:
             loss, _ = model(batch["input_ids"], labels=batch["labels"])["lm_loss"]
             return {"lm": Term(loss, count)}
         logits = model(batch["input_ids"])["logits"]
         return {"lm": Term(K.cross_entropy(logits, batch["labels"]).sum(), count)}
+
+    def evaluation(self, metrics):
+        return {"ppl": math.exp(min(metrics["lm_loss"], 50))} if "lm_loss" in metrics else {}
+
+
+OBJECTIVES = (CausalLM(),)

@@ -1,25 +1,20 @@
 """ELECTRA (Clark et al. 2020): a generator (a narrow masked LM sharing the model's embeddings) fills the masked
 positions with tokens sampled from its softmax, and the model, the discriminator, tells for every token whether it
 was replaced (samples: pretrain/data/bert.py's full sentences, as `mlm`). Terms: `mlm`, the generator's masked LM,
-and `rtd`, the discriminator's binary cross-entropy over every non-padding token, weighted by `data.rtd_weight`.
+and `rtd`, the discriminator's binary cross-entropy over every non-padding token, weighted by `electra.rtd_weight`.
 
 Sampling is argmax(logits + gumbel noise), the noise a hash of (the sample's masked tokens, position, vocabulary id):
 the same sample draws the same token under any TP x DP x micro-batch layout, with no random state to carry.
 """
 from __future__ import annotations
 
-from pretrain.objectives import Objective
+from dataclasses import dataclass
 
-_M32 = 0xFFFFFFFF
+from pretrain.objectives.base import M32, Section, hash32
+from pretrain.objectives.masked_lm import Masked
+from pretrain.schema import opt
 
-
-def _mix(x):
-    """A 32-bit integer hash (avalanching) of int64 tensors holding values below 2**32."""
-    x = (((x >> 16) ^ x) * 0x45D9F3B) & _M32
-    x = (((x >> 16) ^ x) * 0x45D9F3B) & _M32
-    return (x >> 16) ^ x
-
-
+ORDER = 40
 def gumbel_noise(input_ids, positions, vocab_ids):
     """Gumbel(0, 1) noise [n, len(vocab_ids)] for the n `positions` of `input_ids` [b, s] (a boolean mask, or the flat
     indices of its True elements: no device sync): a function of each row's tokens, the position and the vocabulary
@@ -28,11 +23,11 @@ def gumbel_noise(input_ids, positions, vocab_ids):
 
     b, s = input_ids.shape
     where = torch.arange(s, device=input_ids.device).expand(b, s)
-    row = _mix((_mix((input_ids + (where << 20)) & _M32).sum(1)) & _M32)  # [b]: the sample's tokens
+    row = hash32((hash32((input_ids + (where << 20)) & M32).sum(1)) & M32)  # [b]: the sample's tokens
     flat = positions.flatten().nonzero().squeeze(1) if positions.dtype == torch.bool else positions
     rows, cols = flat // s, flat % s
-    key = _mix(row[rows] ^ _mix(cols + 0x9E3779B9 & _M32))  # [n]
-    bits = _mix(key[:, None] ^ _mix(vocab_ids.long()[None, :] + 0x7F4A7C15))  # [n, v]
+    key = hash32(row[rows] ^ hash32(cols + 0x9E3779B9 & M32))  # [n]
+    bits = hash32(key[:, None] ^ hash32(vocab_ids.long()[None, :] + 0x7F4A7C15))  # [n, v]
     u = ((bits >> 8).float() + 0.5) / float(1 << 24)  # in (0, 1), exact in fp32
     return -torch.log(-torch.log(u))
 
@@ -66,16 +61,25 @@ def auc_pairs(scores, labels):
     return ((2 * below + tied) * labels).sum().double() / 2, positives * (len(labels) - positives)
 
 
-class Electra(Objective):
+@dataclass
+class ElectraConfig:
+    rtd_weight: float = opt(50.0, "the weight of the discriminator's replaced-token-detection loss against the "
+                                  "generator's masked-LM loss (the paper's lambda)", range=">= 0")
+
+
+class Electra(Masked):
     name = "electra"
     help = "replaced-token detection with a jointly trained generator (ELECTRA)"
     one_lm_head = False
-
-    def __init__(self, weight: float = 50.0):
-        self.weight = weight
+    pair_task = "none"  # RoBERTa's full sentences
+    section = Section("electra", ElectraConfig)
+    headline = ("rtd_auc", "mlm_acc")
+    weight = ElectraConfig().rtd_weight  # configured() takes the config's
 
     def configured(self, cfg) -> "Electra":
-        return Electra(cfg.data.rtd_weight)
+        bound = super().configured(cfg)
+        bound.weight = cfg.electra.rtd_weight
+        return bound
 
     def check(self, cfg, need) -> None:
         super().check(cfg, need)
@@ -84,17 +88,10 @@ class Electra(Objective):
         need(not cfg.data.unpadded, "data.unpadded=true is not supported with data.objective=electra (its sampling "
                                     "noise is keyed by padded rows); remove data.unpadded")
 
-    def source(self, data, path, corpus, docs, *, seed, cache_dir, knowledge_level, tasks, task_data):
-        from pretrain.data.bert import BertDataset
-
-        masker = self.masker(data, corpus, data.masking, knowledge_level)
-        return BertDataset(path, data.seq_len, masker, objective="mlm", short_seq_prob=data.short_seq_prob, seed=seed,
-                           docs=docs, cache_dir=cache_dir)
-
-    def select(self, batch, tasks=()):
+    def select(self, batch, phase=None):
         return {"mlm": batch["labels"] != -100, "rtd": batch["attention_mask"].bool()}
 
-    def compute(self, model, batch, tasks=()):
+    def compute(self, model, batch, phase=None, fused=False):
         import torch
         import torch.nn.functional as F
 
@@ -115,3 +112,6 @@ class Electra(Objective):
                       "rtd_original_acc": ((~replaced).sum(), count)}
         return {"mlm": losses.token_term(out["generator_logits"], target),
                 "rtd": losses.Term(loss, count, ((scores > 0) == replaced).sum(), self.weight, ratios)}
+
+
+OBJECTIVES = (Electra(),)

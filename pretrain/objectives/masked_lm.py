@@ -5,15 +5,69 @@
     mlm      RoBERTa FULL-SENTENCES: whole sentences packed up to seq_len, no pair task
 
 Terms: `mlm` over the masked tokens, `nsp` over the sequences (NSP or SOP, on the model's nsp head).
+
+`Masked` is the base of every objective that masks tokens with `data.masking`: its masker, and ERNIE 1.0's
+knowledge-masking stages (`ernie.stages` with `data.masking=knowledge`) as its phases.
 """
 from __future__ import annotations
 
-from pretrain.objectives import Objective
+from pretrain.objectives.base import Objective
+
+ORDER = 10
 
 
-class MaskedLM(Objective):
-    def __init__(self, name: str, help_: str, pairs: bool):
-        self.name, self.help, self.pairs = name, help_, pairs
+class Masked(Objective):
+    """An objective whose samples are masked by `data.masking` (pretrain/objectives/masking.py)."""
+
+    strategy = None  # the masking strategy it always uses; None: data.masking
+    pair_task = "none"  # BERT-style samples (pretrain/data/bert.py): nsp | sop | next | none
+
+    def source(self, path, corpus, docs, phase, cache_dir=None):
+        from pretrain.data.bert import BertDataset
+
+        d = self.cfg.data
+        return BertDataset(path, d.seq_len, self.masker(corpus, phase), pair_task=self.pair_task,
+                           short_seq_prob=d.short_seq_prob, seed=self.cfg.seed, docs=docs, cache_dir=cache_dir)
+
+    def phases(self) -> list:
+        """ERNIE 1.0's knowledge-masking stages (each with its knowledge_level), with data.masking=knowledge."""
+        knowledge = (self.strategy or self.cfg.data.masking) == "knowledge"
+        return self.cfg.ernie.stages if knowledge else []
+
+    def phase_index(self, step: int) -> int:
+        return self.cfg.ernie.stage_index(step) if self.phases() else 0
+
+    def phase(self, step: int):
+        return self.cfg.ernie.stage_at(step) if self.phases() else None
+
+    def describe(self, phase) -> str:
+        return f"{phase.knowledge_level}-level masking"
+
+    def masker(self, corpus, phase=None):
+        """The dynamic masker of the config's data section for `corpus`'s vocabulary (and, for MacBERT's
+        correction masking, `data.similar_words` in its tokens), at `phase`'s knowledge level."""
+        from pretrain.objectives.masking import Masker, SimilarWords
+
+        data = self.cfg.data
+        strategy = self.strategy or data.masking
+        similar = SimilarWords(data.similar_words, corpus.tokenizer()) \
+            if strategy == "correction" and data.similar_words else None
+        return Masker(corpus.special_ids, corpus.vocab_size, strategy=strategy, mask_prob=data.mask_prob,
+                      max_predictions=self.predicted_tokens(data), similar=similar,
+                      knowledge_level=phase.knowledge_level if phase is not None else "entity")
+
+    def baselines(self, batch, terms, most_frequent):
+        """Always answering the most frequent token, on the masked tokens."""
+        if "mlm" not in terms or terms["mlm"].correct is None:
+            return {}
+        return {"mlm_unigram_acc": ((batch["labels"] == most_frequent).sum(), terms["mlm"].count)}
+
+
+class MaskedLM(Masked):
+    headline = ("mlm_loss", "mlm_acc", "nsp_acc")
+
+    def __init__(self, name: str, help_: str, pair_task: str):
+        self.name, self.help, self.pair_task, self.pairs = name, help_, pair_task, pair_task != "none"
 
     def check(self, cfg, need) -> None:
         super().check(cfg, need)
@@ -22,27 +76,17 @@ class MaskedLM(Objective):
         need(not self.pairs or "nsp" in cfg.model.heads,
              f"data.objective={self.name} trains the model's nsp head but model.heads={cfg.model.heads}; add nsp to it")
 
-    def source(self, data, path, corpus, docs, *, seed, cache_dir, knowledge_level, tasks, task_data):
-        from pretrain.data.bert import BertDataset
-
-        masker = self.masker(data, corpus, data.masking, knowledge_level)
-        return BertDataset(path, data.seq_len, masker, objective=self.name, short_seq_prob=data.short_seq_prob,
-                           seed=seed, docs=docs, cache_dir=cache_dir)
-
-    def select(self, batch, tasks=()):
+    def select(self, batch, phase=None):
         out = {"mlm": batch["labels"] != -100}
         if "next_sentence_label" in batch:
             out["nsp"] = batch["next_sentence_label"] != -100
         return out
 
-    def compute(self, model, batch, tasks=()):
+    def compute(self, model, batch, phase=None, fused=False):
         """The MLM head runs on the masked tokens alone; with the engine's `fused_lm_loss` (training only) it
         returns its loss and correct count instead of logits."""
-        import torch
-
         from pretrain import losses
 
-        fused = getattr(model, "fused_lm_loss", False) and torch.is_grad_enabled()
         where = self.where(batch)
         masked = where["mlm"]
         target = losses.pick(batch["labels"], masked, 2)
@@ -58,8 +102,8 @@ class MaskedLM(Objective):
         return terms
 
 
-MASKED_LM = (
-    MaskedLM("mlm_nsp", "masked LM + next sentence prediction (BERT)", pairs=True),
-    MaskedLM("mlm_sop", "masked LM + sentence order prediction (ALBERT)", pairs=True),
-    MaskedLM("mlm", "masked LM on full sentences packed up to seq_len (RoBERTa)", pairs=False),
+OBJECTIVES = (
+    MaskedLM("mlm_nsp", "masked LM + next sentence prediction (BERT)", pair_task="nsp"),
+    MaskedLM("mlm_sop", "masked LM + sentence order prediction (ALBERT)", pair_task="sop"),
+    MaskedLM("mlm", "masked LM on full sentences packed up to seq_len (RoBERTa)", pair_task="none"),
 )

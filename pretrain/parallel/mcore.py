@@ -122,9 +122,24 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def model_parallel_config(params_dtype: torch.dtype = torch.float32) -> ModelParallelConfig:
+class OneRank:
+    """A stand-in tensor-parallel group of one rank, for a model built outside a run (conversion, counting): building
+    needs no process group; megatron-core's layers and mappings ask a group only its size and rank and skip every
+    communication at size 1. Running one needs torch.distributed initialized all the same (megatron-core 0.16's
+    mappings drop any group without it): `init_processes()` makes a one-process group."""
+
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
+
+
+def model_parallel_config(group=None, params_dtype: torch.dtype = torch.float32) -> ModelParallelConfig:
+    """megatron-core's layer settings for TP `group` (default: the run's)."""
+    group = group or tp_group()
     return ModelParallelConfig(
-        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        tensor_model_parallel_size=group.size(),
         use_cpu_initialization=True,
         perform_initialization=True,
         params_dtype=params_dtype,
@@ -132,7 +147,8 @@ def model_parallel_config(params_dtype: torch.dtype = torch.float32) -> ModelPar
 
 
 def tp_group():
-    return ps.get_tensor_model_parallel_group()
+    """The run's tensor-parallel group; a group of one rank before megatron-core's groups exist."""
+    return ps.get_tensor_model_parallel_group() if ps.model_parallel_is_initialized() else OneRank()
 
 
 def tp_rank() -> int:

@@ -1,0 +1,158 @@
+"""What a model costs, from its config alone (no torch): parameters, training FLOPs, and the memory of its states
+and activations. `ptm plan`, the speed model (pretrain/speed.py) and the trainer's MFU all count with it; the suite
+holds its parameter count to the model built on the meta device for every preset.
+
+    n = count_parameters(cfg.model, tp=2)                                   # one TP rank's parameters
+    flops = model_flops_per_sample(cfg.model, cfg.data.seq_len, predicted_tokens(cfg))
+    layers, logits = activation_bytes(cfg, micro_batch=8)
+"""
+from __future__ import annotations
+
+from pretrain import objectives
+from pretrain.models.config import (ModelConfig, embedding_width, generator_config, normalises_embeddings,
+                                    padded_vocab_size)
+
+# bytes per parameter: (weights, gradients, fp32 master copy); Adam and LAMB add fp32 moments m and v
+STATE_BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
+MOMENT_BYTES = 8
+OFFLOAD_BYTES = 16  # per parameter of a ZeRO-Offload shard in CPU memory: fp32 weights, fp32 gradients, moments
+
+
+def stacks(m: ModelConfig) -> list[ModelConfig]:
+    """The transformer stacks a model runs, each with its own sizes: the model's, and ELECTRA's generator."""
+    return [m, generator_config(m)] if "rtd" in m.heads else [m]
+
+
+def checkpointed(m: ModelConfig) -> int:
+    """How many layers `model.activation_checkpointing` recomputes."""
+    return m.num_layers if m.activation_checkpointing is True else len(set(m.activation_checkpointing or ()))
+
+
+# ------------------------------------------------------------------------------------------ parameters
+
+def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int, int]]:
+    """(TP-split, replicated) counts of the parameters each module of `Pretraining(m)` owns directly; a shared
+    layer (share_layers) once; `shared_embeddings`: the tables and their LayerNorm belong to another model (ELECTRA's
+    generator reads the discriminator's)."""
+    h, f, v, e = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m)
+    positions = 0 if m.position_encoding == "relative" else m.max_position_embeddings  # NEZHA's are functions
+    tables = [(v * e, 0), (0, positions * e), (0, m.type_vocab_size * e), (0, m.task_type_vocab_size * e)]
+    embeddings = ([] if shared_embeddings else tables) + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
+    norms = [(0, 2 * h), (0, 2 * h)]
+    attention = [(3 * h * h + 3 * h, 0), (h * h, h)]  # QKV (column), output (row: bias replicated)
+    mlp = [(f * h + f, 0), (f * h, h)]  # fc1 (column), fc2 (row)
+    if m.share_layers == "all":
+        blocks = norms + attention + mlp
+    else:
+        shared = {"attention": attention, "ffn": mlp}.get(m.share_layers, [])
+        blocks = (norms + (attention if m.share_layers != "attention" else [])
+                  + (mlp if m.share_layers != "ffn" else [])) * m.num_layers + shared
+    # the embedding LayerNorm (a shared one belongs to the other model) and the final one (pre-LN)
+    heads = ([(0, 2 * e)] if normalises_embeddings(m) and not shared_embeddings else []) + (
+        [(0, 2 * h)] if m.norm == "pre" else [])
+    if "mlm" in m.heads:  # MLM bias (vocab-split), transform dense and LayerNorm; "lm" is the word embeddings
+        heads += [(v, 0), (0, h * e + e), (0, 2 * e)]
+    if "nsp" in m.heads:  # pooler, NSP/SOP classifier
+        heads += [(0, h * h + h), (0, 2 * h + 2)]
+    if "rtd" in m.heads:  # the discriminator head, and the generator on the shared embeddings
+        heads += [(0, h * h + h), (0, h + 1)] + _modules(generator_config(m), shared_embeddings=True)
+    return embeddings + blocks + heads
+
+
+def count_parameters(m: ModelConfig, tp: int = 1) -> int:
+    """Parameters of `Pretraining(m)` on one of `tp` tensor-parallel ranks (tp=1: the whole model). Split over
+    TP: word embeddings, QKV/output/MLP weights, column biases, the MLM bias; the rest is replicated. ELECTRA's
+    generator is counted with its discriminator, their shared embeddings once. ERNIE 2.0's task heads (a few thousand parameters, added by the trainer) are not counted."""
+    return sum(split // tp + replicated for split, replicated in _modules(m))
+
+
+def largest_module(m: ModelConfig, tp: int = 1) -> int:
+    """Parameters of the biggest single module on one TP rank (usually the word embeddings): what ZeRO-3
+    gathers at once (DeepSpeed's `largest_layer_params`)."""
+    return max(split // tp + replicated for split, replicated in _modules(m))
+
+
+
+# --------------------------------------------------------------------------------------------- FLOPs
+
+def predicted_tokens(cfg) -> int:
+    """Tokens per sequence the LM head runs on: all for causal LM, the masked positions for masked LM."""
+    return objectives.get(cfg.data.objective).predicted_tokens(cfg.data)
+
+
+def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None = None) -> float:
+    """Training FLOPs of one sequence: forward + backward = 3 x forward (2 FLOPs per multiply-add), activation
+    recomputation not counted (model FLOPs, not hardware FLOPs). With s = seq_len, L layers, hidden h, MLP
+    width f, padded vocabulary V and p = `predicted` tokens (default s):
+
+        6 * s * L * (4h^2 + 2hf)      block matmuls: QKV, attention output, MLP
+      + 12 * L * h * s^2              attention scores QK^T and P @ V over the full s x s square
+                                      (causal masking's halving is not applied, as in Megatron and nanoGPT);
+                                      twice that with relative positions (NEZHA: q . a_ij and P . a_ij too)
+      + 6 * p * e * V                 LM head logits on the predicted tokens (e: the embedding width, = h
+                                      unless factorised as ALBERT's)
+      + 6 * p * h * e                 with an mlm head: its transform dense on the predicted tokens
+      + 6 * s * e * h                 with e != h: the embedding projection
+      + 6 * s * (h^2 + h)             with an rtd head (ELECTRA) instead of the LM head: the discriminator head on
+                                      every token, plus the generator's FLOPs (this formula, its own sizes)
+
+    For f = 4h and p = s this is Megatron's 72*s*L*h^2 * (1 + s/(6h) + V/(12*L*h)). Embedding lookups, norms,
+    softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
+    h, s, p, e = m.hidden_size, seq_len, seq_len if predicted is None else predicted, embedding_width(m)
+    layers = m.num_layers * layer_flops_per_sample(m, s)  # every layer, shared or not
+    projection = 6 * s * e * h if e != h else 0  # ALBERT's embedding projection
+    if "rtd" in m.heads:
+        return float(layers + projection + 6 * s * (h * h + h)) + model_flops_per_sample(
+            generator_config(m), seq_len, predicted)
+    head = 6 * p * e * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
+    return float(layers + head + projection)
+
+
+def layer_flops_per_sample(m: ModelConfig, seq_len: int) -> int:
+    """Training FLOPs of one transformer layer on one sequence: its matmuls 6*s*(4h^2 + 2hf) and attention
+    12*h*s^2 (doubled with relative positions); see model_flops_per_sample."""
+    h, s = m.hidden_size, seq_len
+    return 6 * s * (4 * h * h + 2 * h * m.ffn_hidden_size) + 12 * h * s * s * (
+        2 if m.position_encoding == "relative" else 1)
+
+
+
+# -------------------------------------------------------------------------------------------- memory
+
+def model_state_bytes(n: int, dp: int, stage: int, offload: bool, precision: str) -> tuple[int, int, int, int]:
+    """(weights, gradients, optimizer states) bytes per GPU and CPU bytes per GPU process, for `n` parameters
+    per TP rank under ZeRO `stage` over `dp` ranks: stage 1 partitions optimizer states, 2 also gradients,
+    3 also weights. Offload moves the optimizer states to CPU memory, and from stage 2 the gradient partition
+    too (the CPU optimizer steps on an fp32 copy of it)."""
+    weight, grad, master = STATE_BYTES[precision]
+
+    def per_gpu(nbytes: int, partitioned: bool) -> int:
+        return nbytes * n // dp if partitioned else nbytes * n
+
+    gradients = 0 if offload and stage >= 2 else per_gpu(grad, stage >= 2)
+    optimizer = 0 if offload else per_gpu(master + MOMENT_BYTES, stage >= 1)
+    cpu = per_gpu(OFFLOAD_BYTES, True) if offload else 0
+    return per_gpu(weight, stage >= 3), gradients, optimizer, cpu
+
+
+def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
+    """(transformer layers, logits) activation bytes per GPU. A layer keeps s*b*h*(10 + 24/t + 5*a*s/(h*t))
+    bytes in 16 bits (Korthikanti et al. 2022, tensor parallelism without sequence parallelism; 24 is 8 + 4f/h
+    for an MLP of width f), double in fp32. A checkpointed layer keeps only its input (2*s*b*h), and one
+    layer's full activations live again during its recomputation. Logits: fp32, over this rank's vocabulary."""
+    m, s, t, b = cfg.model, cfg.data.seq_len, cfg.parallel.tp, micro_batch
+    scale = 2 if cfg.precision == "fp32" else 1
+    layers = 0
+    for model in stacks(m):
+        h = model.hidden_size
+        layer = scale * s * b * (10 * h + (8 * h + 4 * model.ffn_hidden_size + 5 * model.num_heads * s) // t)
+        recomputed, kept = checkpointed(model), scale * 2 * s * b * h
+        layers += (model.num_layers - recomputed) * layer + recomputed * kept + (layer if recomputed else 0)
+    logits = 4 * b * predicted_tokens(cfg) * padded_vocab_size(m) // t
+    return layers, logits
+
+
+def objective_parameters(cfg) -> int:
+    """Parameters of the heads the objective adds to the model (ERNIE 2.0's task classifiers), replicated on every
+    TP rank."""
+    return objectives.get(cfg.data.objective).head_parameters(cfg)

@@ -1,0 +1,213 @@
+"""A model family: the features its preset's model computes, a config rule it may own, and its Hugging Face adapter.
+
+An `Adapter` is the conversion of one family as data (the HF class, key maps, the QKV layout, tied names, what the
+HF class computes) plus a few hooks (config translation both ways). checkpoints_tools/hf.py runs it; nothing here
+imports torch or transformers until a conversion calls it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+VOCAB_ROWS = ("embeddings.word.weight", "mlm.bias")  # the model's parameters with a row per (padded) vocabulary entry
+ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # ptm -> HF hidden_act
+
+
+class ExportError(ValueError):
+    """A model the adapter's Hugging Face class cannot hold; the message names the feature and the fix."""
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    help: str
+    features: dict  # the model features of its presets (pretrain/models/config.py): the arch's defaults
+    adapter: "Adapter | None" = None
+    check: Callable | None = None  # check(cfg, need): a config rule this family owns, run for every config
+
+
+class Adapter:
+    """Hugging Face <-> ptm weights and configs for one family. Subclasses set the data and override hooks."""
+
+    hf_class = ""  # the transformers class export writes (by name)
+    model_type = ""  # the HF config.model_type import reads
+    prefix = ""  # the HF name prefix of the base model, e.g. "bert."
+    layer = "{p}encoder.layer.{i}."  # the HF prefix of layer i ({p}: prefix)
+    qkv = "attention.self"  # within a layer: separate query/key/value linears under this name
+    fused_qkv = False  # one fused [q; k; v] linear named `qkv` instead (GPT-2's c_attn)
+    conv1d = False  # attention and MLP weights stored [in, out] (OpenAI's Conv1D)
+    layer_keys: dict = {}  # ptm block parameter -> HF name within the layer
+    keys: dict = {}  # ptm parameter outside the layers -> HF name ({p}: prefix)
+    tied: dict = {}  # HF names that hold another HF name's tensor (tied output projections)
+    computes: dict = {}  # model feature -> the values the HF class computes; export refuses others
+    tokenizer = "bert"  # special-token template of the exported tokenizer: bert | roberta | none
+
+    # ---- configs ------------------------------------------------------------------------------------------
+
+    def hf_config(self, cfg, special: dict):
+        """The transformers config of ptm ModelConfig `cfg` (`special`: the tokenizer's special ids)."""
+        raise NotImplementedError
+
+    def model_config(self, hf) -> dict:
+        """The ptm ModelConfig fields of a transformers config (arch included)."""
+        raise NotImplementedError
+
+    def problems(self, cfg) -> list[str]:
+        """Why `cfg`'s model is not what the HF class computes (empty: it is): one line per feature, with the fix."""
+        out = []
+        for key, allowed in self.computes.items():
+            value = getattr(cfg, key)
+            ok = value in allowed if not isinstance(value, list) else all(v in allowed for v in value)
+            if not ok:
+                shown = value if not isinstance(value, list) else f"[{', '.join(value)}]"
+                out.append(f"model.{key}={shown} has no HF class: {self.hf_class} computes {key} = "
+                           f"{' | '.join(map(str, allowed))}; keep the model in ptm's format, or train one with a "
+                           f"model.{key} that {self.hf_class} computes")
+        return out
+
+    def models(self, cfg) -> list[tuple[str, object, str]]:
+        """(subdirectory, ptm ModelConfig, HF class) of each model the export writes: one, in the directory."""
+        return [("", cfg, self.hf_class)]
+
+    def split(self, state: dict, cfg) -> list[dict]:
+        """The ptm state dict of each of `models(cfg)`."""
+        return [state]
+
+    def join(self, state: dict, companion: dict, subdirectory: str) -> tuple[dict, list[str]]:
+        """Inverse of `split` for one companion model (the second of `models`): the joined state, and the names its
+        parameters take in it."""
+        raise NotImplementedError
+
+    def new_companion(self, cfg) -> dict:
+        """A freshly initialised companion model's own parameters, for a directory that holds only the first."""
+        raise NotImplementedError
+
+    def read_model_config(self, hf_dir: str, hf, read) -> dict:
+        """The ptm ModelConfig fields of the Hugging Face directory `hf_dir` whose config is `hf`; `read(dir)` reads
+        another directory's (adapter, config), e.g. a companion model's."""
+        return self.model_config(hf)
+
+    def import_class(self, hf) -> str:
+        """The transformers class that loads a directory of this family (a base model gets its heads initialised)."""
+        return self.hf_class
+
+    def files(self) -> list[str]:
+        """Files that travel with the exported weights (a modeling file for `trust_remote_code`)."""
+        return []
+
+    def hf_model_class(self, name: str):
+        """A transformers model class by name."""
+        import transformers
+
+        return getattr(transformers, name)
+
+    def hf_config_class(self):
+        """The config class that reads this family's config.json (None: transformers' AutoConfig)."""
+        return None
+
+    # ---- weights ------------------------------------------------------------------------------------------
+
+    def blocks(self, num_layers: int) -> int:
+        """ptm blocks that hold parameters (ALBERT's layers share one)."""
+        return num_layers
+
+    def key_map(self, num_layers: int, task_types: bool = False) -> dict[str, str]:
+        """Every ptm parameter name (but the fused QKV) -> its HF name; `task_types`: ERNIE's use_task_id."""
+        m = {k: v.format(p=self.prefix) for k, v in self.keys.items()
+             if task_types or k != "embeddings.task_type.weight"}
+        for i in range(self.blocks(num_layers)):
+            at = self.layer.format(p=self.prefix, i=i)
+            m.update({f"blocks.{i}.{k}": at + v for k, v in self.layer_keys.items()})
+        return m
+
+    def _transposed(self, ptm_key: str) -> bool:
+        return self.conv1d and ptm_key.endswith("weight") and (".attn." in ptm_key or ".mlp." in ptm_key)
+
+    def from_hf(self, hf: dict, num_layers: int, num_heads: int, vocab_rows: int,
+                task_types: bool = False) -> tuple[dict, list[str]]:
+        """HF state dict -> ptm state dict (vocabulary rows padded to `vocab_rows`); also the ptm keys HF did not
+        have (heads to initialise)."""
+        import torch
+
+        out, missing = {}, []
+        for ours, theirs in self.key_map(num_layers, task_types).items():
+            if theirs not in hf:
+                missing.append(ours)
+                continue
+            t = hf[theirs].t() if self._transposed(ours) else hf[theirs]
+            if ours in VOCAB_ROWS and t.shape[0] < vocab_rows:
+                t = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], *t.shape[1:])])
+            out[ours] = t.contiguous()
+        for i in range(self.blocks(num_layers)):
+            at = self.layer.format(p=self.prefix, i=i) + self.qkv
+            for kind in ("weight", "bias"):
+                if self.fused_qkv:
+                    fused = hf[f"{at}.{kind}"]
+                    q, k, v = (fused.t() if kind == "weight" and self.conv1d else fused).chunk(3, dim=0)
+                else:
+                    q, k, v = (hf[f"{at}.{name}.{kind}"] for name in ("query", "key", "value"))
+                out[f"blocks.{i}.attn.qkv.{kind}"] = interleave_qkv(q, k, v, num_heads).contiguous()
+        return out, missing
+
+    def to_hf(self, ours: dict, num_layers: int, num_heads: int, vocab_size: int) -> dict:
+        """ptm state dict -> HF state dict (padding rows dropped; tied copies included)."""
+        import torch
+
+        out = {}
+        for mine, theirs in self.key_map(num_layers, "embeddings.task_type.weight" in ours).items():
+            if mine not in ours:
+                continue
+            t = ours[mine][:vocab_size] if mine in VOCAB_ROWS else ours[mine]
+            out[theirs] = (t.t() if self._transposed(mine) else t).contiguous()
+        for i in range(self.blocks(num_layers)):
+            at = self.layer.format(p=self.prefix, i=i) + self.qkv
+            for kind in ("weight", "bias"):
+                q, k, v = split_qkv(ours[f"blocks.{i}.attn.qkv.{kind}"], num_heads)
+                if self.fused_qkv:
+                    fused = torch.cat([q, k, v])
+                    out[f"{at}.{kind}"] = (fused.t() if kind == "weight" and self.conv1d else fused).contiguous()
+                else:
+                    for name, t in zip(("query", "key", "value"), (q, k, v)):
+                        out[f"{at}.{name}.{kind}"] = t.contiguous()
+        for copy, source in self.tied.items():
+            if source in out:
+                out[copy] = out[source]
+        return out
+
+
+def interleave_qkv(q, k, v, heads: int):
+    """[q; k; v] (each [hidden, ...]) -> Megatron's per-head layout [heads][3][head_dim, ...]."""
+    import torch
+
+    stacked = torch.stack([q, k, v])  # [3, hidden, ...]
+    rest = stacked.shape[2:]
+    return stacked.view(3, heads, -1, *rest).transpose(0, 1).reshape(-1, *rest)
+
+
+def split_qkv(qkv, heads: int):
+    """Inverse of interleave_qkv: -> (q, k, v)."""
+    rest = qkv.shape[1:]
+    return qkv.view(heads, 3, -1, *rest).transpose(0, 1).reshape(3, -1, *rest).unbind(0)
+
+
+def hf_common(cfg, special: dict, cls: str) -> dict:
+    """The BERT-style transformers config fields of ptm ModelConfig `cfg`."""
+    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                num_attention_heads=cfg.num_heads, intermediate_size=cfg.ffn_hidden_size,
+                hidden_act=ACTIVATIONS[cfg.activation], hidden_dropout_prob=cfg.hidden_dropout,
+                attention_probs_dropout_prob=cfg.attention_dropout,
+                max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
+                layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_std,
+                pad_token_id=special.get("pad", 0), architectures=[cls])
+
+
+def model_common(hf, arch: str) -> dict:
+    """The ptm ModelConfig fields of a BERT-style transformers config."""
+    activation = {v: k for k, v in ACTIVATIONS.items()}.get(hf.hidden_act)
+    if activation is None:
+        raise ExportError(f"hidden_act={hf.hidden_act!r} is not one ptm has ({', '.join(ACTIVATIONS.values())})")
+    return dict(arch=arch, activation=activation, vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.hidden_size,
+                num_layers=hf.num_hidden_layers, num_heads=hf.num_attention_heads, ffn_hidden_size=hf.intermediate_size,
+                max_position_embeddings=hf.max_position_embeddings, type_vocab_size=hf.type_vocab_size,
+                task_type_vocab_size=0, layer_norm_eps=hf.layer_norm_eps, hidden_dropout=hf.hidden_dropout_prob,
+                attention_dropout=hf.attention_probs_dropout_prob, init_std=hf.initializer_range)

@@ -1,0 +1,120 @@
+"""ELECTRA (Clark et al. 2020): a BERT-shaped discriminator with a replaced-token-detection head and a generator
+`model.generator_size` times as wide that reads its embeddings (pretrain/objectives/electra.py trains both). Exports
+the discriminator as ElectraForPreTraining and the generator as ElectraForMaskedLM in its `generator/`
+subdirectory, each with the shared embedding tables."""
+from __future__ import annotations
+
+from pretrain.families import bert
+from pretrain.families.base import ExportError, Family, hf_common
+
+ORDER = 60
+FEATURES = dict(bert.FEATURES, heads=["rtd"])
+GENERATOR = ("generator", "ElectraForMaskedLM")  # the generator's subdirectory and class
+GENERATOR_SIZE = 0.25  # the generator made for a discriminator imported alone (ELECTRA-small's and -large's)
+SHARED = ("embeddings.word.weight", "embeddings.position.weight", "embeddings.token_type.weight",
+          "embeddings.norm.weight", "embeddings.norm.bias")  # the generator's, read from the discriminator
+
+
+class ElectraAdapter(bert.BertAdapter):
+    hf_class = "ElectraForPreTraining"
+    model_type = "electra"
+    prefix = "electra."
+    keys = {**bert.EMBEDDINGS,  # one map for both models: each lacks the other's head
+            "embeddings.proj.weight": "{p}embeddings_project.weight", "embeddings.proj.bias": "{p}embeddings_project.bias",
+            "rtd.dense.weight": "discriminator_predictions.dense.weight",
+            "rtd.dense.bias": "discriminator_predictions.dense.bias",
+            "rtd.score.weight": "discriminator_predictions.dense_prediction.weight",
+            "rtd.score.bias": "discriminator_predictions.dense_prediction.bias",
+            "mlm.dense.weight": "generator_predictions.dense.weight", "mlm.dense.bias": "generator_predictions.dense.bias",
+            "mlm.norm.weight": "generator_predictions.LayerNorm.weight",
+            "mlm.norm.bias": "generator_predictions.LayerNorm.bias", "mlm.bias": "generator_lm_head.bias"}
+    computes = {**{k: v for k, v in bert.COMPUTES.items() if k != "embedding_size"}, "heads": ("rtd", "mlm")}
+
+    @property
+    def tied(self):
+        return {}
+
+    def to_hf(self, ours, num_layers, num_heads, vocab_size):
+        out = super().to_hf(ours, num_layers, num_heads, vocab_size)
+        if "mlm.bias" in ours:  # the generator's output projection is its word embeddings
+            out["generator_lm_head.weight"] = out["electra.embeddings.word_embeddings.weight"]
+        return out
+
+    def models(self, cfg):
+        from pretrain.models.config import generator_config
+
+        if "mlm" in cfg.heads:  # a generator alone
+            return [("", cfg, GENERATOR[1])]
+        return [("", cfg, self.hf_class), (GENERATOR[0], generator_config(cfg), GENERATOR[1])]
+
+    def split(self, state, cfg):
+        """The discriminator's state and the generator's, each a whole model's (the generator gets the
+        discriminator's embedding tables, which it reads in ptm)."""
+        if "mlm" in cfg.heads:
+            return [state]
+        disc = {k: v for k, v in state.items() if not k.startswith("generator.")}
+        gen = {k.removeprefix("generator."): v for k, v in state.items() if k.startswith("generator.")}
+        return [disc, gen | {k: state[k] for k in SHARED if k in state}]
+
+    def join(self, state, companion, subdirectory):
+        joined = join(state, companion)
+        return joined, [k for k in joined if k.startswith("generator.")]
+
+    def new_companion(self, cfg):
+        """A new generator: its own layers (the discriminator's embedding tables are shared)."""
+        import torch
+
+        from pretrain.models.model import Pretraining
+        from pretrain.parallel import mcore
+
+        torch.manual_seed(0)
+        return {k: p.detach() for k, p in Pretraining(cfg, tp=mcore.OneRank()).named_parameters()
+                if k not in SHARED}
+
+    def read_model_config(self, hf_dir, hf, read):
+        import os
+
+        where = os.path.join(hf_dir, GENERATOR[0])
+        generator = read(where)[1] if os.path.isfile(os.path.join(where, "config.json")) else None
+        return self.model_config(hf, generator)
+
+    def hf_config(self, cfg, special):
+        import transformers
+
+        cls = GENERATOR[1] if "mlm" in cfg.heads else self.hf_class
+        return transformers.ElectraConfig(embedding_size=cfg.embedding_size or cfg.hidden_size,
+                                          **hf_common(cfg, special, cls))
+
+    def model_config(self, hf, generator=None):
+        """The discriminator's config, sized with its `generator`'s HF config (without one, a generator of
+        GENERATOR_SIZE)."""
+        from pretrain.models.config import ModelConfig, generator_config
+
+        if GENERATOR[1] in (hf.architectures or []):
+            raise ExportError(f"this is ELECTRA's generator ({GENERATOR[1]}); pass the discriminator's directory "
+                              f"(ElectraForPreTraining), with the generator in its {GENERATOR[0]}/ subdirectory")
+        fields = dict(super().model_config(hf), arch="electra", heads=["rtd"],
+                      embedding_size=hf.embedding_size if hf.embedding_size != hf.hidden_size else 0,
+                      generator_size=generator.hidden_size / hf.hidden_size if generator else GENERATOR_SIZE)
+        if generator is not None:
+            g = generator_config(ModelConfig(**fields))
+            theirs = (generator.hidden_size, generator.num_attention_heads, generator.intermediate_size,
+                      generator.num_hidden_layers, generator.embedding_size)
+            if (g.hidden_size, g.num_heads, g.ffn_hidden_size, g.num_layers, g.embedding_size) != theirs:
+                raise ExportError(f"the generator's sizes (hidden, heads, MLP, layers, embedding: {theirs}) are not the "
+                                  f"discriminator's scaled by {fields['generator_size']:.4g}; ptm's generator is "
+                                  "model.generator_size times as wide and as deep, on the same embeddings")
+        return fields
+
+    def import_class(self, hf) -> str:
+        return self.hf_class
+
+
+def join(disc: dict, gen: dict) -> dict:
+    """Inverse of `ElectraAdapter.split`: the generator's own parameters under `generator.` (its embedding tables are
+    the discriminator's)."""
+    return disc | {f"generator.{k}": v for k, v in gen.items() if k not in SHARED}
+
+
+FAMILY = Family("electra", "ELECTRA: a discriminator detecting the tokens a small generator replaced", FEATURES,
+                ElectraAdapter())

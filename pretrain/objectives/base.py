@@ -1,0 +1,141 @@
+"""What every pretraining objective plug-in provides (`pretrain/objectives/*.py` subclass `Objective`).
+
+An objective owns all that training on it takes: its config section (if any), its checks, its schedule of phases,
+its sample source and masker, the heads it adds to the model, its loss terms and metrics. The trainer, the data
+factory, the engine and `ptm plan` ask it; none of them names an objective. Modules here import torch and the data
+code inside the methods that run them, so the config and `ptm plan` load without them.
+
+    objective = objectives.get(cfg.data.objective).configured(cfg)      # bound to a resolved config
+    phase = objective.phase(step)                                        # e.g. ERNIE 2.0's stage at that step
+    counts = losses.global_counts([objective.elements(b, phase) for b in batches], dp_group)
+    loss = losses.objective(objective.compute(model, batch, phase), counts)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+AT = "at:"  # the batch fields holding each term's element indices (`Objective.locate`)
+M32 = 0xFFFFFFFF
+
+
+def hash32(x):
+    """A 32-bit integer hash (avalanching) of int64 tensors holding values below 2**32: draws that are functions of a
+    sample alone (ELECTRA's sampling noise, UniLM's masks) and so the same under any layout."""
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & M32
+    x = (((x >> 16) ^ x) * 0x45D9F3B) & M32
+    return (x >> 16) ^ x
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A config section that a plug-in owns: `name` (the top-level key), its dataclass `schema`, and `check(cfg,
+    need)`, run for every config (a section may be set where it does not apply)."""
+
+    name: str
+    schema: type
+    check: Callable | None = None
+
+
+class Objective:
+    name = ""
+    help = ""
+    causal = False  # predicts each next token (a causal model) rather than masked tokens (a bidirectional one)
+    pairs = False  # samples hold two segments: the model needs segment embeddings
+    one_lm_head = True  # every prediction comes from the model's own LM head (fused_lm_loss can replace it)
+    packs_documents = False  # reads data.pack_documents (documents concatenated into windows)
+    section: Section | None = None  # its config section
+    headline = ()  # metrics the progress bar shows after `loss`
+    cfg = None  # the config of a `configured` objective
+
+    def configured(self, cfg) -> "Objective":
+        """This objective bound to a resolved config: its settings, schedule and data come from `cfg`."""
+        bound = object.__new__(type(self))
+        bound.__dict__.update(self.__dict__, cfg=cfg)
+        return bound
+
+    # ---- the config -----------------------------------------------------------------------------------------
+
+    def check(self, cfg, need) -> None:
+        """Record, by `need(ok, message)`, each way `cfg` does not fit this objective (message: one line with
+        the fix). What every objective asks of a config (its attention direction, segments, one LM head) the config
+        checks from the attributes above."""
+
+    def predicted_tokens(self, data) -> int:
+        """Tokens per sequence the LM head runs on (`data`: the config's data section)."""
+        return data.max_predictions_per_seq or math.ceil(data.mask_prob * data.seq_len)
+
+    # ---- the schedule ---------------------------------------------------------------------------------------
+
+    def phases(self) -> list:
+        """The phases of training in order, each with its `steps` (e.g. ERNIE's stages); [] for one phase."""
+        return []
+
+    def phase_index(self, step: int) -> int:
+        """Index of the phase that optimizer step `step` (from 0) belongs to (the last one after the schedule
+        ends); 0 without phases."""
+        return 0
+
+    def phase(self, step: int):
+        """What the objective trains on at optimizer step `step` (passed to `source`, `select`, `compute`); None
+        without phases."""
+        return None
+
+    def describe(self, phase) -> str:
+        """The log line's words for a phase that begins."""
+        return str(phase)
+
+    def phase_metrics(self, step: int) -> dict[str, float]:
+        """Metrics naming the phase of step `step` (`stage`, from 1), when there are several."""
+        return {"stage": self.phase_index(step) + 1} if self.phases() else {}
+
+    # ---- data and model -------------------------------------------------------------------------------------
+
+    def source(self, path: str, corpus, docs, phase, cache_dir: str | None = None):
+        """The sample source of `phase` over documents `docs` of the dataset `corpus` at `path`."""
+        raise NotImplementedError
+
+    def heads(self, cfg) -> dict:
+        """Heads beyond the model's own (`cfg.model.heads`), {attribute: module}: the model registers them."""
+        return {}
+
+    def head_parameters(self, cfg) -> int:
+        """Parameters of `heads(cfg)`, counted without building them (pretrain/cost.py)."""
+        return 0
+
+    # ---- loss terms -----------------------------------------------------------------------------------------
+
+    def select(self, batch: dict, phase=None) -> dict:
+        """Each loss term's elements as a boolean mask over the batch (tokens [b, s] or sequences [b]), in a
+        fixed order that is the same on every rank."""
+        raise NotImplementedError
+
+    def locate(self, batch: dict, phase=None) -> dict:
+        """`batch` (on the host: the data loader's collate calls this) with the flat indices of each term's elements
+        (`select`'s True positions) as `AT + name`, so that `compute` picks them on the device without a sync."""
+        return {**batch, **{AT + name: mask.flatten().nonzero().squeeze(1)
+                            for name, mask in self.select(batch, phase).items()}}
+
+    def where(self, batch: dict, phase=None) -> dict:
+        """Each term's elements for `losses.pick`: the indices `locate` put in the batch, else `select`'s masks (a
+        device sync on a GPU for each mask picked with: the count is data)."""
+        located = {k[len(AT):]: v for k, v in batch.items() if k.startswith(AT)}
+        return located or self.select(batch, phase)
+
+    def elements(self, batch: dict, phase=None) -> dict:
+        """The number of elements of each term in a micro-batch, from its labels alone (no forward pass)."""
+        return {name: mask.sum() for name, mask in self.select(batch, phase).items()}
+
+    def compute(self, model, batch: dict, phase=None, fused: bool = False) -> dict:
+        """The batch's loss terms ({name: losses.Term}, summed, not averaged); `fused`: the LM head runs the fused
+        linear cross-entropy (the parallelize step's decision, for training; pretrain/engine.py)."""
+        raise NotImplementedError
+
+    def baselines(self, batch: dict, terms: dict, most_frequent: int) -> dict:
+        """Evaluation metrics of trivial predictors, {name: (hits, count)} (e.g. always the most frequent token)."""
+        return {}
+
+    def evaluation(self, metrics: dict) -> dict:
+        """Metrics derived from the evaluation's means (e.g. perplexity)."""
+        return {}

@@ -1,0 +1,75 @@
+"""What a run shows and keeps, written by rank 0: the progress bar and log lines, TensorBoard scalars,
+metrics.jsonl and valid.jsonl (one row per step / evaluation), config.yaml and launch.json at the start,
+summary.json at the end (`ptm report` draws the curves from them)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ptm.files import write_json, write_text
+
+
+class RunLog:
+    """The log of the run in `out_dir`; on ranks other than 0 only `line` prints (nothing: rank 0 says it)."""
+
+    def __init__(self, out_dir: str, rank0: bool, log):
+        self.out_dir, self.rank0, self.log = out_dir, rank0, log
+        self.bar = self.writer = None
+
+    def start(self, config_yaml: str, launch: dict, total: int, done: int) -> None:
+        """The resolved config, the launch (what `ptm plan --check` predicts for), the progress bar and TensorBoard."""
+        os.makedirs(self.out_dir, exist_ok=True)
+        if not self.rank0:
+            return
+        write_text(os.path.join(self.out_dir, "config.yaml"), config_yaml)
+        write_json(os.path.join(self.out_dir, "launch.json"), launch)
+        from torch.utils.tensorboard import SummaryWriter
+        from tqdm import tqdm
+
+        self.writer = SummaryWriter(os.path.join(self.out_dir, "tensorboard"))
+        self.bar = tqdm(total=total, initial=done, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True,
+                        disable=None)
+
+    def line(self, msg: str) -> None:
+        (self.bar.write if self.bar is not None else self.log)(msg)
+
+    def step(self, step: int, metrics: dict, show: bool, headline: tuple[str, ...]) -> None:
+        """A training step's metrics: TensorBoard and metrics.jsonl, a log line when `show`, the bar's postfix."""
+        if not self.rank0:
+            return
+        for k, v in metrics.items():
+            self.writer.add_scalar(f"train/{k}", v, step)
+        _append_jsonl(os.path.join(self.out_dir, "metrics.jsonl"), {"step": step, **metrics})
+        if show:
+            self.line(f"step {step}: " + fmt(metrics, tuple(metrics)))
+        self.bar.update(1)
+        self.bar.set_postfix_str(fmt(metrics, (*headline, "lr", "samples_per_s", "tokens_per_s")),
+                                 refresh=False)
+
+    def evaluation(self, step: int, metrics: dict) -> None:
+        """An evaluation's metrics (`valid_*`): TensorBoard, valid.jsonl and a log line."""
+        if self.rank0:
+            for k, v in metrics.items():
+                self.writer.add_scalar(f"valid/{k[6:]}", v, step)
+            _append_jsonl(os.path.join(self.out_dir, "valid.jsonl"), {"step": step, **metrics})
+        self.log(f"step {step}: " + fmt(metrics, tuple(metrics)))
+
+    def close(self) -> None:
+        for done in (self.bar, self.writer):
+            if done is not None:
+                done.close()
+        self.bar = self.writer = None
+
+    def summary(self, summary: dict) -> None:
+        if self.rank0:
+            write_json(os.path.join(self.out_dir, "summary.json"), summary)
+
+
+def _append_jsonl(path: str, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def fmt(metrics: dict, keys: tuple) -> str:
+    return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
