@@ -191,7 +191,7 @@ def by_device_name(device_name: str) -> Hardware | None:
     return None
 
 
-# ----------------------------------------------------------------------------------------- collectives
+# ------------------------------------------------------------------------------------ peaks and MFU
 
 def peak_flops(device_name: str, precision: str) -> float | None:
     """Dense peak FLOPs/s of a GPU named like `torch.cuda.get_device_name()` (configs/hardware/gpus.yaml), or of the
@@ -213,6 +213,8 @@ def mfu(flops_per_second: float, device_name: str, precision: str) -> float | No
     peak = peak_flops(device_name, precision)
     return None if peak is None else flops_per_second / peak
 
+
+# ----------------------------------------------------------------------------------------- collectives
 
 def _ring(kind: str, nbytes: float, ranks: int, per_node: int, hw: Hardware, eff: Efficiency,
           tp: int = 1) -> float:
