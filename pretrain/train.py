@@ -66,6 +66,10 @@ class Trainer:
         self.device_name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
         self.step = self.consumed = 0
         self._stop: bool | None = None  # whether a rank got a stop signal, agreed by the last step (`_agree`)
+        # DeepSpeed's gradient norm of the last step (a device tensor, a number, or None where it computes none),
+        # read with the next step's transfer (`_agree`): `_previous_norm`
+        self._norm: torch.Tensor | float | None = None
+        self._previous_norm: float | None = None
         self.resumed_from = None
         self._built: dict = {}  # phase index -> (train, valid) sources
         if self.run.resume:
@@ -118,6 +122,7 @@ class Trainer:
         log(f"initialised weights from {ckpt}")
 
     def save(self) -> str:
+        heartbeat.progress(f"the checkpoint of step {self.step}", patient=True)  # writes may take long
         cfg, corpus = self.cfg, self.run.corpora[0]
         meta = {"model": cfg.model, "params": self.params, "tp": mcore.tp_size(), "dp": self.dp, "step": self.step,
                 "extra": {"zero_stage": cfg.zero.stage, "precision": cfg.precision, "consumed_samples": self.consumed,
@@ -146,31 +151,36 @@ class Trainer:
         split of the batch. A non-finite loss on any rank stops every rank before the optimizer runs (fp16
         gradient overflows are DeepSpeed's: the step is skipped).
 
-        Host syncs (the CPU waiting for the device): none per micro-batch; per step, whatever the accumulation, two
-        from ptm (`_agree`'s one transfer before the optimizer runs, then DeepSpeed's gradient norm where it computes
-        one) and DeepSpeed's own in its step (2 to 6 in fp32/bf16/fp16 at ZeRO 0-3: docs/performance.md)."""
+        Host syncs (the CPU waiting for the device): none per micro-batch; per step, whatever the accumulation, one
+        from ptm (`_agree`'s transfer before the optimizer runs, which also brings the previous step's gradient norm:
+        `fit` logs a step's row when the next step has run) and DeepSpeed's own in its step (2 to 6 in fp32/bf16/fp16
+        at ZeRO 0-3: docs/performance.md)."""
         self.engine.train()
-        phase = self.objective.phase(self.step)
+        phase, step = self.objective.phase(self.step), self.step + 1
+        heartbeat.progress(f"step {step}: loading its micro-batches")
         batches = [self._to_device(next(micro_batches)) for _ in range(self.accumulation)]
+        heartbeat.progress(f"step {step}: counting its loss elements over the data-parallel ranks")
         counts = losses.global_counts([self.objective.elements(b, phase) for b in batches], mcore.dp_group())
         tally, finite = losses.Tally(), torch.ones((), device=self.device)
         padding = sum((1 - real.float().mean().double() for real in map(real_tokens, batches) if real is not None),
                       torch.zeros((), dtype=torch.float64, device=self.device))
         scale = unapplied_loss_scale(self.engine)  # fp16 at ZeRO-0: DeepSpeed's backward does not scale the loss
         for i, batch in enumerate(batches):
+            heartbeat.progress(f"step {step}: micro-batch {i + 1} of {self.accumulation}")
             terms = self.objective.compute(self.engine, batch, phase, fused=self.parallel.fused_lm_loss)
             loss = losses.objective(terms, counts) * (self.accumulation * self.dp * scale)
             finite = finite * torch.isfinite(loss.detach()).float()
             tally.add(terms)
             self.engine.backward(loss)
             if i == self.accumulation - 1:
+                heartbeat.progress(f"step {step}: its metrics and optimizer step")
                 metrics = self._agree(tally, finite, padding)
             self.engine.step()
         self.step += 1
         self.consumed += self.cfg.train.global_batch_size
-        norm = self.engine.get_global_grad_norm()
-        if norm is not None:
-            metrics["grad_norm"] = float(norm) / scale
+        norm = self.engine.get_global_grad_norm()  # read with the next step's transfer, or by `logged_norm`
+        self._norm = norm.detach().to(torch.float64, copy=True) / scale if torch.is_tensor(norm) else (
+            None if norm is None else float(norm) / scale)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics.update(self.objective.phase_metrics(self.step - 1))
         if self.cfg.precision == "fp16":
@@ -184,7 +194,9 @@ class Trainer:
         stop = torch.full((), float(bool(signals.received)), dtype=torch.float64, device=self.device)
         flags = dev.all_reduce(torch.stack([1 - finite.double(), stop]))
         sums = tally.sums(mcore.dp_group()).flatten()
-        *sums, nonfinite, stop, padding = torch.cat([sums, flags, padding[None]]).tolist()
+        norm = self._norm if torch.is_tensor(self._norm) else torch.zeros((), dtype=torch.float64, device=self.device)
+        *sums, nonfinite, stop, padding, norm = torch.cat([sums, flags, padding[None], norm[None]]).tolist()
+        self._previous_norm = norm if torch.is_tensor(self._norm) else self._norm
         self._stop_unless_finite(nonfinite == 0)
         self._stop = stop > 0
         return {**tally.read(sums), "padding": padding / self.accumulation}
@@ -225,6 +237,7 @@ class Trainer:
             return {}
         tally, phase = losses.Tally(), self.objective.phase(step)
         for n, batch in enumerate(self._loader(valid, 0, 0, phase)):
+            heartbeat.progress(f"the evaluation after step {self.step}: batch {n + 1}")
             if n == self.cfg.train.eval_steps:
                 break
             batch = self._to_device(batch)
@@ -234,6 +247,21 @@ class Trainer:
         means.update(self.objective.evaluation(means))
         means.update(self.objective.phase_metrics(step))
         return {f"valid_{k}": v for k, v in means.items()}
+
+    def _log_row(self, out: RunLog, held: tuple | None, norm: float | None) -> None:
+        """Log a step's row (step, metrics, shown) held back for its gradient norm (`norm`; None where DeepSpeed
+        computed none)."""
+        if held is None:
+            return
+        step, metrics, show = held
+        if norm is not None:
+            metrics["grad_norm"] = norm
+        out.step(step, metrics, show, self.objective.headline)
+
+    def logged_norm(self) -> float | None:
+        """The last step's gradient norm, read now (a host sync: for the last row before an evaluation, a checkpoint
+        or the end, which sync anyway)."""
+        return float(self._norm) if torch.is_tensor(self._norm) else self._norm
 
     def _stop_agreed(self) -> bool:
         """Whether any rank got a stop signal: all ranks learn it at the same step boundary, from the flag the last
@@ -268,13 +296,15 @@ class Trainer:
                                   "dp": self.dp, "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.world))},
                   cfg.train.steps, self.step)
         log("kernels: " + K.describe(cfg, self.parallel.kernels, self.parallel.fused_lm_loss, self.optimizer,
-                                     self.device))
+                                     self.device, self.objective.attention_mask))
         phase = self.objective.phase_index(self.step)
         micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
-        t0, last_eval, history = time.time(), {}, []
+        t0, last_eval, history, held = time.time(), {}, [], None
         while self.step < cfg.train.steps:
+            heartbeat.progress(f"step {self.step + 1}: the stop-signal check")
             if self._stop_agreed():
+                self._log_row(out, held, self.logged_norm())
                 out.close()
                 if self.step == first:
                     raise NoProgress(self._no_progress())
@@ -293,13 +323,19 @@ class Trainer:
             metrics.update(step_time_s=dt, samples_per_s=cfg.train.global_batch_size / dt, tokens_per_s=tokens_per_step / dt,
                            memory_gib=dev.peak_memory_gib(), **dev.device_memory(),
                            **self._utilisation(cfg.train.global_batch_size / dt))
-            out.step(self.step, metrics, cfg.train.log_interval and self.step % cfg.train.log_interval == 0,
-                     self.objective.headline)
-            if cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0:
+            # a step's row waits for its gradient norm, which the next step's transfer brings
+            self._log_row(out, held, self._previous_norm)
+            held = (self.step, metrics, bool(cfg.train.log_interval and self.step % cfg.train.log_interval == 0))
+            evaluate = cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0
+            save = cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and self.step < cfg.train.steps
+            if evaluate or save or self.step == cfg.train.steps:
+                self._log_row(out, held, self.logged_norm())
+                held = None
+            if evaluate:
                 last_eval = self.evaluate()
                 history.append({"step": self.step, **last_eval})
                 out.evaluation(self.step, last_eval)
-            if cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and self.step < cfg.train.steps:
+            if save:
                 self.save()
         out.close()
         final = self.save() if self.step != first or not self.run.resume else self.run.resume

@@ -108,6 +108,14 @@ from pretrain.train import Trainer
 trainer = Trainer(load("bert-tiny", sys.argv[2:]))
 if os.environ["RANK"] == "1":
     time.sleep(float(sys.argv[1]))  # the main thread busy (a long checkpoint write) while rank 0 waits: no verdict
+    hang, to_device = os.environ.get("HANG_WHILE"), trainer._to_device
+
+    def loading(batch):  # once HANG_WHILE exists, the main thread hangs loading a step's batches (threads beat on)
+        while hang and os.path.exists(hang):
+            time.sleep(0.1)
+        return to_device(batch)
+
+    trainer._to_device = loading
 trainer.fit()
 """
 
@@ -116,42 +124,95 @@ trainer.fit()
     (1, "rank 0 on {host} lost contact with the other ranks (rank 1 on {host} has not been heard from for"),
     (0, "rank 1 on {host} lost contact with the other ranks (the rendezvous store at 127.0.0.1:{port}, kept by rank 0, "
         "has not answered for"),
+    ("hung", r"rank 0 on {host} lost contact with the other ranks \(it has waited 1[89] s at step (\d+): counting its "
+             r"loss elements over the data-parallel ranks for rank 1 on {host}, still at step \1: loading its "
+             r"micro-batches\)"),
 ])
 def test_a_stalled_rank_is_named_by_the_heartbeat_before_any_collective_times_out(train_data, tmp_path, stopped,
                                                                                  survivor_says):
     """Two ranks (as mpirun or srun start them: rank 0 keeps the store), one SIGSTOPped mid-run (all its threads stop,
     as on a hung host): the other says so in one line and exits 4 after parallel.timeout_s, from the heartbeat, not from
     a backend timeout (collectives wait 2 x timeout_s + 3 beats), so NCCL's watchdog would not get there first. A rank
-    whose main thread is busy longer than timeout_s (but beats) is not called silent."""
+    whose main thread is busy longer than timeout_s (but beats) is not called silent. "hung": rank 1's main thread
+    hangs loading a step's batches while its threads beat on (a stuck loader or device): rank 0, waiting in that step's
+    first collective, names it and where it is, 2 x timeout_s - 2 beats after its own last mark, and both exit 4."""
     port, host, timeout_s = free_port(), socket.gethostname(), 10
     overrides = [f"data.path={train_data}", "data.num_workers=0", "data.seq_len=32", "model.max_position_embeddings=32",
                  "train.global_batch_size=4", "train.micro_batch_size=2", "train.steps=100000", "train.eval_interval=0",
                  "checkpoint.interval=0", f"parallel.timeout_s={timeout_s}", "parallel.heartbeat_s=1",
                  f"out_dir={tmp_path}"]
-    busy = 1.5 * timeout_s if stopped == 1 else 0
+    busy, hang = 1.5 * timeout_s if stopped == 1 else 0, tmp_path / "hang"
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "HANG_WHILE": str(hang)}
         with open(tmp_path / f"stderr-{rank}", "w") as err:
             procs.append(subprocess.Popen([sys.executable, "-c", BUSY_THEN_TRAIN, str(busy), *overrides], cwd=ROOT,
                                           env=env, stdout=subprocess.DEVNULL, stderr=err))
-    survivor = procs[1 - stopped]
+    survivor = procs[0 if stopped == "hung" else 1 - stopped]
     try:
         metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 300
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):  # steps after the busy spell
             assert all(p.poll() is None for p in procs) and time.time() < deadline, \
                 (tmp_path / "stderr-0").read_text()[-3000:] + (tmp_path / "stderr-1").read_text()[-3000:]
             time.sleep(0.2)
-        procs[stopped].send_signal(signal.SIGSTOP)
+        if stopped == "hung":
+            hang.touch()
+            procs[1].wait(timeout=180)
+            assert procs[1].returncode == 4  # it reads the verdict posted by rank 0
+        else:
+            procs[stopped].send_signal(signal.SIGSTOP)
         survivor.wait(timeout=180)
     finally:
         for p in procs:
             p.kill()
             p.wait()
-    stderr = (tmp_path / f"stderr-{1 - stopped}").read_text()
+    stderr = (tmp_path / f"stderr-{0 if stopped == 'hung' else 1 - stopped}").read_text()
     assert survivor.returncode == 4, stderr[-3000:]
-    assert f"pretrain: error: {survivor_says.format(host=host, port=port)}" in stderr, stderr[-3000:]
+    says = survivor_says.format(host=host, port=port)
+    if stopped == "hung":
+        assert re.search(f"pretrain: error: {says}", stderr), stderr[-3000:]
+    else:
+        assert f"pretrain: error: {says}" in stderr, stderr[-3000:]
+
+
+def test_a_stalled_main_thread_names_the_ranks_still_behind_it():
+    """The census a stalled main thread's judge reads: ranks at an earlier mark are named with their host and point
+    (four at most, then a count); with none behind, every rank waits at one point; a rank behind others, or at a
+    patient mark (a checkpoint write), or stalled for less than stall_s, gives no verdict. Ranks 1-6 are this test
+    writing their marks, hosts and beats into a real store."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from pretrain.heartbeat import Heartbeat
+
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=timedelta(seconds=5))
+    for rank, mark in enumerate(["", "1 step 1: loading its micro-batches", *["2 step 1: micro-batch 1 of 2"] * 5]):
+        if rank:
+            store.set(f"t/host/{rank}", f"node{rank}")
+            store.set(f"t/mark/{rank}", mark)
+    beat = Heartbeat(store, rank=0, world=7, timeout_s=60, interval_s=0.02, prefix="t", stall_s=0.3)
+    beat.stop()  # its judge would end this process: the verdicts are asked for below
+    try:
+        for point in ("step 1: loading its micro-batches", "step 1: micro-batch 1 of 2", "step 1: micro-batch 2 of 2"):
+            beat.progressed(point)
+        beat.census = (beat.mark, beat._read_marks(store))
+        assert beat.stalled(beat.mark[2] + 0.2) is None  # not yet stall_s at one mark
+        verdict = beat.stalled(beat.mark[2] + 0.4)
+        assert re.fullmatch(r"it has waited 0 s at step 1: micro-batch 2 of 2 for rank 1 on node1, still at step 1: "
+                            r"loading its micro-batches; rank 2 on node2, still at step 1: micro-batch 1 of 2; "
+                            r"rank 3 on node3, .*; rank 4 on node4, .* and 2 more", verdict), verdict
+        beat.census = (beat.mark, [(r, beat.mark[0], "step 1: micro-batch 2 of 2", f"node{r}") for r in range(7)])
+        assert beat.stalled(beat.mark[2] + 0.4).startswith("every rank has waited 0 s at step 1: micro-batch 2 of 2: a "
+                                                           "collective has not completed")
+        beat.census = (beat.mark, [(1, 5, "step 2: loading its micro-batches", "node1")])
+        assert beat.stalled(beat.mark[2] + 0.4) is None  # this rank is the one behind: the others name it
+        beat.progressed("the checkpoint of step 1", patient=True)
+        beat.census = (beat.mark, [])
+        assert beat.stalled(beat.mark[2] + 60) is None
+    finally:
+        store.delete_key("t/1")
 
 
 def test_the_heartbeat_threads_end_with_stop():

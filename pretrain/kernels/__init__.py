@@ -50,21 +50,83 @@ def fused_lm_loss_available(device: torch.device) -> str | None:
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
                          vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed loss, correct predictions) of the logits x @ weight[:vocab_size].T + bias[:vocab_size] against
-    `labels` (-100 ignored) through liger-kernel's fused linear cross-entropy, which computes the logits a chunk of
-    tokens at a time and never holds them whole. The whole vocabulary must be on this rank (TP=1); the rows past
-    `vocab_size` (padding) are left out, as masking their logits does. Equals `cross_entropy` of the logits.
+    `labels` (-100 ignored), fused: the logits exist a chunk of tokens at a time, never whole. The whole vocabulary
+    must be on this rank (TP=1); the rows past `vocab_size` (padding) are left out, as masking their logits does.
+    Equals `cross_entropy` of the logits.
 
-    liger computes the gradients in this forward pass: the weight and bias gradients are summed over the chunks in
-    fp32 (`accum_dtype`), not in bf16; an fp16 loss scale would come too late (`Config.lm_loss_fusable`: not under
-    fp16). Two host syncs per call are liger-kernel's own (0.8, ops/fused_linear_cross_entropy.py): the forward's
-    `target_mask.sum().item()` and the backward's `torch.equal(grad_output, 1.0)`."""
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-
+    liger-kernel's Triton kernel computes each chunk's loss, prediction and logit gradient in one pass; ptm's chunk
+    loop (`_FusedLinearCrossEntropy`) makes the matmuls around it. The input, weight and bias gradients are computed
+    in this forward pass, the weight and bias ones summed over the chunks in fp32, not in bf16; an fp16 loss scale
+    would come too late (`Config.lm_loss_fusable`: not under fp16). Unlike liger's own `fused_linear_cross_entropy`
+    (0.8: `.item()` on the label count in its forward, `torch.equal` on the incoming gradient in its backward), the
+    loop makes no host sync."""
     global fused_lm_loss_calls
     fused_lm_loss_calls += 1
-    out = liger_fused_linear_cross_entropy(x, weight[:vocab_size], labels, None if bias is None else bias[:vocab_size],
-                                           reduction="sum", accum_dtype=torch.float32, return_predicted_tokens=True)
-    return out.loss, ((out.predicted_tokens == labels) & (labels != -100)).sum()
+    loss, predicted = _FusedLinearCrossEntropy.apply(x, weight[:vocab_size],
+                                                     None if bias is None else bias[:vocab_size], labels)
+    return loss, ((predicted == labels) & (labels != -100)).sum()
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of x @ weight.T + bias, a chunk of rows at a time (chunks sized as liger sizes them: the
+    chunk's logits about as large as x), gradients computed in the forward pass and scaled by the incoming one in
+    the backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, labels):
+        from liger_kernel.ops.cross_entropy import liger_cross_entropy_kernel
+        from triton import cdiv, next_power_of_2
+
+        rows, hidden = x.shape
+        vocab = weight.shape[0]
+        chunk = min(rows, next_power_of_2(cdiv(rows, cdiv(vocab, hidden))))
+        grad_x = torch.zeros_like(x)
+        grad_w = torch.zeros_like(weight, dtype=torch.float32)
+        grad_b = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+        loss = torch.zeros(rows, dtype=torch.float32, device=x.device)
+        predicted = torch.full((rows,), -1, dtype=torch.int64, device=x.device)
+        for start in range(0, rows, chunk):
+            end = min(start + chunk, rows)
+            x_chunk = x[start:end]
+            logits = torch.mm(x_chunk, weight.t()) if bias is None else torch.addmm(bias, x_chunk, weight.t())
+            target = labels[start:end].contiguous()
+            # the loss, the argmax and, in place of the logits, their gradient (softmax - one-hot; 0 where ignored)
+            liger_cross_entropy_kernel[(end - start,)](
+                X_ptr=logits, X_stride=logits.stride(-2), Y_ptr=target, Y_stride=target.stride(-1), weight_ptr=None,
+                loss_ptr=loss[start:end], z_loss_ptr=None, loss_stride=1, token_accuracy_ptr=None,
+                token_accuracy_stride=0, predicted_tokens_ptr=predicted[start:end], predicted_tokens_stride=1,
+                n_cols=vocab, n_non_ignore=1, sum_non_ignore_weight=1, weight_sum=0.0, ignore_index=-100,
+                lse_square_scale=0.0, label_smoothing=0.0, reduction="sum", softcap=None, RETURN_Z_LOSS=False,
+                RETURN_TOKEN_ACCURACY=False, RETURN_PREDICTED_TOKENS=True, HAS_WEIGHT=False, HAS_SOFTCAPPING=False,
+                HAS_GRADIENTS=True, BLOCK_SIZE=min(_FUSED_BLOCK, next_power_of_2(vocab)),
+                num_warps=32 if x.is_cuda else 4)
+            torch.mm(logits, weight, out=grad_x[start:end])
+            _add_product(grad_w, logits.t(), x_chunk)
+            if grad_b is not None:
+                grad_b += logits.sum(0, dtype=torch.float32)
+        ctx.save_for_backward(grad_x, grad_w.to(weight.dtype), None if grad_b is None else grad_b.to(bias.dtype))
+        ctx.mark_non_differentiable(predicted)
+        return loss.sum(), predicted
+
+    @staticmethod
+    def backward(ctx, grad_loss, _):
+        grad_x, grad_w, grad_b = ctx.saved_tensors
+        return (grad_x * grad_loss.to(grad_x.dtype), grad_w * grad_loss.to(grad_w.dtype),
+                None if grad_b is None else grad_b * grad_loss.to(grad_b.dtype), None)
+
+
+_FUSED_BLOCK = 65536 // 2  # the largest vocabulary block liger's kernel takes in one program (its MAX_FUSED_SIZE)
+
+
+def _add_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """out (fp32) += a @ b, the product of half-precision factors accumulated in fp32 by the GEMM itself where it can
+    (Ampere and later), else computed in their dtype and added in fp32."""
+    if a.dtype == out.dtype:
+        out.addmm_(a, b)
+    elif a.is_cuda and torch.cuda.get_device_capability(a.device)[0] >= 8:
+        torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
+    else:
+        out += torch.mm(a, b).float()
 
 
 def compile_model(model: torch.nn.Module, dynamic: bool = False) -> None:
@@ -80,11 +142,12 @@ def compile_model(model: torch.nn.Module, dynamic: bool = False) -> None:
         block.compile(dynamic=True if dynamic else None)
 
 
-def attention(cfg, device: torch.device) -> str:
+def attention(cfg, device: torch.device, mask: str = "padding") -> str:
     """The kernel that torch SDPA picks on `device` for this run's training attention, asked of SDPA itself
     (`torch._fused_sdp_choice`, which `F.scaled_dot_product_attention` consults) with the model's dtype, head size,
-    dropout and mask: BERT-like models pass a padding mask (block-diagonal when unpadded), which flash takes none of;
-    GPT-2 none (causal). NEZHA's relative positions are computed without SDPA."""
+    dropout and mask: BERT-like models pass a padding mask (block-diagonal when unpadded), which flash takes none of,
+    or the mask their objective names (`Objective.attention_mask`: UniLM's per-token spans); GPT-2 none (causal).
+    NEZHA's relative positions are computed without SDPA."""
     from torch.nn.attention import SDPBackend
 
     m = cfg.model
@@ -92,22 +155,23 @@ def attention(cfg, device: torch.device) -> str:
         return "ptm's matmuls + softmax (relative positions)"
     s, dtype = cfg.data.seq_len, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
     q = torch.zeros(1, m.num_heads // cfg.parallel.tp, s, m.hidden_size // m.num_heads, dtype=dtype, device=device)
-    mask = None if m.causal else "block-diagonal" if cfg.data.unpadded else "padding"
-    bias = None if mask is None else q.new_zeros(1, 1, s if cfg.data.unpadded else 1, s)  # SDPA's form of a bool mask
+    mask = None if m.causal else "block-diagonal" if cfg.data.unpadded else mask
+    bias = None if mask is None else q.new_zeros(1, 1, 1 if mask == "padding" else s, s)  # SDPA's form of a bool mask
     choice = SDPBackend(torch._fused_sdp_choice(q, q, q, bias, m.attention_dropout, m.causal))
     name = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient",
             SDPBackend.CUDNN_ATTENTION: "cuDNN"}.get(choice, choice.name.lower())
     return f"torch SDPA {name} ({f'{mask} mask' if mask else 'causal, no mask'})"
 
 
-def describe(cfg, kernels: str, fused_lm_loss: bool, optimizer, device: torch.device) -> str:
-    """One line naming the implementation of each kernel, for the training log."""
+def describe(cfg, kernels: str, fused_lm_loss: bool, optimizer, device: torch.device, mask: str = "padding") -> str:
+    """One line naming the implementation of each kernel, for the training log; `mask`: the attention mask the
+    objective gives a bidirectional model (`Objective.attention_mask`)."""
     if fused_lm_loss:
-        loss = "liger-kernel fused linear cross-entropy (fp32 gradient sums)"
+        loss = "fused linear cross-entropy (liger-kernel's Triton kernel, fp32 gradient sums, no host sync)"
     else:
         loss = "megatron-core vocab-parallel cross-entropy" + (
             " (not fused under fp16: liger-kernel computes its gradients before the loss scale)"
             if cfg.precision == "fp16" and cfg.fused_lm_loss == "auto" else "")
     blocks = "torch.compile (Inductor)" if kernels == "compile" else "eager"
-    return (f"blocks {blocks}; attention {attention(cfg, device)}; LM head {loss}; "
+    return (f"blocks {blocks}; attention {attention(cfg, device, mask)}; LM head {loss}; "
             f"{type(optimizer).__name__} {optimizer.implementation}")

@@ -31,7 +31,8 @@ def hash32(x):
 @dataclasses.dataclass(frozen=True)
 class Section:
     """A config section that a plug-in owns: `name` (the top-level key), its dataclass `schema`, and `check(cfg,
-    need)`, run for every config (a section may be set where it does not apply)."""
+    need, objective)`, run for every config (a section may be set where it does not apply; `objective`: the config's
+    objective, bound to it)."""
 
     name: str
     schema: type
@@ -45,6 +46,7 @@ class Objective:
     pairs = False  # samples hold two segments: the model needs segment embeddings
     one_lm_head = True  # every prediction comes from the model's own LM head (fused_lm_loss can replace it)
     packs_documents = False  # reads data.pack_documents (documents concatenated into windows)
+    attention_mask = "padding"  # the mask a bidirectional model attends under: [b, s] padding, or per-token spans
     section: Section | None = None  # its config section
     headline = ()  # metrics the progress bar shows after `loss`
     cfg = None  # the config of a `configured` objective

@@ -35,7 +35,7 @@ class UnilmConfig:
                                 + " (the paper's 1/3, 1/6, 1/6, 1/3)")
 
 
-def check_section(cfg, need) -> None:
+def check_section(cfg, need, objective) -> None:
     mix = cfg.unilm.mix
     need(set(mix) <= set(MODES) and mix and all(w >= 0 for w in mix.values()) and sum(mix.values()) > 0,
          f"unilm.mix={mix} must give non-negative shares to some of {', '.join(MODES)}; e.g. "
@@ -79,6 +79,7 @@ class UniLM(Masked):
     name = "unilm"
     help = "unified LM: bidirectional, left-to-right, right-to-left and seq2seq masks in one batch (UniLM)"
     pair_task = "next"  # the second segment continues the first: seq2seq's source and target
+    attention_mask = "per-token span"  # each token's [attend_lo, attend_hi]: an [b, 1, s, s] mask
     section = Section("unilm", UnilmConfig, check_section)
     headline = ("mlm_loss", "mlm_acc")
     mix = UnilmConfig().mix
