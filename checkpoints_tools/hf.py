@@ -202,10 +202,20 @@ def import_weights(family: families.Adapter, cfg: ModelConfig, hf_dir: str, hf_c
         if os.path.isfile(os.path.join(where, "config.json")):
             theirs, missing = _import_weights(family, model_cfg, where, cls)
         else:
-            theirs, missing = family.new_companion(model_cfg), None
+            theirs, missing = _new_model(model_cfg, family.shared), None
         state, added = family.join(state, theirs, sub)
         initialised += added if missing is None else missing
     return state, initialised
+
+
+def _new_model(cfg: ModelConfig, shared: tuple[str, ...]) -> dict:
+    """A freshly initialised model's own parameters (those in `shared` are another model's), for a directory that
+    holds only the first of a family's models."""
+    from pretrain.models.model import Pretraining
+    from pretrain.parallel import mcore
+
+    torch.manual_seed(0)
+    return {k: p.detach() for k, p in Pretraining(cfg, tp=mcore.OneRank()).named_parameters() if k not in shared}
 
 
 def _import_weights(family: families.Adapter, cfg: ModelConfig, hf_dir: str, cls: str) -> tuple[dict, list[str]]:

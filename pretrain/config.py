@@ -21,8 +21,9 @@ import yaml
 
 from pretrain import families, objectives, schema
 from pretrain import yaml_config as Y
-from pretrain.models.config import ModelConfig, embedding_width, generator_config, positions_needed
+from pretrain.models.config import ModelConfig, embedding_width, positions_needed
 from pretrain.objectives.ernie import ErnieStage  # noqa: F401 (the ernie section's stages, named here too)
+from pretrain.objectives import masking
 from pretrain.objectives.masking import STRATEGIES as MASKINGS
 from pretrain.schema import opt
 from pretrain.yaml_config import ConfigError
@@ -210,9 +211,13 @@ Config.__doc__ = "The training config: the core sections and those of the object
 Config.__module__ = __name__
 
 
+MOVED = {"data.rtd_weight": "electra.rtd_weight"}  # where earlier versions' config.yaml files (run dirs) had keys
+
+
 def load(path: str, overrides: typing.Iterable[str] = ()) -> Config:
-    """A YAML file (or preset name) with its `base` chain, then `key=value` overrides (--set)."""
-    raw = Y.read(Y.resolve(path, os.getcwd(), PRESETS_DIR), Config, PRESETS_DIR)
+    """A YAML file (or preset name) with its `base` chain, then `key=value` overrides (--set). A run directory's
+    config.yaml written by an earlier version reads too (`MOVED`)."""
+    raw = Y.read(Y.resolve(path, os.getcwd(), PRESETS_DIR), Config, PRESETS_DIR, moved=MOVED)
     for item in overrides:
         Y.override(raw, item, Config)
     cfg = Y.build(Config, raw)
@@ -290,21 +295,6 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need("lm" not in m.heads or embedding_width(m) == m.hidden_size,
                 f"model.embedding_size={m.embedding_size} differs from model.hidden_size={m.hidden_size}, but the lm "
                 f"head projects hidden states onto the word embeddings; use the mlm head or model.embedding_size=0")
-    errors.need(("rtd" in m.heads) == (m.generator_size > 0),
-                f"model.generator_size={m.generator_size} with model.heads={m.heads}: ELECTRA's rtd head trains with a "
-                f"generator and only it has one; set model.generator_size to a fraction in (0, 1] with heads [rtd], "
-                f"else 0")
-    if "rtd" in m.heads and 0 < m.generator_size <= 1:
-        g = generator_config(m)
-        errors.need(g.hidden_size % g.num_heads == 0 and g.num_heads % tp == 0 and g.ffn_hidden_size % tp == 0,
-                    f"model.generator_size={m.generator_size} gives a generator of hidden size {g.hidden_size}, "
-                    f"{g.num_heads} heads and MLP width {g.ffn_hidden_size}, which parallel.tp={tp} and the heads must "
-                    f"divide; pick a fraction that keeps them whole (e.g. 1/4 or 1/3 of a 12-head model)")
-    errors.need(not d.similar_words or d.masking == "correction",
-                f"data.similar_words is set but data.masking={d.masking}; similar words replace masked words only with "
-                "data.masking=correction (MacBERT): set it, or remove data.similar_words")
-    errors.need(not d.similar_words or os.path.isfile(d.similar_words),
-                f"data.similar_words={d.similar_words} not found; give a UTF-8 file of words and their similar words")
     errors.need(o.warmup_steps < 1 or float(o.warmup_steps).is_integer(),
                 f"optimizer.warmup_steps={o.warmup_steps} is neither whole steps nor a fraction below 1; round it")
     errors.need(o.warmup(t.steps) <= t.steps, f"optimizer.warmup_steps={o.warmup_steps} is longer than "
@@ -328,10 +318,13 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
                 "fused_lm_loss=on with precision=fp16: liger-kernel computes the LM head's gradients before the fp16 "
                 "loss scale, where small ones underflow; use precision=bf16, or fused_lm_loss=auto (off under fp16)")
     _objective_errors(cfg, errors.need)
-    objectives.get(d.objective).check(cfg, errors.need)
+    masking.check(cfg, errors.need)
+    objective = objectives.get(d.objective)
+    objective.check(cfg, errors.need)
+    bound = objective.configured(cfg)
     for section in objectives.sections():
         if section.check:
-            section.check(cfg, errors.need)
+            section.check(cfg, errors.need, bound)
     for family in families.REGISTRY.values():
         if family.check:
             family.check(cfg, errors.need)

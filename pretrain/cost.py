@@ -9,8 +9,8 @@ holds its parameter count to the model built on the meta device for every preset
 from __future__ import annotations
 
 from pretrain import objectives
-from pretrain.models.config import (ModelConfig, embedding_width, generator_config, normalises_embeddings,
-                                    padded_vocab_size)
+from pretrain.families.electra import generator_config
+from pretrain.models.config import ModelConfig, embedding_width, normalises_embeddings, padded_vocab_size
 
 # bytes per parameter: (weights, gradients, fp32 master copy); Adam and LAMB add fp32 moments m and v
 STATE_BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}

@@ -36,8 +36,9 @@ def resolve(name: str, relative_to: str, presets_dir: str) -> str:
                       f"give a path to a YAML file or a preset: {', '.join(presets)}")
 
 
-def read(path: str, schema, presets_dir: str, chain: tuple[str, ...] = ()) -> dict:
-    """The file's keys merged over those of its `base` chain; each file is checked against `schema` on its own."""
+def read(path: str, schema, presets_dir: str, chain: tuple[str, ...] = (), moved: dict[str, str] | None = None) -> dict:
+    """The file's keys merged over those of its `base` chain; each file is checked against `schema` on its own.
+    `moved`: dotted keys that older versions wrote elsewhere (old -> new), read at their new place."""
     real = os.path.realpath(path)
     if real in chain:
         raise ConfigError(f"{path}: `base` loops back: {' -> '.join((*chain, real))}")
@@ -50,6 +51,10 @@ def read(path: str, schema, presets_dir: str, chain: tuple[str, ...] = ()) -> di
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
     base = raw.pop("base", None)
+    for old, new in (moved or {}).items():
+        section, _, key = old.rpartition(".")
+        if isinstance(raw.get(section), dict) and key in raw[section]:
+            _put(raw, new.partition(".")[0], {new.partition(".")[2]: raw[section].pop(key)})
     try:
         build(schema, raw)
     except ConfigError as e:
@@ -58,7 +63,8 @@ def read(path: str, schema, presets_dir: str, chain: tuple[str, ...] = ()) -> di
         return raw
     if not isinstance(base, str):
         raise ConfigError(f"{path}: base must be a file name, got {base!r}")
-    return merge(read(resolve(base, os.path.dirname(path), presets_dir), schema, presets_dir, (*chain, real)), raw)
+    return merge(read(resolve(base, os.path.dirname(path), presets_dir), schema, presets_dir, (*chain, real), moved),
+                 raw)
 
 
 def merge(base: dict, top: dict) -> dict:

@@ -373,3 +373,16 @@ def test_describe_lists_every_key_with_type_default_and_help():
     text = C.describe()
     assert re.search(r"^optimizer\.lr\s+float\s+0\.0001\s+peak learning rate$", text, re.MULTILINE)
     assert re.search(r"^model\.activation_checkpointing\s+bool \| list\[int\]\s+false\s+recompute", text, re.MULTILINE)
+
+
+def test_a_config_written_before_the_plugin_sections_loads(tmp_path):
+    """A run directory's config.yaml from before the objectives owned their sections (ELECTRA's weight under data:)
+    still loads, for --check, resume and export: the key is read at its new place."""
+    old = tmp_path / "config.yaml"
+    old.write_text("base: electra-tiny.yaml\ndata:\n  path: somewhere\n  rtd_weight: 20.0\n  seq_len: 64\n")
+    import shutil
+
+    shutil.copy(os.path.join(C.PRESETS_DIR, "electra-tiny.yaml"), tmp_path)
+    shutil.copy(os.path.join(C.PRESETS_DIR, "electra-base.yaml"), tmp_path)
+    cfg = C.load(str(old))
+    assert cfg.electra.rtd_weight == 20.0 and cfg.data.seq_len == 64 and cfg.data.path == "somewhere"

@@ -221,7 +221,7 @@ def _electra(vocab_pad_to=1):
     """ElectraForPreTraining and ElectraForMaskedLM (half as wide) on one set of embedding tables, as ELECTRA trains
     them, and the ptm model holding both."""
     from pretrain.families.electra import join
-    from pretrain.models.config import generator_config
+    from pretrain.families.electra import generator_config
 
     disc, gen = _hf("electra"), _hf("electra-generator")
     gen.electra.embeddings.load_state_dict(disc.electra.embeddings.state_dict())

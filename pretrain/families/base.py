@@ -65,6 +65,8 @@ class Adapter:
                            f"model.{key} that {self.hf_class} computes")
         return out
 
+    shared: tuple[str, ...] = ()  # a companion model's parameters that are the first model's (ELECTRA's embeddings)
+
     def models(self, cfg) -> list[tuple[str, object, str]]:
         """(subdirectory, ptm ModelConfig, HF class) of each model the export writes: one, in the directory."""
         return [("", cfg, self.hf_class)]
@@ -76,10 +78,6 @@ class Adapter:
     def join(self, state: dict, companion: dict, subdirectory: str) -> tuple[dict, list[str]]:
         """Inverse of `split` for one companion model (the second of `models`): the joined state, and the names its
         parameters take in it."""
-        raise NotImplementedError
-
-    def new_companion(self, cfg) -> dict:
-        """A freshly initialised companion model's own parameters, for a directory that holds only the first."""
         raise NotImplementedError
 
     def read_model_config(self, hf_dir: str, hf, read) -> dict:

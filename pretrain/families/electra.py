@@ -4,6 +4,8 @@ the discriminator as ElectraForPreTraining and the generator as ElectraForMasked
 subdirectory, each with the shared embedding tables."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pretrain.families import bert
 from pretrain.families.base import ExportError, Family, hf_common
 
@@ -40,9 +42,9 @@ class ElectraAdapter(bert.BertAdapter):
             out["generator_lm_head.weight"] = out["electra.embeddings.word_embeddings.weight"]
         return out
 
-    def models(self, cfg):
-        from pretrain.models.config import generator_config
+    shared = SHARED
 
+    def models(self, cfg):
         if "mlm" in cfg.heads:  # a generator alone
             return [("", cfg, GENERATOR[1])]
         return [("", cfg, self.hf_class), (GENERATOR[0], generator_config(cfg), GENERATOR[1])]
@@ -59,17 +61,6 @@ class ElectraAdapter(bert.BertAdapter):
     def join(self, state, companion, subdirectory):
         joined = join(state, companion)
         return joined, [k for k in joined if k.startswith("generator.")]
-
-    def new_companion(self, cfg):
-        """A new generator: its own layers (the discriminator's embedding tables are shared)."""
-        import torch
-
-        from pretrain.models.model import Pretraining
-        from pretrain.parallel import mcore
-
-        torch.manual_seed(0)
-        return {k: p.detach() for k, p in Pretraining(cfg, tp=mcore.OneRank()).named_parameters()
-                if k not in SHARED}
 
     def read_model_config(self, hf_dir, hf, read):
         import os
@@ -88,8 +79,6 @@ class ElectraAdapter(bert.BertAdapter):
     def model_config(self, hf, generator=None):
         """The discriminator's config, sized with its `generator`'s HF config (without one, a generator of
         GENERATOR_SIZE)."""
-        from pretrain.models.config import ModelConfig, generator_config
-
         if GENERATOR[1] in (hf.architectures or []):
             raise ExportError(f"this is ELECTRA's generator ({GENERATOR[1]}); pass the discriminator's directory "
                               f"(ElectraForPreTraining), with the generator in its {GENERATOR[0]}/ subdirectory")
@@ -97,10 +86,11 @@ class ElectraAdapter(bert.BertAdapter):
                       embedding_size=hf.embedding_size if hf.embedding_size != hf.hidden_size else 0,
                       generator_size=generator.hidden_size / hf.hidden_size if generator else GENERATOR_SIZE)
         if generator is not None:
-            g = generator_config(ModelConfig(**fields))
+            ours = generator_sizes(fields["hidden_size"], fields["num_heads"], fields["ffn_hidden_size"],
+                                   fields["generator_size"])
             theirs = (generator.hidden_size, generator.num_attention_heads, generator.intermediate_size,
                       generator.num_hidden_layers, generator.embedding_size)
-            if (g.hidden_size, g.num_heads, g.ffn_hidden_size, g.num_layers, g.embedding_size) != theirs:
+            if (*ours, fields["num_layers"], fields["embedding_size"] or fields["hidden_size"]) != theirs:
                 raise ExportError(f"the generator's sizes (hidden, heads, MLP, layers, embedding: {theirs}) are not the "
                                   f"discriminator's scaled by {fields['generator_size']:.4g}; ptm's generator is "
                                   "model.generator_size times as wide and as deep, on the same embeddings")
@@ -116,5 +106,32 @@ def join(disc: dict, gen: dict) -> dict:
     return disc | {f"generator.{k}": v for k, v in gen.items() if k not in SHARED}
 
 
+def generator_sizes(hidden: int, heads: int, ffn: int, fraction: float) -> tuple[int, int, int]:
+    """(hidden size, heads, MLP width) of a generator `fraction` times as wide as a model of these sizes."""
+    return round(hidden * fraction), max(1, round(heads * fraction)), round(ffn * fraction)
+
+
+def generator_config(cfg):
+    """ELECTRA's generator of a ModelConfig: a masked LM `generator_size` times as wide as the model (hidden size,
+    heads, MLP), as deep, reading the model's embeddings (their width, projected to its own)."""
+    hidden, heads, ffn = generator_sizes(cfg.hidden_size, cfg.num_heads, cfg.ffn_hidden_size, cfg.generator_size)
+    return replace(cfg, hidden_size=hidden, num_heads=heads, ffn_hidden_size=ffn,
+                   embedding_size=cfg.embedding_size or cfg.hidden_size, heads=["mlm"], generator_size=0.0)
+
+
+def check(cfg, need) -> None:
+    """The rtd head and the generator come together, and the generator's sizes split over the heads and TP ranks."""
+    m, tp = cfg.model, cfg.parallel.tp
+    need(("rtd" in m.heads) == (m.generator_size > 0),
+         f"model.generator_size={m.generator_size} with model.heads={m.heads}: ELECTRA's rtd head trains with a "
+         f"generator and only it has one; set model.generator_size to a fraction in (0, 1] with heads [rtd], else 0")
+    if "rtd" in m.heads and 0 < m.generator_size <= 1:
+        g = generator_config(m)
+        need(g.hidden_size % g.num_heads == 0 and g.num_heads % tp == 0 and g.ffn_hidden_size % tp == 0,
+             f"model.generator_size={m.generator_size} gives a generator of hidden size {g.hidden_size}, "
+             f"{g.num_heads} heads and MLP width {g.ffn_hidden_size}, which parallel.tp={tp} and the heads must "
+             f"divide; pick a fraction that keeps them whole (e.g. 1/4 or 1/3 of a 12-head model)")
+
+
 FAMILY = Family("electra", "ELECTRA: a discriminator detecting the tokens a small generator replaced", FEATURES,
-                ElectraAdapter())
+                ElectraAdapter(), check)

@@ -8,7 +8,7 @@ the Hugging Face adapter for conversion, which refuses a model whose features it
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pretrain import families
 from pretrain.schema import opt
@@ -91,15 +91,6 @@ def normalises_embeddings(cfg: ModelConfig) -> bool:
 
 def embedding_width(cfg: ModelConfig) -> int:
     return cfg.embedding_size or cfg.hidden_size
-
-
-def generator_config(cfg: ModelConfig) -> ModelConfig:
-    """ELECTRA's generator: a masked LM `generator_size` times as wide as the model (hidden size, heads, MLP), as deep,
-    reading the model's embeddings (their width, projected to its own)."""
-    f = cfg.generator_size
-    return replace(cfg, hidden_size=round(cfg.hidden_size * f), num_heads=max(1, round(cfg.num_heads * f)),
-                   ffn_hidden_size=round(cfg.ffn_hidden_size * f), embedding_size=embedding_width(cfg), heads=["mlm"],
-                   generator_size=0.0)
 
 
 def positions_needed(cfg: ModelConfig, seq_len: int) -> int:

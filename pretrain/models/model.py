@@ -33,7 +33,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from pretrain import kernels as K
-from pretrain.models.config import embedding_width, generator_config, padded_vocab_size
+from pretrain.families.electra import generator_config
+from pretrain.models.config import embedding_width, padded_vocab_size
 from pretrain.models.layers import Context, Embeddings, approximation, block_spec
 from pretrain.parallel import mcore
 

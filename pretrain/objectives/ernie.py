@@ -47,13 +47,11 @@ class ErnieConfig:
         return self.stages[self.stage_index(step)]
 
 
-def check_section(cfg, need) -> None:
+def check_section(cfg, need, objective) -> None:
     """The `ernie` section where it applies: stages only where they schedule something, adding up to train.steps;
     labelled data only for the tasks that take it."""
-    from pretrain import objectives
-
     e = cfg.ernie
-    scheduled = bool(objectives.get(cfg.data.objective).configured(cfg).phases())
+    scheduled = bool(objective.phases())
     need(not e.stages or scheduled,
          f"ernie.stages is set but data.objective={cfg.data.objective} and data.masking={cfg.data.masking}; set "
          "data.objective=ernie (ERNIE 2.0 tasks) or data.masking=knowledge (ERNIE 1.0 stages), or remove it")

@@ -17,6 +17,8 @@ becomes [MASK] (80%), a random token (10%) or stays (10%). Units, by strategy:
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 STRATEGIES = {
@@ -31,6 +33,17 @@ KNOWLEDGE_LEVELS = {"token": (), "phrase": ("phrase",), "entity": ("phrase", "en
 IGNORE = -100  # label of positions that are not predicted
 NGRAM_P = {"ngram": (1 / np.arange(1, 4)) / (1 / np.arange(1, 4)).sum(),  # ALBERT
            "correction": np.array([0.4, 0.3, 0.2, 0.1])}  # MacBERT
+
+
+def check(cfg, need) -> None:
+    """The masking options' rules (every objective that masks reads data.masking): similar words only for MacBERT's
+    correction masking, from a file that exists."""
+    d = cfg.data
+    need(not d.similar_words or d.masking == "correction",
+         f"data.similar_words is set but data.masking={d.masking}; similar words replace masked words only with "
+         "data.masking=correction (MacBERT): set it, or remove data.similar_words")
+    need(not d.similar_words or os.path.isfile(d.similar_words),
+         f"data.similar_words={d.similar_words} not found; give a UTF-8 file of words and their similar words")
 
 
 class Masker:
