@@ -71,6 +71,16 @@ def evaluate(anchor: dict) -> tuple[float, float, bool]:
     return predicted, published, abs(predicted / published - 1) <= TOLERANCE
 
 
+def memory(anchor: dict) -> tuple[float, float]:
+    """(GiB per GPU that `ptm plan` counts for the anchor's layout, GiB of its GPU): the published run's layout
+    (its last phase's) ran in that memory, so the first must not exceed the second."""
+    from pretrain import plan
+
+    cfg = load(anchor["config"], _flat(anchor.get("set") or anchor["phases"][-1]["set"]))
+    hw = speed.gpu(anchor["gpu"], anchor.get("interconnect"))
+    return plan.estimate(cfg, anchor["gpus"], hw.memory_gib).total / 2 ** 30, hw.memory_gib
+
+
 # ptm's presets as users run them: NVIDIA's two-phase BERT-large recipe (7038 steps at 64K x 128, 1563 at 32K x 512),
 # GPT-2 medium and ERNIE 2.0 base as configured (bf16, ZeRO-1)
 WORKLOADS = {
@@ -118,8 +128,8 @@ def main() -> None:
 
 
 def anchor_table(parts: bool) -> None:
-    print("| anchor | metric | predicted | published | predicted / published | held |")
-    print("|---|---|---|---|---|---|")
+    print("| anchor | metric | predicted | published | predicted / published | held | memory (plan / GPU) |")
+    print("|---|---|---|---|---|---|---|")
     for anchor in anchors():
         metric = next(iter(anchor["published"]))
         predicted, published, ok = evaluate(anchor)
@@ -127,7 +137,9 @@ def anchor_table(parts: bool) -> None:
         shown = (f"{100 * predicted:.1f}%", f"{100 * published:.1f}%") if metric == "scaling" else \
             (f"{predicted:,.1f}", f"{published:,.1f}")
         status = ("yes" if ok else "NO") if held else f"not held{' (agrees)' if ok else ''}: {anchor['why']}"
-        print(f"| {anchor['name']} | {metric} | {shown[0]} | {shown[1]} | {predicted / published:.3f}x | {status} |")
+        used, gpu = memory(anchor)
+        print(f"| {anchor['name']} | {metric} | {shown[0]} | {shown[1]} | {predicted / published:.3f}x | {status} | "
+              f"{used:.1f} / {gpu:g} GiB |")
         if parts:
             _, p = _run(anchor, anchor.get("set", []), anchor["gpus"])
             print("|  | " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in p.parts().items()) + " | | | | |")

@@ -135,20 +135,35 @@ def model_state_bytes(n: int, dp: int, stage: int, offload: bool, precision: str
     return per_gpu(weight, stage >= 3), gradients, optimizer, cpu
 
 
+def attention_keeps_scores(m: ModelConfig) -> bool:
+    """Whether a layer's attention keeps its s x s probabilities for the backward pass. On a GPU ptm's attention is
+    torch SDPA, which picks flash or memory-efficient attention for every mask ptm gives (none, padding, block-diagonal,
+    per-token spans) in fp16, bf16 and fp32: they keep the output and a logsumexp per head and token, and recompute the
+    probabilities backwards. NEZHA's relative positions run in plain matmuls and keep them."""
+    return m.position_encoding == "relative"
+
+
 def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
-    """(transformer layers, logits) activation bytes per GPU. A layer keeps s*b*h*(10 + 24/t + 5*a*s/(h*t))
-    bytes in 16 bits (Korthikanti et al. 2022, tensor parallelism without sequence parallelism; 24 is 8 + 4f/h
-    for an MLP of width f), double in fp32. A checkpointed layer keeps only its input (2*s*b*h), and one
-    layer's full activations live again during its recomputation. Logits: fp32, over this rank's vocabulary."""
+    """(transformer layers, LM head) activation bytes per GPU, as ptm's kernels on a GPU keep them. A layer keeps
+    s*b*h*(10 + 24/t) bytes in 16 bits (Korthikanti et al. 2022, tensor parallelism without sequence parallelism;
+    24 is 8 + 4f/h for an MLP of width f), double in fp32, plus its attention's: 4*a*s*b/t (flash or memory-efficient
+    attention's fp32 logsumexp) or, where the probabilities are kept (`attention_keeps_scores`), Korthikanti's
+    5*a*s^2*b/t (16-bit probabilities, their dropout mask and dropped-out copy). A checkpointed layer keeps only its
+    input (2*s*b*h), and one layer's full activations live again during its recomputation. LM head: the fp32 logits
+    over this rank's vocabulary; with the fused linear cross-entropy (`Config.lm_loss_fusable`) only what it keeps for
+    the backward pass: the input's gradient, the fp32 weight-gradient sum and a chunk of logits (as large as the
+    input, up to 2x)."""
     m, s, t, b = cfg.model, cfg.data.seq_len, cfg.parallel.tp, micro_batch
     scale = 2 if cfg.precision == "fp32" else 1
     layers = 0
     for model in stacks(m):
-        h = model.hidden_size
-        layer = scale * s * b * (10 * h + (8 * h + 4 * model.ffn_hidden_size + 5 * model.num_heads * s) // t)
+        h, a = model.hidden_size, model.num_heads
+        attention = 5 * a * s * scale if attention_keeps_scores(model) else 4 * a
+        layer = s * b * (scale * (10 * h + (8 * h + 4 * model.ffn_hidden_size) // t) + attention // t)
         recomputed, kept = checkpointed(model), scale * 2 * s * b * h
         layers += (model.num_layers - recomputed) * layer + recomputed * kept + (layer if recomputed else 0)
-    logits = 4 * b * predicted_tokens(cfg) * padded_vocab_size(m) // t
+    rows, v, e = b * predicted_tokens(cfg), padded_vocab_size(m), embedding_width(m)
+    logits = 3 * rows * e * 2 * scale + 4 * v * e if cfg.lm_loss_fusable() else 4 * rows * v // t
     return layers, logits
 
 

@@ -81,8 +81,10 @@ def estimate(cfg: Config, world_size: int, gpu_memory_gib: float | None = None) 
                 buffers=CUDA_CONTEXT + REDUCE_BUCKET * grad, cpu_offload=cpu)
     if gpu_memory_gib is not None:
         plan.gpu_memory = int(gpu_memory_gib * GIB)
-        per_sample = sum(activation_bytes(cfg, 1))  # activations and logits grow linearly with the micro batch
-        plan.max_micro_batch = max(0, (plan.gpu_memory - plan.total + activations + logits) // per_sample)
+        one = sum(activation_bytes(cfg, 1))  # activations grow linearly with the micro batch, from a constant part
+        per_sample = sum(activation_bytes(cfg, 2)) - one  # (the fused LM loss's weight-gradient sum)
+        fixed = one - per_sample
+        plan.max_micro_batch = max(0, (plan.gpu_memory - plan.total + activations + logits - fixed) // per_sample)
     return plan
 
 

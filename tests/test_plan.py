@@ -95,10 +95,13 @@ def test_model_states_match_deepspeed_estimators(stage, offload):
     assert abs(ds - (ours + extra)) <= 2  # DeepSpeed rounds its per-GPU share once, we round per component
 
 
-def test_activations_follow_korthikanti():
+def test_activations_follow_korthikanti_with_the_kernels_ptm_runs():
+    """Korthikanti et al.'s count per layer, with flash / memory-efficient attention's logsumexp (4*a*s*b/t) in place
+    of the kept s x s probabilities (5*a*s^2*b/t), which NEZHA's relative attention keeps; the LM head's fp32 logits,
+    or with the fused loss (TP=1, not fp16) what it keeps: the input's gradient, the weight-gradient sum, a chunk."""
     cfg = load("bert-large", ["parallel.tp=2", "model.activation_checkpointing=false"])
     s, b, h, a, t, L = 512, 16, 1024, 16, 2, 24  # ffn = 4h: the paper's 24/t
-    layer = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    layer = s * b * h * (10 + 24 / t) + 4 * a * s * b / t
     layers, logits = activation_bytes(cfg, b)
     assert layers == L * layer
     assert logits == 4 * b * 77 * padded_vocab_size(cfg.model) / t  # fp32 logits of the 77 masked positions
@@ -107,7 +110,16 @@ def test_activations_follow_korthikanti():
     cfg.model.activation_checkpointing = [0, 5]
     assert activation_bytes(cfg, b)[0] == (L - 2) * layer + 2 * 2 * s * b * h + layer
     cfg.precision = "fp32"
-    assert activation_bytes(cfg, b)[0] == 2 * ((L - 2) * layer + 2 * 2 * s * b * h + layer)
+    fp32 = 2 * s * b * h * (10 + 24 / t) + 4 * a * s * b / t  # the logsumexp is fp32 in any precision
+    assert activation_bytes(cfg, b)[0] == (L - 2) * fp32 + 2 * 2 * 2 * s * b * h + fp32
+    nezha = load("nezha-base", ["parallel.tp=2", "data.seq_len=512", "model.max_position_embeddings=512"])
+    h, a, L = nezha.model.hidden_size, nezha.model.num_heads, nezha.model.num_layers
+    assert activation_bytes(nezha, b)[0] == L * s * b * h * (10 + 24 / t + 5 * a * s / (h * t))  # Korthikanti's
+    fused = load("bert-large", ["model.activation_checkpointing=false", "precision=bf16", "fused_lm_loss=auto"])
+    v, h = padded_vocab_size(fused.model), fused.model.hidden_size
+    assert activation_bytes(fused, b)[1] == 3 * b * 77 * h * 2 + 4 * v * h  # no b x 77 x V logits kept
+    fused.parallel.tp = 2
+    assert activation_bytes(fused, b)[1] == 4 * b * 77 * v / 2
 
 
 def test_largest_micro_batch_is_the_edge():

@@ -32,6 +32,15 @@ def test_published_results_within_tolerance(anchor):
         assert not ok and anchor["why"], f"{anchor['name']} agrees now ({predicted:.4g} vs {published:.4g}): hold it"
 
 
+@pytest.mark.parametrize("anchor", ANCHORS, ids=[a["name"] for a in ANCHORS])
+def test_every_published_layout_fits_the_memory_it_ran_in(anchor):
+    """`ptm plan` accepts each published run's layout on its GPU: it counts the activations ptm's kernels keep (flash
+    or memory-efficient attention keeps no s x s probabilities, the fused LM loss no whole logits), so `--compare`
+    does not reject layouts that ran (MosaicML's 125M-1B at micro batches 8-26 of 2048 tokens on 40 GB)."""
+    used, gpu = speed_model.memory(anchor)
+    assert used <= gpu, f"{anchor['name']}: ptm plan counts {used:.1f} GiB on a {gpu:g} GiB GPU"
+
+
 @pytest.mark.parametrize("zeroed, at_least", [("_ring", 8), ("_data_parallel", 4)],
                          ids=["every collective", "data-parallel and ZeRO only"])
 def test_the_anchors_constrain_communication(monkeypatch, zeroed, at_least):
