@@ -59,6 +59,17 @@ def _run(anchor: dict, overrides: list, gpus: int) -> tuple[float, speed.Predict
     return values[metric], p
 
 
+def fit(anchor: dict) -> float:
+    """The matmul efficiency under which the model gives the anchor's published throughput on its GPU (the
+    `calibration` anchors: one per GPU architecture, configs/hardware/gpus.yaml `generations`)."""
+    metric, published = next(iter(anchor["published"].items()))
+    cfg = load(anchor["config"], _flat(anchor["set"]))
+    samples = published if metric == "samples_per_s" else published * anchor["gpus"] / cfg.data.seq_len
+    assert metric in ("samples_per_s", "tokens_per_s_per_gpu"), f"{anchor['name']}: fit a throughput"
+    hw = speed.gpu(anchor["gpu"], anchor.get("interconnect"))
+    return speed.calibrate(cfg, hw, anchor["gpus"], samples, overlap_reduce=anchor.get("overlap_reduce"))
+
+
 def evaluate(anchor: dict) -> tuple[float, float, bool]:
     """(predicted, published, within TOLERANCE) for one anchor; a scaling is the ratio of two per-GPU rates, held
     to the same relative tolerance as a rate."""
@@ -128,21 +139,29 @@ def main() -> None:
 
 
 def anchor_table(parts: bool) -> None:
-    print("| anchor | metric | predicted | published | predicted / published | held | memory (plan / GPU) |")
+    print("| anchor | metric | predicted | published | predicted / published | held out | memory (plan / GPU) |")
     print("|---|---|---|---|---|---|---|")
+    errors = []
     for anchor in anchors():
         metric = next(iter(anchor["published"]))
         predicted, published, ok = evaluate(anchor)
         held = anchor.get("held", True)
         shown = (f"{100 * predicted:.1f}%", f"{100 * published:.1f}%") if metric == "scaling" else \
             (f"{predicted:,.1f}", f"{published:,.1f}")
-        status = ("yes" if ok else "NO") if held else f"not held{' (agrees)' if ok else ''}: {anchor['why']}"
+        status = ("fitted" if anchor.get("calibration") else "yes" if ok else "NO") if held else \
+            f"not held{' (agrees)' if ok else ''}: {anchor['why']}"
+        if held and not anchor.get("calibration"):
+            errors.append(abs(predicted / published - 1))
         used, gpu = memory(anchor)
         print(f"| {anchor['name']} | {metric} | {shown[0]} | {shown[1]} | {predicted / published:.3f}x | {status} | "
               f"{used:.1f} / {gpu:g} GiB |")
         if parts:
             _, p = _run(anchor, anchor.get("set", []), anchor["gpus"])
             print("|  | " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in p.parts().items()) + " | | | | |")
+    errors.sort()
+    print(f"\nheld out: {len(errors)} anchors, median error {100 * errors[len(errors) // 2]:.1f}%, worst "
+          f"{100 * errors[-1]:.1f}%; fitted: {sum(bool(a.get('calibration')) for a in anchors())}; not held: "
+          f"{sum(not a.get('held', True) for a in anchors())}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 
 One optimizer step on one GPU is its micro-batches, each
 
-    compute      matmul FLOPs / (peak x Efficiency.matmul x M / (M + 128))   (model FLOPs + recomputed forwards,
+    compute      matmul FLOPs / (peak x matmul x M / (M + 128))   (model FLOPs + recomputed forwards,
                                                                    / tp; M: the micro batch's tokens)
   + memory       elementwise bytes / (HBM bandwidth x Efficiency.memory)   (LayerNorm, bias, GELU, dropout,
                                                                    residual: per kernels=eager or compile)
@@ -69,12 +69,17 @@ class HardwareError(ConfigError):
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Achieved fractions of the hardware's peaks. `matmul` is fitted to one published result (NVIDIA's
-    BERT-large phase 1 on one A100 80GB: bench/anchors.yaml, the entry marked `calibration`); `memory` and
-    `link` are what STREAM-like kernels and NCCL's ring collectives typically reach (assumed, not fitted)."""
-    matmul: float = 0.552
+    """Achieved fractions of the hardware's peaks. `matmul`: None takes the GPU's architecture's, fitted to one
+    published result each (configs/hardware/gpus.yaml `generations`; bench/anchors.yaml, the entries marked
+    `calibration`); `memory` and `link` are what STREAM-like kernels and NCCL's ring collectives typically reach
+    (assumed, not fitted)."""
+    matmul: float | None = None
     memory: float = 0.8
     link: float = 0.8
+
+    def on(self, hw: "Hardware") -> "Efficiency":
+        """These efficiencies with `matmul` resolved for `hw`."""
+        return self if self.matmul is not None else replace(self, matmul=hw.matmul)
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ class Hardware:
     network: Network
     pcie_gbps: float
     host_memory_gbps: float
+    generation: str
+    matmul: float  # its architecture's matmul efficiency (Efficiency.matmul)
 
     def peak(self, precision: str) -> float | None:
         """Dense peak FLOP/s in `precision`; None where the GPU has no such tensor cores (bf16 on V100)."""
@@ -130,12 +137,18 @@ def network(spec: str) -> Network:
 
 
 def _hardware(name: str, entry: dict, interconnect: str | None) -> Hardware:
-    wanted = {f.name for f in fields(Hardware)} - {"name"}
+    wanted = {f.name for f in fields(Hardware)} - {"name", "matmul", "generation"}
     missing = sorted(wanted - set(entry))
     if missing:
         raise HardwareError(f"GPU {name}: missing {', '.join(missing)}; see {HARDWARE_FILE} for the fields")
     values = {k: entry[k] for k in wanted}
     values["network"] = network(interconnect or entry["network"])
+    generations, generation = _catalog()["generations"], entry.get("generation")
+    if "matmul" not in entry and generation not in generations:
+        raise HardwareError(f"GPU {name}: generation {generation!r} is not one of {', '.join(generations)}; give its "
+                            "architecture (generation: ampere), or its own matmul efficiency (matmul: 0.5)")
+    values["generation"] = generation or "its own"
+    values["matmul"] = entry["matmul"] if "matmul" in entry else generations[generation]["matmul"]
     return Hardware(name=name, **values)
 
 
@@ -156,7 +169,7 @@ def efficiency(overrides: list[str]) -> Efficiency:
             raise ConfigError(f"--efficiency {item}: {value!r} is not a number") from None
         if not 0 < changes[key] <= 1:
             raise ConfigError(f"--efficiency {item}: a fraction of the peak is in (0, 1]")
-    return replace(Efficiency(), **changes)
+    return replace(Efficiency(), **changes)  # matmul unset: the GPU's architecture's
 
 
 def gpu(name: str, interconnect: str | None = None, gpus_per_node: int | None = None) -> Hardware:
@@ -315,7 +328,7 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
     """The step of `cfg` on `world_size` GPUs of `hw` (hw.gpus_per_node per node). `overlap_reduce`: whether the
     gradient reduction hides behind the backward pass (and ZeRO-3's gathers behind the compute); default: as
     DeepSpeed does for this config (overlap_comm: on for ZeRO-3, else off unless a deepspeed_config sets it)."""
-    t, b, precision = cfg.parallel.tp, cfg.train.micro_batch_size, cfg.precision
+    t, b, precision, eff = cfg.parallel.tp, cfg.train.micro_batch_size, cfg.precision, eff.on(hw)
     peak = hw.peak(precision)
     if peak is None:
         raise HardwareError(f"{hw.name} has no {precision} tensor cores; set precision=fp16 (or fp32)")
@@ -457,7 +470,7 @@ def _layout(p: Prediction, cfg: Config) -> str:
 
 
 def hardware_line(hw: Hardware, world: int, eff: Efficiency) -> str:
-    net = hw.network
+    net, eff = hw.network, eff.on(hw)
     nodes = math.ceil(world / hw.gpus_per_node)
     return (f"{world} x {hw.name} ({nodes} node{'s' if nodes > 1 else ''} of {hw.gpus_per_node}; NVLink "
             f"{hw.nvlink_gbps:g} GB/s per GPU, network {net.spec} = {net.bandwidth / 1e9:g} GB/s per node); "
@@ -541,7 +554,7 @@ def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Eff
                                 "describe; pass --gpu NAME or --gpu FILE.yaml with its peaks and bandwidths")
         hw = replace(hw, gpus_per_node=launch["gpus_per_node"],
                      network=network(interconnect) if interconnect else hw.network)
-    world, got = launch["world_size"], measured(run_dir)
+    world, got, eff = launch["world_size"], measured(run_dir), eff.on(hw)
     p = predict(cfg, hw, world, eff)
     rows = [("step time", ms(p.step), ms(got["step_time_s"]), got["step_time_s"] / p.step),
             ("samples/s", f"{p.samples_per_s:,.1f}", f"{p.samples_per_step / got['step_time_s']:,.1f}",
