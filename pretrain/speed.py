@@ -5,8 +5,10 @@
 
 One optimizer step on one GPU is its micro-batches, each
 
-    compute      matmul FLOPs / (peak x matmul x M / (M + 128))   (model FLOPs + recomputed forwards,
-                                                                   / tp; M: the micro batch's tokens)
+    compute      matmul FLOPs / (peak x matmul x shape)   (model FLOPs + recomputed forwards, / tp; shape: each
+                                                       GEMM of M x N x K at M/(M+128) N/(N+128) K/(K+128) of a
+                                                       large one's rate, attention's at ATTENTION_RATE; averaged
+                                                       over the layer's and the LM head's GEMMs by their FLOPs)
   + memory       elementwise bytes / (HBM bandwidth x Efficiency.memory)   (LayerNorm, bias, GELU, dropout,
                                                                    residual: per kernels=eager or compile)
                  (a layer never runs faster than Python launches its kernels: LAUNCH_S each)
@@ -43,7 +45,8 @@ from pretrain.models.config import embedding_width, padded_vocab_size
 
 HARDWARE_FILE = os.path.join(PRESETS_DIR, "hardware", "gpus.yaml")
 NVLINK_LATENCY_S = 5e-6  # one ring step inside a node (NCCL's small-message all-reduce over NVLink: ~10 us for 2)
-MATMUL_HALF_ROWS = 128  # a GEMM of M rows (tokens of the micro batch) runs at M / (M + 128) of a large one's rate
+GEMM_HALF = 128  # a GEMM dimension of x runs at x / (x + 128) of a large one's rate (a tile's width: small ones waste it)
+ATTENTION_RATE = 0.6  # attention's matmuls inside flash / memory-efficient kernels, against a large GEMM's rate
 LAUNCH_S = 5e-6  # one kernel launch from Python (PyTorch eager): a layer never runs faster than its launches
 KERNELS_PER_LAYER = {"eager": 60, "compile": 30}  # forward + backward of one transformer layer
 # elements read or written per token by one layer's forward outside the matmuls (16-bit activations, doubled in
@@ -358,7 +361,7 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
     one sequence."""
     m, t, s, b = cfg.model, cfg.parallel.tp, cfg.data.seq_len, cfg.train.micro_batch_size
     act, kernels, hbm = 4 if cfg.precision == "fp32" else 2, cfg.kernels_on(cuda=True), hw.hbm_gbps * 1e9 * eff.memory
-    rate = hw.peak(cfg.precision) * eff.matmul * b * s / (b * s + MATMUL_HALF_ROWS)  # achieved matmul FLOP/s
+    rate = hw.peak(cfg.precision) * eff.matmul * gemm_shape(cfg)  # achieved matmul FLOP/s
     tp_per_node = min(t, hw.gpus_per_node)
     compute, memory, tp_comm = flops * b / t / rate, 0.0, 0.0
     for model in stacks(m):
@@ -379,6 +382,28 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
     # the embeddings' forward all-reduce (vocabulary-parallel lookup) and the LM head input's backward one
     tp_comm += 2 * _ring("all-reduce", b * s * embedding_width(m) * act, t, tp_per_node, hw, eff)
     return compute, memory, tp_comm
+
+
+def gemm_shape(cfg: Config) -> float:
+    """The fraction of a large GEMM's rate that one micro batch's matmuls reach, by their shapes: each GEMM of
+    M x N x K (M rows: tokens; N, K: this TP rank's share of the weight) at g(M) g(N) g(K), g(x) = x / (x + 128),
+    attention's (q k^T and p v, inside fused kernels) at ATTENTION_RATE, averaged over the blocks' and the LM head's
+    GEMMs by their FLOPs (a harmonic mean: the time they take). Small hidden sizes and head counts split over many TP
+    ranks run further below the peak than large ones."""
+    def g(x: float) -> float:
+        return x / (x + GEMM_HALF)
+
+    m, t, s, b = cfg.model, cfg.parallel.tp, cfg.data.seq_len, cfg.train.micro_batch_size
+    work = []  # (FLOPs, fraction of the rate)
+    for stack in stacks(m):
+        h, f, rows = stack.hidden_size, stack.ffn_hidden_size, b * s
+        for n, k in ((3 * h / t, h), (h, h / t), (f / t, h), (h, f / t)):  # QKV, output, fc1, fc2
+            work.append((stack.num_layers * rows * n * k, g(rows) * g(n) * g(k)))
+        dense = s * (4 * h * h + 2 * h * f)  # layer_flops_per_sample's matmuls, the rest is attention's
+        work.append((stack.num_layers * b * (layer_flops_per_sample(stack, s) / 6 - dense) / t, ATTENTION_RATE))
+    rows, vocab, width = b * predicted_tokens(cfg), padded_vocab_size(m) / t, embedding_width(m)
+    work.append((rows * vocab * width, g(rows) * g(vocab) * g(width)))
+    return sum(w for w, _ in work) / sum(w / rate for w, rate in work)
 
 
 def collectives(cfg: Config, n: int) -> list[tuple[str, float, str]]:

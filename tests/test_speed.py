@@ -156,11 +156,32 @@ def test_step_terms_per_zero_stage_and_tensor_parallelism(tmp_path):
     tp1 = speed.predict(_bert(f"train.global_batch_size={32 * 32}"), hw, world)
     activations = 32 * 128 * 1024 * 2
     assert tp2.tp_comm == pytest.approx((4 * 24 + 2) * speed._ring("all-reduce", activations, 2, 2, hw, eff))
-    assert tp1.tp_comm == 0 and tp2.compute == pytest.approx(tp1.compute / 2)
+    shapes = [speed.gemm_shape(_bert(*sets)) for sets in ([f"train.global_batch_size={32 * 32}"],
+                                                          ["parallel.tp=2", f"train.global_batch_size={32 * 16}"])]
+    assert shapes[1] < shapes[0]  # each rank's GEMMs are half as wide: further below the peak
+    assert tp1.tp_comm == 0 and tp2.compute == pytest.approx(tp1.compute / 2 * shapes[0] / shapes[1])
     ckpt = speed.predict(_bert("parallel.tp=2", f"train.global_batch_size={32 * 16}",
                                "model.activation_checkpointing=true"), hw, world)
     assert ckpt.tp_comm == pytest.approx((6 * 24 + 2) * speed._ring("all-reduce", activations, 2, 2, hw, eff))
     assert ckpt.compute > tp2.compute and ckpt.mfu < tp2.mfu  # recomputation is not model FLOPs
+
+
+def test_gemm_shapes_set_the_matmul_rate():
+    """Each GEMM of M x N x K runs at g(M) g(N) g(K) of a large one's rate, g(x) = x / (x + 128), attention's at
+    ATTENTION_RATE; the micro batch's rate is their FLOP-weighted harmonic mean (docs/performance.md): a wide model
+    nears the fitted efficiency, a narrow one or one split over many TP ranks stays further below it."""
+    def g(x):
+        return x / (x + 128)
+
+    cfg = _bert("data.seq_len=128", "train.micro_batch_size=8")
+    h, f, L, s, b, v, p = 1024, 4096, 24, 128, 8, 30592, 20
+    m = b * s
+    work = [(L * m * n * k, g(m) * g(n) * g(k)) for n, k in ((3 * h, h), (h, h), (f, h), (h, f))]
+    work += [(L * b * 2 * h * s * s, speed.ATTENTION_RATE), (b * p * v * h, g(b * p) * g(v) * g(h))]
+    assert speed.gemm_shape(cfg) == pytest.approx(sum(w for w, _ in work) / sum(w / r for w, r in work))
+    wide = load("gpt2", ["model.hidden_size=8192", "model.num_heads=64", "model.ffn_hidden_size=32768"])
+    assert speed.gemm_shape(load("gpt2")) < speed.gemm_shape(wide)
+    assert speed.gemm_shape(load("gpt2", ["parallel.tp=8"])) < speed.gemm_shape(load("gpt2"))
 
 
 def test_overlap_follows_deepspeeds_overlap_comm(tmp_path):
