@@ -19,11 +19,12 @@ A process that beats while its main thread is stuck (a hung data loader, a devic
 by its peers' main threads instead: the trainer marks its progress (`progress`: a numbered point such as "step 12:
 micro-batch 2 of 4", the same sequence on every rank), the beat thread posts this rank's mark when it changes, and
 when this rank's main thread has stayed at one mark for `stall_s` (2 x timeout_s - 2 beats: before the collective
-timeout of 2 x timeout_s + 3 beats would end it anyway, and after a silent peer's verdict) the beat thread reads every rank's mark once and the judge ends the process with the line,
-naming the ranks still at an earlier point, or saying that every rank waits at the same point (a collective that does
-not complete: a stuck device or the network). A mark made `patient` (a checkpoint write, which may take long with no
-collective) is never judged. NCCL reads `NCCL_ENV` (set unless the user set it) when the group is
-built: TORCH_NCCL_ASYNC_ERROR_HANDLING=3 ends a process whose collective failed or timed out without calling
+timeout of 2 x timeout_s + 3 beats would end it anyway, and after a silent peer's verdict) the beat thread reads
+every rank's mark once and the judge ends the process with the line, naming the ranks still at an earlier point, or
+saying that every rank waits at the same point (a collective that does not complete: a stuck device or the network).
+A mark made `patient` (a checkpoint write, which may take long with no collective) is never judged.
+
+NCCL reads `NCCL_ENV` (set unless the user set it) when the group is built: TORCH_NCCL_ASYNC_ERROR_HANDLING=3 ends a process whose collective failed or timed out without calling
 ncclCommAbort, which can hang on a dead peer (torchrun sets 1, which aborts first, then ends it too; 0 would hang and 2
 would let the main thread go on with garbage); TORCH_NCCL_BLOCKING_WAIT=0 keeps collectives asynchronous (blocking
 waits would make the host wait for every collective).
@@ -56,8 +57,8 @@ def collective_timeout_s(parallel) -> float:
 
 
 def stall_time_s(timeout_s: float, heartbeat_s: float) -> float:
-    """How long a main thread may stay at one mark: 3 beats (the census, the judge and a margin) before the collective
-    timeout, and a beat after a silent peer's verdict."""
+    """How long a main thread may stay at one mark: 5 beats before the collective timeout (room for the census, the
+    judge and a margin), and at least a beat after a silent peer's verdict."""
     return max(2 * timeout_s - 2 * heartbeat_s, timeout_s + heartbeat_s)
 
 

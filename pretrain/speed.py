@@ -45,7 +45,8 @@ from pretrain.models.config import embedding_width, padded_vocab_size
 
 HARDWARE_FILE = os.path.join(PRESETS_DIR, "hardware", "gpus.yaml")
 NVLINK_LATENCY_S = 5e-6  # one ring step inside a node (NCCL's small-message all-reduce over NVLink: ~10 us for 2)
-GEMM_HALF = 128  # a GEMM dimension of x runs at x / (x + 128) of a large one's rate (a tile's width: small ones waste it)
+GEMM_HALF = 128  # a GEMM dimension of x runs at x / (x + 128) of a large one's rate (a tile's width: small ones
+# waste it)
 ATTENTION_RATE = 0.6  # attention's matmuls inside flash / memory-efficient kernels, against a large GEMM's rate
 LAUNCH_S = 5e-6  # one kernel launch from Python (PyTorch eager): a layer never runs faster than its launches
 KERNELS_PER_LAYER = {"eager": 60, "compile": 30}  # forward + backward of one transformer layer

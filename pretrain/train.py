@@ -178,7 +178,7 @@ class Trainer:
             self.engine.step()
         self.step += 1
         self.consumed += self.cfg.train.global_batch_size
-        norm = self.engine.get_global_grad_norm()  # read with the next step's transfer, or by `logged_norm`
+        norm = self.engine.get_global_grad_norm()  # read with the next step's transfer, or by `_read_norm`
         self._norm = norm.detach().to(torch.float64, copy=True) / scale if torch.is_tensor(norm) else (
             None if norm is None else float(norm) / scale)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
@@ -258,7 +258,7 @@ class Trainer:
             metrics["grad_norm"] = norm
         out.step(step, metrics, show, self.objective.headline)
 
-    def logged_norm(self) -> float | None:
+    def _read_norm(self) -> float | None:
         """The last step's gradient norm, read now (a host sync: for the last row before an evaluation, a checkpoint
         or the end, which sync anyway)."""
         return float(self._norm) if torch.is_tensor(self._norm) else self._norm
@@ -304,7 +304,7 @@ class Trainer:
         while self.step < cfg.train.steps:
             heartbeat.progress(f"step {self.step + 1}: the stop-signal check")
             if self._stop_agreed():
-                self._log_row(out, held, self.logged_norm())
+                self._log_row(out, held, self._read_norm())
                 out.close()
                 if self.step == first:
                     raise NoProgress(self._no_progress())
@@ -329,7 +329,7 @@ class Trainer:
             evaluate = cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0
             save = cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and self.step < cfg.train.steps
             if evaluate or save or self.step == cfg.train.steps:
-                self._log_row(out, held, self.logged_norm())
+                self._log_row(out, held, self._read_norm())
                 held = None
             if evaluate:
                 last_eval = self.evaluate()

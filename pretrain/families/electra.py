@@ -116,7 +116,8 @@ def generator_config(cfg):
     heads, MLP), as deep, reading the model's embeddings (their width, projected to its own)."""
     hidden, heads, ffn = generator_sizes(cfg.hidden_size, cfg.num_heads, cfg.ffn_hidden_size, cfg.generator_size)
     return replace(cfg, hidden_size=hidden, num_heads=heads, ffn_hidden_size=ffn,
-                   embedding_size=cfg.embedding_size or cfg.hidden_size, heads=["mlm"], generator_size=0.0)
+                   embedding_size=cfg.embedding_size or cfg.hidden_size,  # models.config.embedding_width (it
+                   heads=["mlm"], generator_size=0.0)  # imports the families, so not imported here)
 
 
 def check(cfg, need) -> None:
