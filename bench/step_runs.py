@@ -47,8 +47,9 @@ def make_batch(cfg: C.Config, batch_size: int, device) -> dict[str, torch.Tensor
     return {k: v.to(device) for k, v in out.items()}
 
 
-def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False):
-    """ptm's train step (forward, global-batch-normalised loss, DeepSpeed backward and step) on one process."""
+def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False, fused: bool = False):
+    """ptm's train step (forward, global-batch-normalised loss, DeepSpeed backward and step) on one process;
+    `fused`: the LM head runs the fused linear cross-entropy."""
     mcore.initialize(1, cfg.seed)
     from pretrain import device as dev
 
@@ -61,7 +62,7 @@ def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False):
     objective = objectives.get(cfg.data.objective)
 
     def step():
-        loss = losses.objective(objective.compute(eng, data), objective.elements(data))
+        loss = losses.objective(objective.compute(eng, data, fused=fused), objective.elements(data))
         eng.backward(loss)
         eng.step()
     return step

@@ -49,6 +49,9 @@ def ds_config(cfg: Config, dp: int) -> dict:
         "data_types": {"grad_accum_dtype": cfg.grad_accum_dtype if cfg.precision == "bf16" else None},
         "steps_per_print": NEVER,
         "wall_clock_breakdown": False,
+        # ptm times its own steps; DeepSpeed's throughput timer synchronises the device at every micro-batch's
+        # start and end (two host syncs each, on an H200; tests/test_syncs.py counts them)
+        "timers": {"throughput": {"enabled": False}},
     }
     if cfg.precision == "bf16" and cfg.grad_accum_dtype == "fp32":
         ours["communication_data_type"] = "fp32"

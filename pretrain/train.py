@@ -179,7 +179,8 @@ class Trainer:
         self.step += 1
         self.consumed += self.cfg.train.global_batch_size
         norm = self.engine.get_global_grad_norm()  # read with the next step's transfer, or by `_read_norm`
-        self._norm = norm.detach().to(torch.float64, copy=True) / scale if torch.is_tensor(norm) else (
+        # on the device even where DeepSpeed computes it elsewhere (ZeRO-Offload: on the host)
+        self._norm = norm.detach().to(self.device, torch.float64, copy=True) / scale if torch.is_tensor(norm) else (
             None if norm is None else float(norm) / scale)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         metrics.update(self.objective.phase_metrics(self.step - 1))

@@ -29,6 +29,19 @@ def test_gpu_step_benchmark_runs_every_row_on_tiny_models():
         assert samples_per_s > 0, line
 
 
+def test_gpu_profile_reports_each_variant_on_tiny_models():
+    """bench/gpu_profile.py --tiny: per variant, the step's wall and busy time, launches, syncs and what dynamo
+    compiled, then the kernels (none on a CPU) and the host ops that took the most time."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_profile.py"), "--tiny", "--steps", "1",
+                           "--variants", "eager lamb", "eager adamw"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    heads = re.findall(r"^  (eager \w+): step ([\d.]+) ms .* launches, syncs .* dynamo during the profile", proc.stdout,
+                       re.M)
+    assert [h[0] for h in heads] == ["eager lamb", "eager adamw"] and all(float(h[1]) > 0 for h in heads), proc.stdout
+    assert "Optimizer.step#Lamb.step" in proc.stdout and "_fused_adamw_" in proc.stdout  # the host ops by variant
+
+
 SMOKE_PATHS = [f"{p}-zero{z}" for p in ("fp32", "bf16", "fp16") for z in range(4)] + [
     "offload-zero2", "offload-zero3", "fused-loss-on", "fused-loss-off", "compile", "unpadded"]
 

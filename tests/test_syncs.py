@@ -12,6 +12,7 @@ What counts, since on the CPU nothing waits: the calls that make a CPU wait for 
   single value, which torch runs as `masked_fill` (megatron-core's `target[mask] = 0`).
 * `Tensor.tolist`, `.cpu`, `.numpy`, `__array__`: a copy to the host. On CPU they dispatch no aten op when the tensor
   is already there, so a TorchFunctionMode counts them.
+* DeepSpeed's accelerator `synchronize()` (a device-wide sync on a GPU, a no-op on CPU): its calls are counted.
 * `aten.lift_fresh`: a tensor made from Python data (`torch.tensor(x)`, `t.new_tensor(x)`); on a GPU its blocking copy
   from pageable memory synchronises the stream (`torch.full` / `new_full` do not).
 Not counted: `.to(device, non_blocking=True)` of the loader's batches (pinned on a GPU), and the loader's work (collate,
@@ -32,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import ROOT
+from deepspeed.accelerator import get_accelerator
 from pretrain.config import load
 
 PTM = os.path.join(ROOT, "pretrain") + os.sep
@@ -134,10 +136,18 @@ def _per_step(train_data, tmp_path, objective: str, accumulation: int, *more: st
         return step(micro)
 
     trainer.train_step = marked
+    accelerator = get_accelerator()
+
+    def synchronize(*args, **kwargs):
+        syncs.seen[_owner()] += 1
+        syncs.ops[f"{_owner()}: accelerator.synchronize"] += 1
+        return type(accelerator).synchronize(accelerator, *args, **kwargs)
+    accelerator.synchronize = synchronize
     try:
         with syncs, Transfers(syncs):
             trainer.fit()
     finally:
+        del accelerator.synchronize
         trainer.close()
     assert len(marks) == cfg.train.steps
     return [{"counts": dict(b[0] - a[0]), "ops": dict(b[1] - a[1])} for a, b in zip(marks[2:], marks[3:])]

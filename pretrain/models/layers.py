@@ -27,6 +27,14 @@ from pretrain.models.config import embedding_width, normalises_embeddings, padde
 from pretrain.parallel import mcore
 
 
+class RowParallelLinear(mtp.RowParallelLinear):
+    """megatron-core's, handing its own TP group to the matmul: 0.16 hands it None, which warns on every call on
+    rank 0, and that warning is a graph break in every compiled block (two per block, tests/test_compiled.py)."""
+
+    def _forward_impl(self, input, weight, *args, tp_group=None, **kwargs):
+        return super()._forward_impl(input, weight, *args, tp_group=tp_group or self.tp_group, **kwargs)
+
+
 @dataclass
 class Context:
     """What every layer of one model is built with: its config, its TP group, megatron-core's layer settings for that
@@ -155,7 +163,7 @@ class SelfAttention(nn.Module):
         self.qkv = mtp.ColumnParallelLinear(h, 3 * h, config=ctx.mp, init_method=ctx.init, bias=True,
                                             gather_output=False, tp_group=ctx.tp)
         self.core = build_module(submodules.core, ctx, self.head_dim)
-        self.out = mtp.RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.out_init, bias=True,
+        self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.out_init, bias=True,
                                          input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
     def forward(self, x, mask):
@@ -187,7 +195,7 @@ class MLP(nn.Module):
         self.approximate = approximation(cfg)
         self.fc1 = mtp.ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, config=ctx.mp, init_method=ctx.init,
                                             bias=True, gather_output=False, skip_bias_add=True, tp_group=ctx.tp)
-        self.fc2 = mtp.RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, config=ctx.mp, init_method=ctx.out_init,
+        self.fc2 = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, config=ctx.mp, init_method=ctx.out_init,
                                          bias=True, input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
     def forward(self, x):

@@ -42,10 +42,17 @@ def lamb_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, exp_avg_sqs:
     return updates
 
 
-def lamb_apply(params: Tensors, updates: Tensors, ratios: Tensors | None, lr: float) -> None:
-    """w -= lr * trust_ratio * u, in place (`updates` are consumed); `ratios` None: no trust ratio."""
-    if ratios is not None:
-        torch._foreach_mul_(updates, ratios)
+def scale(tensors: Tensors, factors: Tensors, foreach: bool) -> None:
+    """t *= f in place for each pair (LAMB's trust ratios, 0-d tensors, onto its updates)."""
+    if foreach:
+        torch._foreach_mul_(tensors, factors)
+        return
+    for t, f in zip(tensors, factors):
+        t.mul_(f)
+
+
+def lamb_apply(params: Tensors, updates: Tensors, lr: float) -> None:
+    """w -= lr * u, in place: u already scaled by its trust ratio."""
     torch._foreach_add_(params, updates, alpha=-lr)
 
 

@@ -116,18 +116,21 @@ class Lamb(_Adam):
             ordered += tensors[0]
             updates += F.lamb_update(*tensors, step=step, beta1=beta1, beta2=beta2, eps=group["eps"],
                                      weight_decay=group["weight_decay"])
-        ratios = self.trust_ratios(ordered, updates) if group["adapt"] else None
+        if group["adapt"]:
+            F.scale(*self.trust_ratios(ordered, updates), foreach=self.foreach)
         if self.foreach:
-            F.lamb_apply(ordered, updates, ratios, group["lr"])
+            F.lamb_apply(ordered, updates, group["lr"])
             return
-        for i, (p, update) in enumerate(zip(ordered, updates)):
-            F.lamb_apply([p], [update], None if ratios is None else [ratios[i]], group["lr"])
+        for p, update in zip(ordered, updates):
+            F.lamb_apply([p], [update], group["lr"])
 
-    def trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One trust ratio per tensor (0-d), or per element when a tensor packs pieces of several parameters."""
+    def trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor]
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(pieces of `updates`, one 0-d trust ratio each): whole updates, or the runs of a tensor that packs
+        pieces of several parameters (the layout's)."""
         if self.layout is not None:
             return self.layout.trust_ratios(params, updates)
-        return list(trust_ratios(*self.sums_of_squares(params, updates)))
+        return updates, list(trust_ratios(*self.sums_of_squares(params, updates)))
 
     def sums_of_squares(self, params: list[torch.Tensor], updates: list[torch.Tensor]
                         ) -> tuple[torch.Tensor, torch.Tensor]:

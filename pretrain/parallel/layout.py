@@ -56,7 +56,7 @@ class Layout:
         self.partitioned = partitioned
         self.owner = partitioned or mcore.dp_rank() == 0
         self._segments = {id(t): segs for t, segs in tensors}
-        self._runs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._runs: dict[int, tuple[list[int | None], list[int]]] = {}
         self._owners: dict[tuple[int, ...], torch.Tensor] = {}  # on the device once: a copy of host data waits for it
 
     # ---- building from a DeepSpeed engine ------------------------------------------------------------
@@ -107,34 +107,40 @@ class Layout:
             sums = torch.where(split, parts, sums)
         return sums
 
-    def trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor]) -> list[torch.Tensor]:
-        """LAMB's ||w|| / ||u|| of each whole parameter: a 0-d tensor for an optimizer tensor that is one whole
-        parameter, else spread over its elements (1 on elements that belong to no parameter)."""
+    def trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor]
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """LAMB's ||w|| / ||u|| of each whole parameter, as (pieces of `updates`, 0-d ratios) to multiply together:
+        a whole update where its optimizer tensor is one parameter, else each run of its elements that belongs to
+        one parameter (elements of no parameter are left alone). Views and host-side lengths: no element-wise
+        index (over a flat ZeRO partition that was a gather as large as the model, 10 ms a step for BERT-large on
+        an H200)."""
         ratio = trust_ratios(self.sums_of_squares(params, params), self.sums_of_squares(params, updates))
-        ratio = torch.cat([ratio, ratio.new_ones(1)])
-        out = []
-        for t in params:
+        pieces, ratios = [], []
+        for t, update in zip(params, updates):
             owners, lengths = self._pieces(t)
-            out.append(ratio[owners[0]] if len(owners) == 1 else
-                       torch.repeat_interleave(ratio[owners], lengths, output_size=t.numel()).view_as(t))
-        return out
+            runs = [update] if len(owners) == 1 else update.view(-1).split(lengths)
+            for owner, run in zip(owners, runs):
+                if owner is not None:
+                    pieces.append(run)
+                    ratios.append(ratio[owner])
+        return pieces, ratios
 
-    def _pieces(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The parameter index (len(names) for gaps) and length of each run of `t`'s elements, on its device."""
+    def _pieces(self, t: torch.Tensor) -> tuple[list[int | None], list[int]]:
+        """The parameter index (None for gaps) and length of each run of `t`'s elements."""
         key = id(t)
         if key not in self._runs:
             owners, lengths, end = [], [], 0
             for s in sorted(self.segments(t), key=lambda s: s.offset):
                 if s.offset > end:
-                    owners.append(len(self.names))
+                    owners.append(None)
                     lengths.append(s.offset - end)
                 owners.append(self.index[s.name])
                 lengths.append(s.length)
                 end = s.offset + s.length
             if end < t.numel():
-                owners.append(len(self.names))
+                owners.append(None)
                 lengths.append(t.numel() - end)
-            self._runs[key] = (torch.tensor(owners, device=t.device), torch.tensor(lengths, device=t.device))
+            self._runs[key] = (owners, lengths)
         return self._runs[key]
 
 
