@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pretrain import objectives
 from pretrain.families.electra import generator_config
+from pretrain.kernels import FUSED_CHUNK_BYTES
 from pretrain.models.config import ModelConfig, embedding_width, normalises_embeddings, padded_vocab_size
 
 # bytes per parameter: (weights, gradients, fp32 master copy); Adam and LAMB add fp32 moments m and v
@@ -151,8 +152,8 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     5*a*s^2*b/t (16-bit probabilities, their dropout mask and dropped-out copy). A checkpointed layer keeps only its
     input (2*s*b*h), and one layer's full activations live again during its recomputation. LM head: the fp32 logits
     over this rank's vocabulary; with the fused linear cross-entropy (`Config.lm_loss_fusable`) only what it keeps for
-    the backward pass: the input's gradient, the fp32 weight-gradient sum and a chunk of logits (as large as the
-    input, up to 2x)."""
+    the backward pass: the input's gradient, the fp32 weight-gradient sum and a chunk of logits (up to
+    FUSED_CHUNK_BYTES, or as large as the input, up to 2x, where that is more: `kernels.fused_chunk_rows`)."""
     m, s, t, b = cfg.model, cfg.data.seq_len, cfg.parallel.tp, micro_batch
     scale = 2 if cfg.precision == "fp32" else 1
     layers = 0
@@ -163,7 +164,9 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
         recomputed, kept = checkpointed(model), scale * 2 * s * b * h
         layers += (model.num_layers - recomputed) * layer + recomputed * kept + (layer if recomputed else 0)
     rows, v, e = b * predicted_tokens(cfg), padded_vocab_size(m), embedding_width(m)
-    logits = 3 * rows * e * 2 * scale + 4 * v * e if cfg.lm_loss_fusable() else 4 * rows * v // t
+    act = 2 * scale
+    chunk = max(2 * rows * e * act, min(rows * v * act, FUSED_CHUNK_BYTES))  # liger's sizing, or the byte budget
+    logits = rows * e * act + chunk + 4 * v * e if cfg.lm_loss_fusable() else 4 * rows * v // t
     return layers, logits
 
 

@@ -97,11 +97,16 @@ def lm_loss(x, weight, bias, labels, vocab, fused: bool, dtype=torch.float32):
     return loss.detach(), correct, [t.grad for t in leaves]
 
 
-def test_fused_linear_cross_entropy_matches_logits_and_cross_entropy():
+@pytest.mark.parametrize("budget, chunks", [(None, [(37,)]), (0, [(8,)] * 4 + [(5,)])], ids=["budget", "liger"])
+def test_fused_linear_cross_entropy_matches_logits_and_cross_entropy(monkeypatch, budget, chunks):
     """fp32: loss, correct count and gradients of the fused loop (liger's Triton kernel per chunk) equal the logits
     path's, and neither its forward nor its backward syncs with the host (liger's own `fused_linear_cross_entropy`
-    made two: `.item()` on the label count, `torch.equal` on the incoming gradient); the kernel ran once per chunk."""
+    made two: `.item()` on the label count, `torch.equal` on the incoming gradient); the kernel ran once per chunk:
+    37 tokens' 37 x 101 logits fit FUSED_CHUNK_BYTES in one; with no budget, liger's sizing makes chunks of 8 (a
+    chunk's 8 x 101 logits ~ the 37 x 16 input)."""
     pytest.importorskip("liger_kernel")
+    if budget is not None:
+        monkeypatch.setattr(K, "FUSED_CHUNK_BYTES", budget)
     assert K.fused_lm_loss_available(torch.device("cpu")) is None
     mcore.initialize(tp=1, seed=0)
     from liger_kernel.ops import cross_entropy as liger
@@ -120,7 +125,7 @@ def test_fused_linear_cross_entropy_matches_logits_and_cross_entropy():
     finally:
         del kernel.run
     assert K.fused_lm_loss_calls == calls + 1
-    assert launches == [(8,)] * 4 + [(5,)]  # 37 tokens in chunks of 8: a chunk's 8 x 101 logits ~ the 37 x 16 input
+    assert launches == chunks
     assert [ops.seen[op] for op in SYNCS] == [0, 0, 0]
     loss, correct, grads = lm_loss(*fused_case(), fused=False)
     torch.testing.assert_close(fused_loss, loss, rtol=1e-5, atol=1e-5)
@@ -131,12 +136,13 @@ def test_fused_linear_cross_entropy_matches_logits_and_cross_entropy():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fused_gradients_of_half_weights_are_summed_in_fp32(dtype):
-    """Half-precision weights (DeepSpeed's bf16/fp16 models): liger sums the weight and bias gradients over 32
-    chunks of 4 tokens. Summed in fp32 (`accum_dtype`) they are as close to the fp32 gradients as the logits path's in
+def test_fused_gradients_of_half_weights_are_summed_in_fp32(monkeypatch, dtype):
+    """Half-precision weights (DeepSpeed's bf16/fp16 models): the weight and bias gradients are summed over 32
+    chunks of 4 tokens (liger's sizing, with no FUSED_CHUNK_BYTES budget). Summed in fp32 (`accum_dtype`) they are as close to the fp32 gradients as the logits path's in
     the same dtype (within 2.5x; 1.0-1.4x measured); summed in the weights' dtype they were 3.6-7.7x further off
     (inputs with a common component and a flat softmax: the chunks' contributions add up)."""
     pytest.importorskip("liger_kernel")
+    monkeypatch.setattr(K, "FUSED_CHUNK_BYTES", 0)
     mcore.initialize(tp=1, seed=0)
     x, weight, bias, labels, vocab = fused_case(n=128, hidden=16, vocab=512, rows=576)
     case = (1 + 0.1 * x, 0.2 * weight, bias, labels, vocab)

@@ -14,6 +14,7 @@ from pretrain.config import load
 from pretrain.models.config import ModelConfig, padded_vocab_size
 from pretrain.cost import activation_bytes, count_parameters, largest_module, model_flops_per_sample
 from pretrain.plan import checkpoint_bytes, estimate
+from pretrain.kernels import FUSED_CHUNK_BYTES
 from pretrain.speed import mfu, peak_flops
 
 GPT2_SMALL = ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
@@ -117,7 +118,9 @@ def test_activations_follow_korthikanti_with_the_kernels_ptm_runs():
     assert activation_bytes(nezha, b)[0] == L * s * b * h * (10 + 24 / t + 5 * a * s / (h * t))  # Korthikanti's
     fused = load("bert-large", ["model.activation_checkpointing=false", "precision=bf16", "fused_lm_loss=auto"])
     v, h = padded_vocab_size(fused.model), fused.model.hidden_size
-    assert activation_bytes(fused, b)[1] == 3 * b * 77 * h * 2 + 4 * v * h  # no b x 77 x V logits kept
+    rows = b * 77  # the input's gradient, a chunk of 1232 x V bf16 logits (77 MB: under FUSED_CHUNK_BYTES), the sum
+    assert activation_bytes(fused, b)[1] == rows * h * 2 + rows * v * 2 + 4 * v * h  # not b x 77 x V fp32 logits
+    assert activation_bytes(fused, 256)[1] == 256 * 77 * h * 2 + FUSED_CHUNK_BYTES + 4 * v * h  # a chunk at a time
     fused.parallel.tp = 2
     assert activation_bytes(fused, b)[1] == 4 * b * 77 * v / 2
 

@@ -67,19 +67,29 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return loss, ((predicted == labels) & (labels != -100)).sum()
 
 
+def fused_chunk_rows(rows: int, hidden: int, vocab: int, element_bytes: int) -> int:
+    """Rows of logits the fused loss makes at a time: as many as FUSED_CHUNK_BYTES hold, or as liger sizes a chunk
+    (its logits about as large as the input) where that is more. Liger's sizing alone cut BERT-base's 600 masked
+    tokens of a micro-batch into 39 chunks of 16 rows, whose launches cost more host time than the loss took on the
+    GPU (+52 ms a step on an H200); one 37 MB chunk does the same work."""
+    from triton import cdiv, next_power_of_2
+
+    liger = min(rows, next_power_of_2(cdiv(rows, cdiv(vocab, hidden))))
+    return min(rows, max(liger, FUSED_CHUNK_BYTES // (vocab * element_bytes)))
+
+
 class _FusedLinearCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy of x @ weight.T + bias, a chunk of rows at a time (chunks sized as liger sizes them: the
-    chunk's logits about as large as x), gradients computed in the forward pass and scaled by the incoming one in
-    the backward."""
+    """Summed cross-entropy of x @ weight.T + bias, a chunk of rows at a time (`fused_chunk_rows`), gradients
+    computed in the forward pass and scaled by the incoming one in the backward."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, labels):
         from liger_kernel.ops.cross_entropy import liger_cross_entropy_kernel
-        from triton import cdiv, next_power_of_2
+        from triton import next_power_of_2
 
         rows, hidden = x.shape
         vocab = weight.shape[0]
-        chunk = min(rows, next_power_of_2(cdiv(rows, cdiv(vocab, hidden))))
+        chunk = fused_chunk_rows(rows, hidden, vocab, weight.element_size())
         grad_x = torch.zeros_like(x)
         grad_w = torch.zeros_like(weight, dtype=torch.float32)
         grad_b = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
@@ -116,6 +126,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
 
 _FUSED_BLOCK = 65536 // 2  # the largest vocabulary block liger's kernel takes in one program (its MAX_FUSED_SIZE)
+FUSED_CHUNK_BYTES = 256 * 2 ** 20  # a fused-loss chunk's logits, at most (unless liger's sizing makes it larger)
 
 
 def _add_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
