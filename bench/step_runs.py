@@ -57,9 +57,9 @@ def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False, fused: bool
     optimizer = optim.build(model, cfg.optimizer)
     scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(optimizer)
     eng = engine.build(cfg, model, optimizer, scheduler).engine
-    data = make_batch(cfg, batch_size, "cpu")
-    data = {k: v.to(dev.device()) for k, v in (pack(data) if unpadded else data).items()}
     objective = objectives.get(cfg.data.objective)
+    data = make_batch(cfg, batch_size, "cpu")  # located on the host, as ptm's loader does (no syncs on the device)
+    data = {k: v.to(dev.device()) for k, v in objective.locate(pack(data) if unpadded else data).items()}
 
     def step():
         loss = losses.objective(objective.compute(eng, data, fused=fused), objective.elements(data))
