@@ -83,16 +83,6 @@ def has_cjk(text: str) -> bool:
 _LAST_WORD = re.compile(r"[^\s.!?]*$")
 
 
-def _matches(pattern: re.Pattern, text: str, codes: np.ndarray, first: str):
-    """`pattern.finditer(text)` for a pattern whose matches begin with one of the characters `first`: a match is
-    tried only where one of them stands (re scans every position otherwise, the build's slowest step)."""
-    end = 0
-    for at in np.flatnonzero(among(codes, first)).tolist():
-        if at >= end and (m := pattern.match(text, at)):
-            end = m.end()
-            yield m
-
-
 def _paragraph_starts(codes: np.ndarray) -> np.ndarray:
     """Where `_PARA.finditer` matches start, vectorised: the first newline of each whitespace run that holds
     two newlines or more."""
@@ -105,50 +95,148 @@ def _paragraph_starts(codes: np.ndarray) -> np.ndarray:
     return newlines[first]
 
 
-def _latin_ends(text: str, codes: np.ndarray):
-    """End positions of Latin sentences. A period ends one unless it closes an abbreviation, an initial or
-    a number, or the next word starts in lower case."""
-    for m in _matches(_END_LATIN, text, codes, ".!?"):
-        if m.group(1) != ".":
-            yield m.end()
-            continue
-        start = m.start()
-        word = _LAST_WORD.search(text, max(0, start - 24), start).group().lstrip("(\"'“‘").lower()
-        nxt = m.group(2)
-        if (word and word not in _ABBREV and not (len(word) == 1 and word.isalpha())
-                and (nxt.isupper() or nxt.isdigit() or nxt in "\"'“‘([" or CJK_RE.match(nxt))):
-            yield m.end()
+# Flags of a character for the sentence rules, from Python's own str methods (tables for the BMP, built once)
+(_SPACE, _CJK_CHAR, _UPPER, _DIGIT, _CJK_MARK, _BANG, _CJK_CLOSE, _LATIN_MARK, _LATIN_CLOSE, _OPENS, _LSTRIP, _SEP,
+ _LETTER) = (1 << i for i in range(13))  # _LETTER: lower-cases to one letter; _SEP: ends _LAST_WORD (\s . ! ?)
+_MEMBERS = {_CJK_MARK: "。！？…", _BANG: "!?", _CJK_CLOSE: "”’」』）)》\"'", _LATIN_MARK: ".!?", _LATIN_CLOSE: "\"'”’)]",
+            _OPENS: "\"'“‘([", _LSTRIP: "(\"'“‘", _SEP: ".!?"}
+_MAX_ABBREV = 9  # an abbreviation (without dots: _LAST_WORD has none) is at most this long; 7 bits a character
+_ABBREV_HASHES = np.unique([functools.reduce(lambda h, c: h * 128 + ord(c), a, 0) for a in _ABBREV if "." not in a])
 
 
-def sentence_spans(text: str, doc_starts=(), codes: np.ndarray | None = None) -> list[tuple[int, int]]:
-    """[start, end) of each sentence; whitespace before a sentence belongs to it, so the spans cover the
-    text. `doc_starts`: positions where a new document begins in a joined text; the whitespace just before
-    one separates documents and is left out. `codes`: the text's code points, when the caller has them."""
+def _char_flags(chars: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per character: its flags, and the code of its lower case where that is one ASCII character (else 0)."""
+    n, codes = len(chars), np.fromiter(map(ord, chars), dtype=np.int64, count=len(chars))
+    lowers = list(map(str.lower, chars))
+
+    def where(test, items=chars) -> np.ndarray:
+        return np.fromiter(map(test, items), dtype=bool, count=n)
+    f = np.zeros(n, dtype=np.uint16)
+    f[where(str.isspace)] |= _SPACE | _SEP
+    f[where(str.isupper)] |= _UPPER
+    f[where(str.isdigit)] |= _DIGIT
+    f[where(lambda lw: len(lw) == 1 and lw.isalpha(), lowers)] |= _LETTER
+    f[where(lambda ch: CJK_RE.match(ch) is not None)] |= _CJK_CHAR
+    for flag, members in _MEMBERS.items():
+        f[np.isin(codes, [ord(c) for c in members])] |= flag
+    lower = np.fromiter((ord(lw) if len(lw) == 1 and lw.isascii() else 0 for lw in lowers), dtype=np.uint8, count=n)
+    return f, lower
+
+
+@functools.cache
+def _flag_tables() -> tuple[np.ndarray, np.ndarray]:
+    return _char_flags([chr(c) for c in range(0x10000)])
+
+
+def _sentence_flags(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per position of the text: (flags, ASCII lower case or 0)."""
+    flags, lower = _flag_tables()
+    bmp = np.minimum(codes, 0xFFFF)
+    f, low = flags[bmp], lower[bmp]
+    beyond = np.flatnonzero(codes > 0xFFFF)
+    if len(beyond):
+        f[beyond], low[beyond] = _char_flags([chr(c) for c in codes[beyond].tolist()])
+    return f, low
+
+
+def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) of each run of True."""
+    edges = np.diff(np.concatenate([[0], mask.view(np.int8), [0]]))
+    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+
+
+def _past(f: np.ndarray, at: np.ndarray, flag: int) -> np.ndarray:
+    """The first position >= each of `at` whose character lacks `flag` (len(f) where none does)."""
+    outside = np.flatnonzero((f & flag) == 0)
+    i = np.searchsorted(outside, at)
+    return np.where(i < len(outside), outside[np.minimum(i, len(outside) - 1)] if len(outside) else 0, len(f))
+
+
+def _cjk_ends(f: np.ndarray) -> np.ndarray:
+    """The ends of _END_CJK's matches: each run of 。！？… with the closing quotes and brackets after it, and each
+    run of ASCII ! ? whose closers are followed by a CJK character."""
+    marks = _past(f, _runs((f & _CJK_MARK) != 0)[1], _CJK_CLOSE)
+    bangs = _past(f, _runs((f & _BANG) != 0)[1], _CJK_CLOSE)
+    before_cjk = (bangs < len(f)) & ((f[np.minimum(bangs, len(f) - 1)] & _CJK_CHAR) != 0)
+    return np.concatenate([marks, bangs[before_cjk]])
+
+
+def _latin_ends(codes: np.ndarray, f: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """The ends of _END_LATIN's matches (a run of . ! ?, closers, then whitespace and a character) that end a
+    sentence: all but a lone period after an abbreviation, a single letter or a number (no word: `3.5`), or before
+    a word that starts in lower case."""
+    n = len(f)
+    first, after = _runs((f & _LATIN_MARK) != 0)
+    end = _past(f, after, _LATIN_CLOSE)
+    following = _past(f, end, _SPACE)  # the next word's first character
+    match = (end < n) & ((f[np.minimum(end, n - 1)] & _SPACE) != 0) & (following < n)
+    first, after, end, following = first[match], after[match], end[match], following[match]
+    period = (after - first == 1) & (codes[first] == 46)
+    ends = np.ones(len(first), dtype=bool)
+    ends[period] = _ends_sentence(codes, f, lower, first[period], following[period])
+    return end[ends]
+
+
+def _ends_sentence(codes, f, lower, at: np.ndarray, following: np.ndarray) -> np.ndarray:
+    """For lone periods at `at`: _LAST_WORD's search over the 24 characters before it ($ also matches before a
+    final newline), stripped of opening quotes and lower-cased, is a word, not an abbreviation nor one letter,
+    and the next word (at `following`) opens with an upper-case letter, a digit, a quote or bracket, or CJK."""
+    n = len(f)
+    lo = np.maximum(at - 24, 0)
+    stop = np.where((at - 1 >= lo) & (codes[np.maximum(at - 1, 0)] == 10), at - 1, at)
+    separators = np.flatnonzero((f & _SEP) != 0)
+    last = np.searchsorted(separators, stop) - 1  # the last separator before stop
+    start = np.maximum(lo, np.where(last >= 0, separators[np.maximum(last, 0)] + 1 if len(separators) else 0, 0))
+    while (strip := (start < stop) & ((f[np.minimum(start, n - 1)] & _LSTRIP) != 0)).any():
+        start += strip
+    length = stop - start
+    hashes, ascii_word = np.zeros(len(at), dtype=np.int64), length <= _MAX_ABBREV
+    for k in range(_MAX_ABBREV):
+        inside = k < length
+        c = lower[np.minimum(start + k, n - 1)].astype(np.int64)
+        ascii_word &= ~inside | (c != 0)
+        hashes = np.where(inside, hashes * 128 + c, hashes)
+    abbreviation = ascii_word & np.isin(hashes, _ABBREV_HASHES)
+    letter = (length == 1) & ((f[np.minimum(start, n - 1)] & _LETTER) != 0)
+    opens = (f[following] & (_UPPER | _DIGIT | _OPENS | _CJK_CHAR)) != 0
+    return (length > 0) & ~abbreviation & ~letter & opens
+
+
+def sentence_spans(text: str, doc_starts=(), codes: np.ndarray | None = None) -> np.ndarray:
+    """(n, 2) [start, end) of each sentence; whitespace before a sentence belongs to it, so the spans cover the
+    text. `doc_starts`: positions where a new document begins in a joined text; the whitespace just before one
+    separates documents and is left out. `codes`: the text's code points, when the caller has them.
+
+    A sentence ends where _PARA, _END_CJK or _END_LATIN (with its rule for periods) say, found with array
+    operations over the characters' flags (tests/test_text.py holds them to the regular expressions)."""
     if codes is None:
         codes = code_points(text)
-    cuts = set(doc_starts)
-    cuts.update(_paragraph_starts(codes).tolist())
-    cuts.update(m.end() for m in _matches(_END_CJK, text, codes, "。！？…!?"))
-    cuts.update(_latin_ends(text, codes))
-    cuts.add(len(text))
-    spans, prev = [], 0
-    for cut in sorted(cuts):
-        if cut <= prev:
-            continue
-        if text[prev:cut].isspace():
-            if cut in doc_starts:
-                prev = cut  # the separator between two documents
-            continue  # other whitespace joins the next sentence
-        spans.append((prev, cut))
-        prev = cut
-    if prev < len(text) and spans:  # trailing whitespace stays with the last sentence
-        spans[-1] = (spans[-1][0], len(text))
+    n = len(codes)
+    if not n:
+        return np.zeros((0, 2), dtype=np.int64)
+    f, lower = _sentence_flags(codes)
+    doc = np.zeros(n + 1, dtype=bool)
+    doc[np.fromiter(doc_starts, dtype=np.int64)] = True
+    cut = doc.copy()
+    for ends in (_paragraph_starts(codes), _cjk_ends(f), _latin_ends(codes, f, lower), [n]):
+        cut[ends] = True
+    cuts = np.flatnonzero(cut[1:]) + 1
+    nonspace = np.concatenate([[0], np.cumsum((f & _SPACE) == 0)])
+    # a piece between two cuts that is only whitespace joins the next sentence, or is dropped before a document
+    solid = nonspace[cuts] > nonspace[np.concatenate([[0], cuts[:-1]])]
+    moves = solid | doc[cuts]  # the cuts where the next sentence's start moves
+    latest = np.maximum.accumulate(np.where(moves, np.arange(len(cuts)), -1))
+    before = np.concatenate([[-1], latest[:-1]])
+    starts = np.where(before >= 0, cuts[np.maximum(before, 0)], 0)
+    spans = np.stack([starts[solid], cuts[solid]], axis=1)
+    if len(spans) and (latest[-1] < 0 or cuts[latest[-1]] < n):
+        spans[-1, 1] = n  # trailing whitespace stays with the last sentence
     return spans
 
 
 def split_sentences(text: str) -> list[str]:
     """Split normalised text into sentences (leading whitespace kept) whose concatenation is `text`."""
-    return [text[a:b] for a, b in sentence_spans(text)]
+    return [text[a:b] for a, b in sentence_spans(text).tolist()]
 
 
 SPACE, WORD, CJK, PUNCT = 0, 1, 2, 3
@@ -193,20 +281,27 @@ def _classes(codes: np.ndarray) -> np.ndarray:
 
 
 _B = 0x100000001B3  # odd, so invertible modulo 2**64
+_B_INVERSE = pow(_B, -1, 1 << 64)
+
+
+_POWERS: dict[int, np.ndarray] = {}
 
 
 def _powers(base: int, n: int) -> np.ndarray:
-    """base**0 .. base**(n-1) modulo 2**64."""
-    out = np.ones(max(n, 1), dtype=np.uint64)
-    out[1:] = np.cumprod(np.full(len(out) - 1, base, dtype=np.uint64))
-    return out
+    """base**0 .. base**(n-1) modulo 2**64 (kept, and grown by doubling, per base: every chunk needs them)."""
+    out = _POWERS.get(base)
+    if out is None or len(out) < n:
+        out = np.ones(max(n, 2 * len(out) if out is not None else 1), dtype=np.uint64)
+        out[1:] = np.cumprod(np.full(len(out) - 1, base, dtype=np.uint64))
+        _POWERS[base] = out
+    return out[:max(n, 1)]
 
 
 def _span_hashes(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """A polynomial hash (mod 2**64) of each span's characters, ASCII lower-cased: equal words, equal hashes."""
     c = codes.astype(np.uint64)
     c[(c >= 65) & (c <= 90)] += np.uint64(32)
-    powers, inverse = _powers(_B, len(c)), _powers(pow(_B, -1, 1 << 64), len(c))
+    powers, inverse = _powers(_B, len(c)), _powers(_B_INVERSE, len(c))
     prefix = np.concatenate([np.zeros(1, np.uint64), np.cumsum(c * powers, dtype=np.uint64)])
     return (prefix[ends] - prefix[starts]) * inverse[starts]
 
@@ -279,8 +374,9 @@ def phrase_spans(text: str, starts: np.ndarray, ends: np.ndarray, max_words: int
     idx = np.flatnonzero(content)
     if not len(idx):
         return np.zeros((0, 2), np.int64)
-    rid = run[idx]
-    position = np.arange(len(idx)) - np.searchsorted(rid, rid, side="left")
+    rid = run[idx]  # non-decreasing: a word's place in its run counts from the run's first word
+    first = np.flatnonzero(np.diff(rid, prepend=-1))
+    position = np.arange(len(idx)) - np.repeat(first, np.diff(np.append(first, len(idx))))
     group = rid * (len(starts) + 1) + position // max_words
     bounds = np.flatnonzero(np.diff(group)) + 1
     first, last = np.concatenate([[0], bounds]), np.concatenate([bounds, [len(idx)]]) - 1
