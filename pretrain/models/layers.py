@@ -32,7 +32,8 @@ class RowParallelLinear(mtp.RowParallelLinear):
     rank 0, and that warning is a graph break in every compiled block (two per block, tests/test_compiled.py)."""
 
     def _forward_impl(self, input, weight, *args, tp_group=None, **kwargs):
-        return super()._forward_impl(input, weight, *args, tp_group=tp_group or self.tp_group, **kwargs)
+        return super()._forward_impl(input, weight, *args, tp_group=self.tp_group if tp_group is None else tp_group,
+                                     **kwargs)
 
 
 @dataclass
