@@ -4,7 +4,8 @@
 #   1. bench/gpu_smoke.py: every GPU-only path for a few steps (BERT-base), the most used paths first;
 #   2. one `ptm train` of BERT-large phase 1 (seq 128, micro batch 64, bf16, LAMB, ZeRO-1) and `ptm plan --check`
 #      on it and on every smoke path that ran: the speed model's prediction next to what this GPU measured;
-#   3. bench/gpu_step.py on BERT-large seq 128 bf16: ptm next to Hugging Face and megatron-core.
+#   3. bench/gpu_step.py on BERT-large seq 128 bf16: ptm next to Hugging Face and megatron-core;
+#   4. bench/gpu_profile.py on the same: where ptm's step spends its time, per variant.
 # Runs go to WORK (default runs/gpu-lease); what it prints to RESULTS/log.txt and the runs' logs and metrics (no
 # checkpoints) to RESULTS/runs.tgz (RESULTS defaults to WORK).
 # DATA: a dataset built beforehand (the embedded corpus's Chinese part needs Debian's fortunes-zh, which such a
@@ -55,6 +56,10 @@ done
 if [ "$(left)" -gt 90 ]; then
   timeout -k 10 $(($(left) - 15)) $py bench/gpu_step.py --cases bert-large-128 --precisions bf16 --steps 10
   echo "== gpu_step exited $? at $((SECONDS - start)) s"
+fi
+if [ "$(left)" -gt 80 ]; then
+  (cd bench && timeout -k 10 $(($(left) - 15)) $py gpu_profile.py --steps 4) 2>&1 | grep -v -E "^MA |CPU Virtual|group|bf16_optimizer|untested"
+  echo "== gpu_profile exited at $((SECONDS - start)) s"
 fi
 find "$out" \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.yaml' -o -name 'events.*' \) \
   -not -path '*/checkpoints/*' -not -path '*/data/*' | tar czf "$results/runs.tgz" -T - 2>/dev/null
