@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pretrain import objectives
 from pretrain.families.electra import generator_config
-from pretrain.kernels import FUSED_CHUNK_BYTES
-from pretrain.models.config import ModelConfig, embedding_width, normalises_embeddings, padded_vocab_size
+from pretrain.models.config import (FUSED_CHUNK_BYTES, ModelConfig, embedding_width, normalises_embeddings,
+                                    padded_vocab_size)
 
 # bytes per parameter: (weights, gradients, fp32 master copy); Adam and LAMB add fp32 moments m and v
 STATE_BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}

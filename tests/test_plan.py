@@ -11,10 +11,9 @@ import pytest
 
 from conftest import ROOT, run_cli
 from pretrain.config import load
-from pretrain.models.config import ModelConfig, padded_vocab_size
+from pretrain.models.config import FUSED_CHUNK_BYTES, ModelConfig, padded_vocab_size
 from pretrain.cost import activation_bytes, count_parameters, largest_module, model_flops_per_sample
 from pretrain.plan import checkpoint_bytes, estimate
-from pretrain.kernels import FUSED_CHUNK_BYTES
 from pretrain.speed import mfu, peak_flops
 
 GPT2_SMALL = ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
@@ -246,3 +245,13 @@ def test_preset_parameter_counts_equal_hugging_face_classes(preset):
     assert count_parameters(m) == expected
     if preset == "albert-base":  # the published 12M: layers shared, embeddings factorised
         assert 11e6 < count_parameters(m) < 12.5e6
+
+
+def test_the_parser_and_plan_import_neither_torch_nor_megatron():
+    """`ptm plan` answers in a fraction of a second, and `python -m pretrain train` builds its parser (which imports
+    pretrain.plan) before it watches for Slurm's stop signals: a 3 s import of torch and megatron-core there (as a
+    kernel constant once brought in) let a USR1 during start-up kill the tasks (tests/test_slurm.py)."""
+    code = ("import sys, pretrain.cli, pretrain.plan; pretrain.cli.parser(); "
+            "print(sorted(m for m in ('torch', 'megatron.core', 'deepspeed') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]

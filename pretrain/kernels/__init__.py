@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
 
+from pretrain.models.config import FUSED_CHUNK_BYTES
+
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none") -> torch.Tensor:
     """GELU(x + bias); `approximate="tanh"` is GPT-2's gelu_new."""
@@ -126,7 +128,6 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
 
 _FUSED_BLOCK = 65536 // 2  # the largest vocabulary block liger's kernel takes in one program (its MAX_FUSED_SIZE)
-FUSED_CHUNK_BYTES = 256 * 2 ** 20  # a fused-loss chunk's logits, at most (unless liger's sizing makes it larger)
 
 
 def _add_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:

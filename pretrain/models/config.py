@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pretrain import families
 from pretrain.schema import opt
 
+FUSED_CHUNK_BYTES = 256 * 2 ** 20  # the fused LM loss's chunk of logits, at most (`kernels.fused_chunk_rows`; `ptm
+# plan` counts it without importing the kernels)
+
 NORMS = ("post", "pre")  # post-LN (BERT): embedding LayerNorm; pre-LN (GPT-2): a final LayerNorm
 ACTIVATIONS = ("gelu", "gelu_tanh")
 HEADS = ("lm", "mlm", "rtd", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; ELECTRA's
