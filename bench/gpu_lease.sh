@@ -58,7 +58,8 @@ if [ "$(left)" -gt 90 ]; then
   echo "== gpu_step exited $? at $((SECONDS - start)) s"
 fi
 if [ "$(left)" -gt 80 ]; then
-  (cd bench && timeout -k 10 $(($(left) - 15)) $py gpu_profile.py --steps 4) 2>&1 | grep -v -E "^MA |CPU Virtual|group|bf16_optimizer|untested"
+  (cd bench && timeout -k 10 $(($(left) - 15)) $py gpu_profile.py --steps 4) 2>&1 |
+    grep -v -E "^MA |CPU Virtual|group|bf16_optimizer|untested"  # DeepSpeed's memory notes
   echo "== gpu_profile exited at $((SECONDS - start)) s"
 fi
 find "$out" \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.yaml' -o -name 'events.*' \) \

@@ -11,15 +11,13 @@ busy time is far above `ptm plan`'s prediction is bound by kernels the model doe
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections import Counter
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gpu_step import CASES, config
-from step_runs import WARMUP, _sync, ptm_step
+from step_runs import _sync, ptm_step, seconds
 
 VARIANTS = {  # name: (kernels, optimizer, fused LM loss)
     "compile lamb": ("compile", "lamb", False),
@@ -32,7 +30,8 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 
 def table(rows, n: int, key, label: str, steps: int) -> list[str]:
     rows = sorted(rows, key=key, reverse=True)[:n]
-    return [f"    {key(r) / steps / 1e3:>8.2f} ms {r.count // steps:>6}x  {r.key[:90]}" for r in rows] or [f"    ({label}: none)"]
+    return [f"    {key(r) / steps / 1e3:>8.2f} ms {r.count // steps:>6}x  {r.key[:90]}" for r in rows] or \
+        [f"    ({label}: none)"]
 
 
 def one(case: str, precision: str, variant: str, steps: int, tiny: bool, device) -> list[str]:
@@ -42,15 +41,7 @@ def one(case: str, precision: str, variant: str, steps: int, tiny: bool, device)
     cfg, batch = config(case, precision, tiny, kernels)
     cfg.optimizer.name = opt
     step = ptm_step(cfg, batch, fused=fused)
-    for _ in range(WARMUP):
-        step()
-    _sync(device)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - start)
+    wall = seconds(step, steps, device)
     before = Counter({k: sum(v.values()) for k, v in du.counters.items()})
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
@@ -59,17 +50,20 @@ def one(case: str, precision: str, variant: str, steps: int, tiny: bool, device)
         _sync(device)
     compiled = Counter({k: sum(v.values()) for k, v in du.counters.items()}) - before
     events = prof.key_averages()
-    dev = [e for e in events if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    ranges = {e.name for e in prof.events() if e.is_user_annotation}  # e.g. the optimizer step's: not kernels
+    dev = [e for e in events if e.device_type.name == "CUDA" and e.self_device_time_total > 0 and e.key not in ranges]
     busy = sum(e.self_device_time_total for e in dev) / steps / 1e3
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx",
                                                          "cudaLaunchKernelExC")) / steps
     syncs = {e.key: e.count // steps for e in events if e.key.startswith(SYNCS)}
-    lines = [f"  {variant}: step {1e3 * statistics.median(times):.1f} ms (median of {steps}), GPU busy {busy:.1f} ms, "
-             f"{launches:.0f} launches, syncs {syncs or 'none'}, dynamo during the profile {dict(compiled) or 'nothing'}",
+    lines = [f"  {variant}: step {1e3 * wall:.1f} ms (median of {steps}), GPU busy {busy:.1f} ms, "
+             f"{launches:.0f} launches, syncs {syncs or 'none'}, "
+             f"dynamo during the profile {dict(compiled) or 'nothing'}",
              "   kernels by device time per step:"]
     lines += table(dev, 12, lambda e: e.self_device_time_total, "kernels", steps)
     lines.append("   host ops by self CPU time per step:")
-    lines += table([e for e in events if e.device_type.name == "CPU"], 12, lambda e: e.self_cpu_time_total, "ops", steps)
+    host = [e for e in events if e.device_type.name == "CPU"]
+    lines += table(host, 12, lambda e: e.self_cpu_time_total, "ops", steps)
     return lines
 
 

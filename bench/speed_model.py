@@ -166,8 +166,9 @@ def anchor_table(parts: bool) -> None:
           f"{100 * errors[-1]:.1f}%; fitted: {sum(bool(a.get('calibration')) for a in anchors())}; not held: "
           f"{sum(not a.get('held', True) for a in anchors())}")
     worst = max(points, key=lambda p: abs(p[0]))
-    print(f"scaling: {sum(abs(p) <= SCALING_POINTS for p, _ in points)} of {len(points)} held-out scaling anchors within "
-          f"{SCALING_POINTS} points (the issue's goal); worst {worst[0]:+.1f} points, {worst[1]}")
+    within = sum(abs(p) <= SCALING_POINTS for p, _ in points)
+    print(f"scaling: {within} of {len(points)} held-out scaling anchors within {SCALING_POINTS} points (the issue's "
+          f"goal); worst {worst[0]:+.1f} points, {worst[1]}")
 
 
 if __name__ == "__main__":

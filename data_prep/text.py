@@ -83,13 +83,13 @@ def has_cjk(text: str) -> bool:
 _LAST_WORD = re.compile(r"[^\s.!?]*$")
 
 
-def _paragraph_starts(codes: np.ndarray) -> np.ndarray:
+def _paragraph_starts(codes: np.ndarray, nonspace: np.ndarray) -> np.ndarray:
     """Where `_PARA.finditer` matches start, vectorised: the first newline of each whitespace run that holds
-    two newlines or more."""
+    two newlines or more. `nonspace`: how many non-whitespace characters precede each position."""
     newlines = np.flatnonzero(codes == 10)
     if len(newlines) < 2:
         return newlines[:0]
-    run = np.cumsum(~spaces(codes))[newlines]  # equal for the newlines of one whitespace run
+    run = nonspace[newlines]  # equal for the newlines of one whitespace run
     same = run[1:] == run[:-1]
     first = np.concatenate([[True], ~same]) & np.concatenate([same, [False]])
     return newlines[first]
@@ -217,11 +217,11 @@ def sentence_spans(text: str, doc_starts=(), codes: np.ndarray | None = None) ->
     f, lower = _sentence_flags(codes)
     doc = np.zeros(n + 1, dtype=bool)
     doc[np.fromiter(doc_starts, dtype=np.int64)] = True
+    nonspace = np.concatenate([[0], np.cumsum((f & _SPACE) == 0)])
     cut = doc.copy()
-    for ends in (_paragraph_starts(codes), _cjk_ends(f), _latin_ends(codes, f, lower), [n]):
+    for ends in (_paragraph_starts(codes, nonspace), _cjk_ends(f), _latin_ends(codes, f, lower), [n]):
         cut[ends] = True
     cuts = np.flatnonzero(cut[1:]) + 1
-    nonspace = np.concatenate([[0], np.cumsum((f & _SPACE) == 0)])
     # a piece between two cuts that is only whitespace joins the next sentence, or is dropped before a document
     solid = nonspace[cuts] > nonspace[np.concatenate([[0], cuts[:-1]])]
     moves = solid | doc[cuts]  # the cuts where the next sentence's start moves

@@ -138,9 +138,10 @@ def test_fused_linear_cross_entropy_matches_logits_and_cross_entropy(monkeypatch
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_gradients_of_half_weights_are_summed_in_fp32(monkeypatch, dtype):
     """Half-precision weights (DeepSpeed's bf16/fp16 models): the weight and bias gradients are summed over 32
-    chunks of 4 tokens (liger's sizing, with no FUSED_CHUNK_BYTES budget). Summed in fp32 (`accum_dtype`) they are as close to the fp32 gradients as the logits path's in
-    the same dtype (within 2.5x; 1.0-1.4x measured); summed in the weights' dtype they were 3.6-7.7x further off
-    (inputs with a common component and a flat softmax: the chunks' contributions add up)."""
+    chunks of 4 tokens (liger's sizing, with no FUSED_CHUNK_BYTES budget). Summed in fp32 (`accum_dtype`) they are
+    as close to the fp32 gradients as the logits path's in the same dtype (within 2.5x; 1.0-1.4x measured); summed
+    in the weights' dtype they were 3.6-7.7x further off (inputs with a common component and a flat softmax: the
+    chunks' contributions add up)."""
     pytest.importorskip("liger_kernel")
     monkeypatch.setattr(K, "FUSED_CHUNK_BYTES", 0)
     mcore.initialize(tp=1, seed=0)
