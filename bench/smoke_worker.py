@@ -66,6 +66,8 @@ def abort_if_asked(name: str) -> None:
     C++ does before an abort."""
     hook = os.environ.get("GPU_SMOKE_ABORT")
     if hook == f"{name}@{os.environ.get('WORLD_SIZE', '1')}":
+        if dist.is_initialized():
+            dist.barrier()  # rank 0 has recorded the path's start: no rank dies before it can
         print("terminate called after throwing an instance of 'c10::DistBackendError'\n"
               f"  what():  GPU_SMOKE_ABORT={hook}: a simulated abort", file=sys.stderr, flush=True)
         os.abort()
