@@ -19,6 +19,8 @@ One optimizer step on one GPU is its micro-batches, each
                  backward, except the layers DeepSpeed keeps (used again within stage3_max_reuse_distance: all of a
                  model under 500M parameters); hidden behind the compute where DeepSpeed overlaps them (overlap_comm:
                  ZeRO-3's default, or a deepspeed_config's), else exposed
+  + ZeRO-3 waits the ring latency of its per-layer collectives (each layer's gathers and gradient reduce-scatter
+                 are collectives of their own): never hidden, the layer's compute waits for its gather to complete
 
 then at the accumulation boundary the gradient all-reduce of ZeRO-0/1 (behind the last backward if overlapped;
 BF16_Optimizer never overlaps), the weight all-gather of ZeRO-1/2, and the optimizer (HBM traffic of its passes
@@ -263,6 +265,7 @@ class Prediction:
     dp_comm: float  # exposed data-parallel / ZeRO communication
     dp_comm_hidden: float  # overlapped with the compute
     optimizer: float
+    zero3_latency: float  # ZeRO-3's per-layer collectives' ring latency, exposed
     flops_per_sample: float  # model FLOPs (no recomputation)
     samples_per_step: int
     seq_len: int
@@ -271,7 +274,7 @@ class Prediction:
 
     @property
     def step(self) -> float:
-        return self.compute + self.memory + self.tp_comm + self.dp_comm + self.optimizer
+        return self.compute + self.memory + self.tp_comm + self.dp_comm + self.optimizer + self.zero3_latency
 
     @property
     def samples_per_s(self) -> float:
@@ -287,7 +290,8 @@ class Prediction:
 
     def parts(self) -> dict[str, float]:
         return {"compute (matmuls)": self.compute, "memory-bound kernels": self.memory,
-                "tensor-parallel all-reduces": self.tp_comm, "data-parallel / ZeRO communication": self.dp_comm,
+                "tensor-parallel all-reduces": self.tp_comm,
+                "data-parallel / ZeRO communication": self.dp_comm + self.zero3_latency,  # exposed bytes and latency
                 "optimizer step": self.optimizer}
 
 
@@ -348,10 +352,11 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
     n = count_parameters(cfg.model, t) + objective_parameters(cfg)
     overlap = _overlap_comm(cfg) if overlap_reduce is None else overlap_reduce
     dp_comm, hidden = _data_parallel(cfg, hw, eff, n, dp, accumulation, compute, overlap)
+    latency = accumulation * _zero3_latency(cfg, hw, eff, dp)
     notes = [f"parallel.tp={t} spans nodes: its all-reduces cross the network"] if t > hw.gpus_per_node else []
     return Prediction(world_size=world_size, tp=t, dp=dp,
                       accumulation=accumulation, compute=accumulation * compute, memory=accumulation * memory,
-                      tp_comm=accumulation * tp_comm, dp_comm=dp_comm, dp_comm_hidden=hidden,
+                      tp_comm=accumulation * tp_comm, dp_comm=dp_comm, dp_comm_hidden=hidden, zero3_latency=latency,
                       optimizer=_optimizer(cfg, hw, eff, n // dp if cfg.zero.stage >= 1 else n),
                       flops_per_sample=flops, samples_per_step=global_batch, seq_len=cfg.data.seq_len, peak=peak,
                       notes=notes)
@@ -440,6 +445,23 @@ def _data_parallel(cfg: Config, hw: Hardware, eff: Efficiency, n: int, dp: int, 
     last = max(0.0, seconds["last"] - backward) if overlap else seconds["last"]
     exposed = accumulation * max(0.0, seconds["micro"] - window) + last + seconds["after"]
     return exposed, accumulation * seconds["micro"] + seconds["last"] + seconds["after"] - exposed
+
+
+def _zero3_latency(cfg: Config, hw: Hardware, eff: Efficiency, dp: int) -> float:
+    """Seconds one micro batch waits for the ring latency of ZeRO-3's per-layer collectives: each layer's weights are
+    gathered by a collective of their own (`_zero3_gathers` times per micro batch, as in `collectives`) and its
+    gradients reduce-scattered by another; `_data_parallel` counts their bytes as one buffer (one latency, hidden
+    behind the compute where overlapped), this the latency of every other collective. The latency is not hidden: a
+    layer's compute cannot start before its gather has completed, and every ring step of it (n - 1 over n ranks) is a
+    handshake between neighbours that no bandwidth shortens. 0 below ZeRO-3 or on one rank."""
+    if cfg.zero.stage != 3 or dp <= 1:
+        return 0.0
+    t = min(cfg.parallel.tp, hw.gpus_per_node)
+    per_node = max(1, min(hw.gpus_per_node, dp * cfg.parallel.tp) // cfg.parallel.tp)
+    layers = sum(stack.num_layers for stack in stacks(cfg.model))
+    gathers, reductions = _zero3_gathers(cfg) * layers - 1, layers - 1  # the one of each _data_parallel counts
+    return (gathers * _ring("all-gather", 0.0, dp, per_node, hw, eff, tp=t)
+            + reductions * _ring("reduce-scatter", 0.0, dp, per_node, hw, eff, tp=t))
 
 
 def _zero3_gathers(cfg: Config) -> float:
