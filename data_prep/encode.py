@@ -142,16 +142,9 @@ class DocEncoder:
                ends: np.ndarray, doc_first: np.ndarray) -> None:
         """Word starts (structure `words`) and phrase and entity spans (`full`) of the chunk's tokens, whose
         character [starts, ends) in `chunk` (code points `codes`) are given."""
-        # Position of each token in the chunk: its last character, or for a whitespace-only or zero-width
-        # piece (sentencepiece's lone "▁") the character after it, so it joins the word that follows.
-        content = np.concatenate([[0], np.cumsum(~T.among(codes, _WS))])
-        pos = np.where(content[ends] > content[starts], ends - 1, ends)
-
         doc_counts = np.diff(out.tok_off)
         wstarts, wends = T.word_spans(chunk, self._segmenter() if T.has_cjk(chunk) else None, codes)
-        widx = np.searchsorted(wstarts, pos, side="right")
-        out.word_start = np.ones(len(pos), dtype=np.uint8)
-        out.word_start[1:] = widx[1:] != widx[:-1]
+        pos, out.word_start = T.token_positions(codes, starts, ends, wstarts, _WS)
         out.word_start[doc_first[doc_counts > 0]] = 1
         if not T.has(self.opts.structure, "full"):
             return

@@ -14,6 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+try:
+    from data_prep import _structure
+except ImportError as e:  # a source tree used without `pip install -e .`
+    raise ImportError("data_prep's compiled text loops (data_prep/_structure.pyx) are not built: run `pip install -e .` "
+                      "in the repository (it needs Cython and a C compiler), or scripts/setup.sh") from e
+
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 CJK_RE = re.compile(f"[{_CJK}]")
 # A sentence ends at CJK final punctuation (or ! ? before CJK text, as NFKC makes ！？ ASCII), or at Latin
@@ -83,24 +89,14 @@ def has_cjk(text: str) -> bool:
 _LAST_WORD = re.compile(r"[^\s.!?]*$")
 
 
-def _paragraph_starts(codes: np.ndarray, nonspace: np.ndarray) -> np.ndarray:
-    """Where `_PARA.finditer` matches start, vectorised: the first newline of each whitespace run that holds
-    two newlines or more. `nonspace`: how many non-whitespace characters precede each position."""
-    newlines = np.flatnonzero(codes == 10)
-    if len(newlines) < 2:
-        return newlines[:0]
-    run = nonspace[newlines]  # equal for the newlines of one whitespace run
-    same = run[1:] == run[:-1]
-    first = np.concatenate([[True], ~same]) & np.concatenate([same, [False]])
-    return newlines[first]
-
-
 # Flags of a character for the sentence rules, from Python's own str methods (tables for the BMP, built once)
-(_SPACE, _CJK_CHAR, _UPPER, _DIGIT, _CJK_MARK, _BANG, _CJK_CLOSE, _LATIN_MARK, _LATIN_CLOSE, _OPENS, _LSTRIP, _SEP,
- _LETTER) = (1 << i for i in range(13))  # _LETTER: lower-cases to one letter; _SEP: ends _LAST_WORD (\s . ! ?)
+# (data_prep._structure's loops read them; _LETTER: lower-cases to one letter; _SEP: ends _LAST_WORD (\s . ! ?))
+from data_prep._structure import (F_BANG as _BANG, F_CJK_CHAR as _CJK_CHAR, F_CJK_CLOSE as _CJK_CLOSE,  # noqa: E402
+                                  F_CJK_MARK as _CJK_MARK, F_DIGIT as _DIGIT, F_LATIN_CLOSE as _LATIN_CLOSE,
+                                  F_LATIN_MARK as _LATIN_MARK, F_LETTER as _LETTER, F_LSTRIP as _LSTRIP,
+                                  F_OPENS as _OPENS, F_SEP as _SEP, F_SPACE as _SPACE, F_UPPER as _UPPER)
 _MEMBERS = {_CJK_MARK: "。！？…", _BANG: "!?", _CJK_CLOSE: "”’」』）)》\"'", _LATIN_MARK: ".!?", _LATIN_CLOSE: "\"'”’)]",
             _OPENS: "\"'“‘([", _LSTRIP: "(\"'“‘", _SEP: ".!?"}
-_MAX_ABBREV = 9  # an abbreviation (without dots: _LAST_WORD has none) is at most this long; 7 bits a character
 _ABBREV_HASHES = np.unique([functools.reduce(lambda h, c: h * 128 + ord(c), a, 0) for a in _ABBREV if "." not in a])
 
 
@@ -139,99 +135,20 @@ def _sentence_flags(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return f, low
 
 
-def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[start, end) of each run of True."""
-    edges = np.diff(np.concatenate([[0], mask.view(np.int8), [0]]))
-    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-
-
-def _past(f: np.ndarray, at: np.ndarray, flag: int) -> np.ndarray:
-    """The first position >= each of `at` whose character lacks `flag` (len(f) where none does)."""
-    outside = np.flatnonzero((f & flag) == 0)
-    i = np.searchsorted(outside, at)
-    return np.where(i < len(outside), outside[np.minimum(i, len(outside) - 1)] if len(outside) else 0, len(f))
-
-
-def _cjk_ends(f: np.ndarray) -> np.ndarray:
-    """The ends of _END_CJK's matches: each run of 。！？… with the closing quotes and brackets after it, and each
-    run of ASCII ! ? whose closers are followed by a CJK character."""
-    marks = _past(f, _runs((f & _CJK_MARK) != 0)[1], _CJK_CLOSE)
-    bangs = _past(f, _runs((f & _BANG) != 0)[1], _CJK_CLOSE)
-    before_cjk = (bangs < len(f)) & ((f[np.minimum(bangs, len(f) - 1)] & _CJK_CHAR) != 0)
-    return np.concatenate([marks, bangs[before_cjk]])
-
-
-def _latin_ends(codes: np.ndarray, f: np.ndarray, lower: np.ndarray) -> np.ndarray:
-    """The ends of _END_LATIN's matches (a run of . ! ?, closers, then whitespace and a character) that end a
-    sentence: all but a lone period after an abbreviation, a single letter or a number (no word: `3.5`), or before
-    a word that starts in lower case."""
-    n = len(f)
-    first, after = _runs((f & _LATIN_MARK) != 0)
-    end = _past(f, after, _LATIN_CLOSE)
-    following = _past(f, end, _SPACE)  # the next word's first character
-    match = (end < n) & ((f[np.minimum(end, n - 1)] & _SPACE) != 0) & (following < n)
-    first, after, end, following = first[match], after[match], end[match], following[match]
-    period = (after - first == 1) & (codes[first] == 46)
-    ends = np.ones(len(first), dtype=bool)
-    ends[period] = _ends_sentence(codes, f, lower, first[period], following[period])
-    return end[ends]
-
-
-def _ends_sentence(codes, f, lower, at: np.ndarray, following: np.ndarray) -> np.ndarray:
-    """For lone periods at `at`: _LAST_WORD's search over the 24 characters before it ($ also matches before a
-    final newline), stripped of opening quotes and lower-cased, is a word, not an abbreviation nor one letter,
-    and the next word (at `following`) opens with an upper-case letter, a digit, a quote or bracket, or CJK."""
-    n = len(f)
-    lo = np.maximum(at - 24, 0)
-    stop = np.where((at - 1 >= lo) & (codes[np.maximum(at - 1, 0)] == 10), at - 1, at)
-    separators = np.flatnonzero((f & _SEP) != 0)
-    last = np.searchsorted(separators, stop) - 1  # the last separator before stop
-    start = np.maximum(lo, np.where(last >= 0, separators[np.maximum(last, 0)] + 1 if len(separators) else 0, 0))
-    while (strip := (start < stop) & ((f[np.minimum(start, n - 1)] & _LSTRIP) != 0)).any():
-        start += strip
-    length = stop - start
-    hashes, ascii_word = np.zeros(len(at), dtype=np.int64), length <= _MAX_ABBREV
-    for k in range(_MAX_ABBREV):
-        inside = k < length
-        c = lower[np.minimum(start + k, n - 1)].astype(np.int64)
-        ascii_word &= ~inside | (c != 0)
-        hashes = np.where(inside, hashes * 128 + c, hashes)
-    abbreviation = ascii_word & np.isin(hashes, _ABBREV_HASHES)
-    letter = (length == 1) & ((f[np.minimum(start, n - 1)] & _LETTER) != 0)
-    opens = (f[following] & (_UPPER | _DIGIT | _OPENS | _CJK_CHAR)) != 0
-    return (length > 0) & ~abbreviation & ~letter & opens
-
-
 def sentence_spans(text: str, doc_starts=(), codes: np.ndarray | None = None) -> np.ndarray:
     """(n, 2) [start, end) of each sentence; whitespace before a sentence belongs to it, so the spans cover the
     text. `doc_starts`: positions where a new document begins in a joined text; the whitespace just before one
     separates documents and is left out. `codes`: the text's code points, when the caller has them.
 
-    A sentence ends where _PARA, _END_CJK or _END_LATIN (with its rule for periods) say, found with array
-    operations over the characters' flags (tests/test_text.py holds them to the regular expressions)."""
+    A sentence ends where _PARA, _END_CJK or _END_LATIN (with its rule for periods) say, found by one compiled
+    loop over the characters' flags (data_prep/_structure.pyx; tests/test_text.py holds it to the regular
+    expressions)."""
     if codes is None:
         codes = code_points(text)
-    n = len(codes)
-    if not n:
-        return np.zeros((0, 2), dtype=np.int64)
     f, lower = _sentence_flags(codes)
-    doc = np.zeros(n + 1, dtype=bool)
-    doc[np.fromiter(doc_starts, dtype=np.int64)] = True
-    nonspace = np.concatenate([[0], np.cumsum((f & _SPACE) == 0)])
-    cut = doc.copy()
-    for ends in (_paragraph_starts(codes, nonspace), _cjk_ends(f), _latin_ends(codes, f, lower), [n]):
-        cut[ends] = True
-    cuts = np.flatnonzero(cut[1:]) + 1
-    # a piece between two cuts that is only whitespace joins the next sentence, or is dropped before a document
-    solid = nonspace[cuts] > nonspace[np.concatenate([[0], cuts[:-1]])]
-    moves = solid | doc[cuts]  # the cuts where the next sentence's start moves
-    latest = np.maximum.accumulate(np.where(moves, np.arange(len(cuts)), -1))
-    before = np.concatenate([[-1], latest[:-1]])
-    starts = np.where(before >= 0, cuts[np.maximum(before, 0)], 0)
-    spans = np.stack([starts[solid], cuts[solid]], axis=1)
-    if len(spans) and (latest[-1] < 0 or cuts[latest[-1]] < n):
-        spans[-1, 1] = n  # trailing whitespace stays with the last sentence
-    return spans
+    doc = np.zeros(len(codes) + 1, dtype=np.uint8)
+    doc[np.fromiter(doc_starts, dtype=np.int64)] = 1
+    return _structure.sentence_spans(codes, f, lower, doc, _ABBREV_HASHES)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -280,61 +197,17 @@ def _classes(codes: np.ndarray) -> np.ndarray:
     return cls
 
 
-_B = 0x100000001B3  # odd, so invertible modulo 2**64
-_B_INVERSE = pow(_B, -1, 1 << 64)
-
-
-_POWERS: dict[int, np.ndarray] = {}
-
-
-def _powers(base: int, n: int) -> np.ndarray:
-    """base**0 .. base**(n-1) modulo 2**64 (kept, and grown by doubling, per base: every chunk needs them)."""
-    out = _POWERS.get(base)
-    if out is None or len(out) < n:
-        out = np.ones(max(n, 2 * len(out) if out is not None else 1), dtype=np.uint64)
-        out[1:] = np.cumprod(np.full(len(out) - 1, base, dtype=np.uint64))
-        _POWERS[base] = out
-    return out[:max(n, 1)]
-
-
-def _span_hashes(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """A polynomial hash (mod 2**64) of each span's characters, ASCII lower-cased: equal words, equal hashes."""
-    c = codes.astype(np.uint64)
-    c[(c >= 65) & (c <= 90)] += np.uint64(32)
-    powers, inverse = _powers(_B, len(c)), _powers(_B_INVERSE, len(c))
-    prefix = np.concatenate([np.zeros(1, np.uint64), np.cumsum(c * powers, dtype=np.uint64)])
-    return (prefix[ends] - prefix[starts]) * inverse[starts]
-
-
 def word_spans(text: str, cjk_words=None, codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Word [start, end) character offsets: runs of letters/digits (apostrophes and hyphens inside a word
     join it), runs of punctuation, and CJK words from `cjk_words` (each CJK character without it). `codes`:
     the text's code points, when the caller has them."""
     if codes is None:
         codes = code_points(text)
-    cls = _classes(codes)
-    if len(cls) > 2:  # don't, o'clock, state-of-the-art
-        joiner = among(codes[1:-1], _JOINERS) & (cls[:-2] == WORD) & (cls[2:] == WORD)
-        cls[1:-1][joiner] = WORD
-    prev = np.concatenate([[SPACE], cls[:-1]])
-    start = (cls != SPACE) & ((cls != prev) | (cls == CJK))
-    in_cjk = cls == CJK
-    if cjk_words is not None and in_cjk.any():
-        # one segmenter call for the whole text (it splits off non-CJK parts itself); a CJK word
-        # starts at each boundary inside a CJK run and at the start of every run
+    cuts = None
+    if cjk_words is not None:  # one segmenter call for the whole text (it splits off non-CJK parts itself)
         lengths = np.fromiter(map(len, cjk_words(text)), dtype=np.int64)
         cuts = np.cumsum(lengths) - lengths
-        start[in_cjk] = False
-        start[cuts[in_cjk[cuts]]] = True
-        start[in_cjk & (prev != CJK)] = True
-    starts = np.flatnonzero(start)
-    # a word ends where the next one starts or at the first space after it
-    space_after = np.flatnonzero(cls == SPACE)
-    next_space = space_after[np.minimum(np.searchsorted(space_after, starts), max(len(space_after) - 1, 0))] \
-        if len(space_after) else np.full(len(starts), len(text))
-    next_space = np.where(next_space > starts, next_space, len(text))
-    next_start = np.append(starts[1:], len(text))
-    return starts, np.minimum(next_space, next_start)
+    return _structure.word_spans(codes, _tables()[0], cuts)
 
 
 def words(text: str, cjk_words=None) -> list[str]:
@@ -350,7 +223,7 @@ def _stop_hashes() -> np.ndarray:
     if _STOP_HASHES is None:
         joined = " ".join(_STOP)
         starts, ends = word_spans(joined)
-        _STOP_HASHES = np.unique(_span_hashes(code_points(joined), starts, ends))
+        _STOP_HASHES = np.unique(_structure.span_hashes(code_points(joined), starts, ends))
     return _STOP_HASHES
 
 
@@ -358,30 +231,18 @@ def phrase_spans(text: str, starts: np.ndarray, ends: np.ndarray, max_words: int
                  codes: np.ndarray | None = None) -> np.ndarray:
     """(n, 2) character spans of multi-word phrases: maximal runs of adjacent content words (all letters,
     not a stopword), cut into pieces of at most `max_words`; punctuation and paragraph breaks end runs."""
-    if len(starts) < 2:
-        return np.zeros((0, 2), np.int64)
     if codes is None:
         codes = code_points(text)
-    not_alpha = np.concatenate([[0], np.cumsum(~_tables()[1][np.minimum(codes, 0xFFFF)])])
-    hashes, stop = _span_hashes(codes, starts, ends), _stop_hashes()
-    is_stop = stop[np.minimum(np.searchsorted(stop, hashes), len(stop) - 1)] == hashes  # stop is sorted
-    content = (not_alpha[ends] == not_alpha[starts]) & ~is_stop
-    newlines = np.concatenate([[0], np.cumsum(codes == 10)])
-    gap_break = np.ones(len(starts), dtype=bool)
-    gap_break[1:] = newlines[starts[1:]] > newlines[ends[:-1]]
-    prev_content = np.concatenate([[False], content[:-1]])
-    run = np.cumsum(content & (gap_break | ~prev_content))  # run number of each content word
-    idx = np.flatnonzero(content)
-    if not len(idx):
-        return np.zeros((0, 2), np.int64)
-    rid = run[idx]  # non-decreasing: a word's place in its run counts from the run's first word
-    first = np.flatnonzero(np.diff(rid, prepend=-1))
-    position = np.arange(len(idx)) - np.repeat(first, np.diff(np.append(first, len(idx))))
-    group = rid * (len(starts) + 1) + position // max_words
-    bounds = np.flatnonzero(np.diff(group)) + 1
-    first, last = np.concatenate([[0], bounds]), np.concatenate([bounds, [len(idx)]]) - 1
-    keep = last > first
-    return np.stack([starts[idx[first[keep]]], ends[idx[last[keep]]]], axis=1)
+    return _structure.phrase_spans(codes, _tables()[1].view(np.uint8), starts, ends, _stop_hashes(), max_words)
+
+
+def token_positions(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray, wstarts: np.ndarray,
+                    blank: str) -> tuple[np.ndarray, np.ndarray]:
+    """For tokens at character [starts, ends) of a text with code points `codes` and words starting at
+    `wstarts`: each token's position, its last character (for a token of only `blank` characters, such as
+    sentencepiece's lone "▁", the character after it, so that it joins the word that follows), and whether
+    it opens a word (uint8: its position lies in another word than the previous token's)."""
+    return _structure.token_words(codes, _char_table(blank).view(np.uint8), starts, ends, wstarts)
 
 
 class EntityMatcher:

@@ -21,7 +21,7 @@ pip=(.venv/bin/python -m pip install -qq --disable-pip-version-check -c constrai
 # torch first, so deepspeed's sdist build sees it. On a GPU cluster set PTM_TORCH_INDEX to a CUDA wheel index.
 if [ -n "${PTM_TORCH_INDEX:-}" ]; then "${pip[@]}" --index-url "$PTM_TORCH_INDEX" torch
 else "${pip[@]}" torch; fi
-"${pip[@]}" setuptools wheel numpy
+"${pip[@]}" setuptools wheel numpy cython  # cython: data_prep's compiled loops (setup.py)
 "${pip[@]}" --no-build-isolation deepspeed
 "${pip[@]}" -e ".[$extras]"
 rm -f .venv/.ptm-setup-*

@@ -1,4 +1,7 @@
 """Normalisation, sentence splitting and the character spans stored per document."""
+import itertools
+import string
+
 from data_prep import text as T
 
 
@@ -70,10 +73,10 @@ def regex_sentence_spans(text: str, doc_starts=()) -> list[tuple[int, int]]:
     return spans
 
 
-def test_sentence_spans_equal_the_regular_expressions_they_vectorise(corpus):
+def test_sentence_spans_equal_the_regular_expressions(corpus):
     """On random text full of the rules' edge cases (runs of marks, closers, abbreviations, a period after a
     newline, letters whose lower case is longer or ASCII, characters past the BMP, document starts) and on the
-    embedded corpus joined as a build joins a chunk, the array version gives exactly the regexes' spans."""
+    embedded corpus joined as a build joins a chunk, the compiled loop gives exactly the regexes' spans."""
     import random
 
     import numpy as np
@@ -88,3 +91,85 @@ def test_sentence_spans_equal_the_regular_expressions_they_vectorise(corpus):
     texts = [T.normalize(t, T.TextOptions()) for t in corpus["en"] + corpus["zh"]]
     chunk, starts = "\n\n".join(texts), set(np.cumsum([len(t) + 2 for t in texts])[:-1].tolist())
     assert [tuple(x) for x in T.sentence_spans(chunk, starts).tolist()] == regex_sentence_spans(chunk, starts)
+
+
+def reference_words(text: str, cjk_words=None) -> list[tuple[int, int]]:
+    """Word spans as T.word_spans defines them, one character at a time: runs of one class (letters, digits and
+    marks, with ' ’ - between two of them; or punctuation), each CJK character or `cjk_words`' word."""
+    import unicodedata
+
+    def cls(ch):
+        if ord(ch) > 0xFFFF:
+            return T.CJK if ord(ch) >> 16 == 2 else T.PUNCT
+        if T.CJK_RE.match(ch):
+            return T.CJK
+        return T.SPACE if ch.isspace() else T.WORD if unicodedata.category(ch)[0] in "LNM" else T.PUNCT
+    c = [cls(ch) for ch in text]
+    joined = [T.WORD if 0 < i < len(text) - 1 and ch in "'’-" and c[i - 1] == c[i + 1] == T.WORD else c[i]
+              for i, ch in enumerate(text)]
+    cuts = set(itertools.accumulate(map(len, cjk_words(text)), initial=0)) if cjk_words else set()
+    spans, i = [], 0
+    while i < len(text):
+        j = i + 1
+        if joined[i] == T.CJK:
+            while cjk_words and j < len(text) and joined[j] == T.CJK and j not in cuts:
+                j += 1
+        elif joined[i] != T.SPACE:
+            while j < len(text) and joined[j] == joined[i]:
+                j += 1
+        if joined[i] != T.SPACE:
+            spans.append((i, j))
+        i = j
+    return spans
+
+
+def reference_phrases(text: str, spans, max_words: int) -> list[tuple[int, int]]:
+    """Phrases as T.phrase_spans defines them: runs of adjacent words of letters only (of the BMP) that are not
+    stopwords (ASCII lower-cased), with no newline between them, cut into pieces of `max_words`, one-word pieces
+    dropped."""
+    lower = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+    content = [all(ch.isalpha() and ord(ch) <= 0xFFFF for ch in text[a:b]) and text[a:b].translate(lower) not in T._STOP
+               for a, b in spans]
+    runs, run = [], []
+    for k, (a, b) in enumerate(spans):
+        if content[k] and run and content[k - 1] and "\n" not in text[spans[k - 1][1]:a]:
+            run.append((a, b))
+        else:
+            runs.append(run)
+            run = [(a, b)] if content[k] else []
+    runs.append(run)
+    pieces = [run[i:i + max_words] for run in runs for i in range(0, len(run), max_words)]
+    return [(p[0][0], p[-1][1]) for p in pieces if len(p) > 1]
+
+
+def test_words_phrases_and_token_places_equal_their_definitions(corpus):
+    """The compiled loops behind T.word_spans, T.phrase_spans and T.token_positions give exactly what their
+    definitions (above, one character at a time) give, on random text full of edge cases and on the corpus."""
+    import bisect
+    import random
+
+    import numpy as np
+
+    from data_prep.encode import _WS
+
+    rng = random.Random(1)
+    alphabet = [*"ab AZ.-'’_\n\n \t\u3000\xa0,!1中文北京İ\U00020000\U0001d400", "the", "The", "of", "New", "York", "naïve",
+                "don't", "state-of-the-art", "北京大学", "\u2581"]
+    segmenter = lambda s: [s[i:i + 2] for i in range(0, len(s), 2)]  # noqa: E731 (cuts at every other character)
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(3000)]
+    texts.append("\n\n".join(T.normalize(t, T.TextOptions()) for t in corpus["en"][:300] + corpus["zh"][:300]))
+    for text in texts:
+        for cjk in (None, segmenter):
+            starts, ends = T.word_spans(text, cjk)
+            spans = list(zip(starts.tolist(), ends.tolist()))
+            assert spans == reference_words(text, cjk), (text, cjk)
+            for max_words in (2, 4):
+                got = [tuple(x) for x in T.phrase_spans(text, starts, ends, max_words).tolist()]
+                assert got == reference_phrases(text, spans, max_words), (text, max_words)
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, 2 * rng.randint(0, 20))))
+        tokens = [(a, b) for a, b in zip(cuts[::2], cuts[1::2])]  # in order, with gaps, some empty
+        tok_starts, tok_ends = (np.array([t[i] for t in tokens], dtype=np.int64).reshape(-1) for i in (0, 1))
+        pos, first = T.token_positions(T.code_points(text), tok_starts, tok_ends, starts, _WS)
+        want = [b - 1 if any(ch not in _WS for ch in text[a:b]) else b for a, b in tokens]
+        word = [bisect.bisect_right(starts.tolist(), p) for p in want]
+        assert pos.tolist() == want and first.tolist() == [int(k == 0 or word[k] != word[k - 1]) for k in range(len(word))]
