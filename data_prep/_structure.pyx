@@ -244,11 +244,22 @@ cdef bint _period_ends(const uint32_t[::1] codes, const uint16_t[::1] f, const u
     return not (ascii_word and _member64(abbreviations, h))
 
 
-def sentence_spans(const uint32_t[::1] codes, const uint16_t[::1] f, const uint8_t[::1] lower,
+def sentence_spans(const uint32_t[::1] codes, const uint16_t[::1] flag_table, const uint8_t[::1] lower_table,
+                   const int64_t[::1] astral, const uint16_t[::1] astral_flags, const uint8_t[::1] astral_lower,
                    const uint8_t[::1] doc, const int64_t[::1] abbreviations):
-    """(n, 2) [start, end) of the sentences of text.sentence_spans, given each character's flags `f` and ASCII
-    lower case `lower`, `doc` (n + 1 flags: a document starts there) and the sorted hashes of the abbreviations."""
-    cdef Py_ssize_t n = codes.shape[0], i, j, end, following, newlines, prev_cut = 0, start = 0, count = 0, last_move = 0
+    """(n, 2) [start, end) of the sentences of text.sentence_spans, given the flags and ASCII lower case of every
+    character of the BMP (tables), those of the characters past it (at positions `astral`), `doc` (n + 1 flags: a
+    document starts there) and the sorted hashes of the abbreviations."""
+    cdef Py_ssize_t n = codes.shape[0], i, j, end, following, newlines, prev_cut = 0, start = 0, count = 0
+    f_arr, lower_arr = np.empty(n, dtype=np.uint16), np.empty(n, dtype=np.uint8)
+    cdef uint16_t[::1] f = f_arr
+    cdef uint8_t[::1] lower = lower_arr
+    cdef uint32_t c
+    for i in range(n):
+        c = codes[i] if codes[i] <= 0xFFFF else 0xFFFF
+        f[i], lower[i] = flag_table[c], lower_table[c]
+    for j in range(astral.shape[0]):
+        f[astral[j]], lower[astral[j]] = astral_flags[j], astral_lower[j]
     cut_arr = np.zeros(n + 1, dtype=np.uint8)
     cdef uint8_t[::1] cut = cut_arr
     i = 0

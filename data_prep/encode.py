@@ -62,7 +62,23 @@ def _cjk_segmenter(entities: list[str]):
     for ent in entities:
         if T.has_cjk(ent):
             seg.add_word(ent, 10**6, None)
-    return lambda s: seg.cut(s, False)  # no HMM: unknown words split into characters, at a third of the cost
+
+    def words(text: str) -> list[str]:
+        """jieba's words of each run of paragraphs that hold CJK text; a run of paragraphs without passes whole
+        (only cuts inside CJK runs count). jieba finds words in runs of CJK characters and ASCII letters and
+        digits, never across whitespace, so cutting at blank lines changes nothing."""
+        paragraphs = text.split(_SEP)
+        cjk = list(map(T.has_cjk, paragraphs))
+        out, i = [], 0
+        while i < len(paragraphs):
+            j = i + 1
+            while j < len(paragraphs) and cjk[j] == cjk[i]:
+                j += 1
+            run = _SEP.join(paragraphs[i:j])
+            out += ([_SEP] if i else []) + (seg.cut(run, False) if cjk[i] else [run])  # no HMM: a third of the cost
+            i = j
+        return out
+    return words
 
 
 class DocEncoder:

@@ -124,17 +124,6 @@ def _flag_tables() -> tuple[np.ndarray, np.ndarray]:
     return _char_flags([chr(c) for c in range(0x10000)])
 
 
-def _sentence_flags(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per position of the text: (flags, ASCII lower case or 0)."""
-    flags, lower = _flag_tables()
-    bmp = np.minimum(codes, 0xFFFF)
-    f, low = flags[bmp], lower[bmp]
-    beyond = np.flatnonzero(codes > 0xFFFF)
-    if len(beyond):
-        f[beyond], low[beyond] = _char_flags([chr(c) for c in codes[beyond].tolist()])
-    return f, low
-
-
 def sentence_spans(text: str, doc_starts=(), codes: np.ndarray | None = None) -> np.ndarray:
     """(n, 2) [start, end) of each sentence; whitespace before a sentence belongs to it, so the spans cover the
     text. `doc_starts`: positions where a new document begins in a joined text; the whitespace just before one
@@ -145,10 +134,13 @@ def sentence_spans(text: str, doc_starts=(), codes: np.ndarray | None = None) ->
     expressions)."""
     if codes is None:
         codes = code_points(text)
-    f, lower = _sentence_flags(codes)
+    astral, flags, lower = np.zeros(0, np.int64), np.zeros(0, np.uint16), np.zeros(0, np.uint8)
+    if len(codes) and codes.max() > 0xFFFF:  # past the BMP: no table
+        astral = np.flatnonzero(codes > 0xFFFF)
+        flags, lower = _char_flags([chr(c) for c in codes[astral].tolist()])
     doc = np.zeros(len(codes) + 1, dtype=np.uint8)
     doc[np.fromiter(doc_starts, dtype=np.int64)] = 1
-    return _structure.sentence_spans(codes, f, lower, doc, _ABBREV_HASHES)
+    return _structure.sentence_spans(codes, *_flag_tables(), astral, flags, lower, doc, _ABBREV_HASHES)
 
 
 def split_sentences(text: str) -> list[str]:
