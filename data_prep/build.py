@@ -156,7 +156,7 @@ def _process(item):
     return out, meta, labels, encoded
 
 
-def _chunks(records, size_bytes: int = 1 << 20, max_records: int = 256):
+def _chunks(records, size_bytes: int = 1 << 20, max_records: int = 4096):
     """Records in chunks of about `size_bytes` for the workers; raw JSONL lines travel unparsed."""
     chunk, meta, n = [], [], 0
     for r in records:
