@@ -23,16 +23,15 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from itertools import islice
 
 import numpy as np
 import pyarrow as pa
 
 from data_prep import PrepError
 from data_prep import text as T
-from data_prep.encode import DocEncoder
+from data_prep.encode import DocEncoder, EncodedChunk
 from data_prep.shards import SHARD_SUFFIX, ShardWriter, to_numpy, write_table_atomic
-from data_prep.sources import Fields, detect_format, expand_inputs, parse_jsonl, read_records
+from data_prep.sources import Chunk, Fields, detect_format, expand_inputs, parse_jsonl, read_chunks, read_records
 from data_prep.tokenizer import Tokenizer, load_tokenizer, train_byte_bpe, train_sentencepiece
 from ptm.files import sha256_file, write_json, write_text
 
@@ -124,51 +123,63 @@ def _init_worker(tok_dir: str, threads: int, text_opts: T.TextOptions, entities:
     _ENCODER, _FIELDS = DocEncoder(load_tokenizer(tok_dir, threads), text_opts, entities), fields
 
 
-def _process(item):
-    """(records, meta) -> (outcomes, meta, labels, EncodedChunk); a record is (text, error, label) or a raw
-    JSONL line (bytes, path), parsed here; an outcome is ("error", msg), ("short"|"long", None) or ("doc",
-    index in the chunk). `meta` ((file index, line, bytes) per record) rides along so that results come back
-    with their file and line."""
-    chunk, meta = item
-    opts = _ENCODER.opts
-    out, keep, texts, labels = [], [], [], []
-    for record, (index, line, _) in zip(chunk, meta):
-        if len(record) == 2:
-            r = parse_jsonl(*record, index, line, _FIELDS)
-            record = r.text, r.error, r.label
-        text, error, label = record
-        labels.append(label)
-        if error:
-            out.append(("error", error))
-            continue
+# What became of each record: a document, filtered by length, unreadable, or (decided in the main process) a
+# duplicate of an earlier document
+SHORT, LONG, ERROR, DOC, DUPLICATE = range(5)
+
+
+@dataclass
+class Processed:
+    """A chunk's outcome: per record its kind, its row in `encoded` (DOC) and label; error messages by record."""
+
+    kinds: np.ndarray
+    rows: np.ndarray
+    labels: np.ndarray
+    errors: dict[int, str]
+    encoded: EncodedChunk | None
+    file_index: np.ndarray
+    line: np.ndarray
+    nbytes: np.ndarray
+
+
+def _process(chunk: Chunk) -> Processed:
+    """Parse (raw JSONL), normalise, filter and encode a chunk's records."""
+    opts, fields = _ENCODER.opts, _FIELDS
+    n = len(chunk)
+    kinds, labels, errors, texts = np.full(n, DOC, dtype=np.int8), np.full(n, -1, dtype=np.int64), {}, []
+    quick = chunk.path is not None and fields.pair is None and fields.label is None and "." not in fields.text
+    min_chars = max(opts.min_chars, 1)
+    for i, record in enumerate(chunk.records):
+        text = None
+        if quick:  # the common case: a JSON object with a string text field, in valid UTF-8
+            try:
+                obj = json.loads(record.decode("utf-8"))
+            except ValueError:  # UnicodeDecodeError and JSONDecodeError: named by parse_jsonl
+                obj = None
+            if type(obj) is dict and type(value := obj.get(fields.text)) is str:
+                text = value
+        if text is None:
+            if chunk.path is not None:
+                r = parse_jsonl(record, chunk.path, int(chunk.file_index[i]), int(chunk.line[i]), fields)
+                record = r.text, r.error, r.label
+            text, error, labels[i] = record
+            if error:
+                kinds[i], errors[i] = ERROR, error
+                continue
         norm = T.normalize(text, opts)
-        if len(norm) < max(opts.min_chars, 1):
-            out.append(("short", None))
+        if len(norm) < min_chars:
+            kinds[i] = SHORT
         elif opts.max_chars and len(norm) > opts.max_chars:
-            out.append(("long", None))
+            kinds[i] = LONG
         else:
-            out.append(None)
-            keep.append(len(out) - 1)
             texts.append(norm)
+    docs = np.flatnonzero(kinds == DOC)
+    rows = np.full(n, -1, dtype=np.int32)
+    rows[docs] = np.arange(len(docs))
     encoded = _ENCODER.encode(texts) if texts else None
-    for k, i in enumerate(keep):
-        out[i] = ("doc", k) if encoded.tok_off[k + 1] > encoded.tok_off[k] else ("short", None)
-    return out, meta, labels, encoded
-
-
-def _chunks(records, size_bytes: int = 1 << 20, max_records: int = 4096):
-    """Records in chunks of about `size_bytes` for the workers; raw JSONL lines travel unparsed."""
-    chunk, meta, n = [], [], 0
-    for r in records:
-        size = len(r.raw) if r.raw is not None else len(r.text or "")
-        chunk.append((r.raw, r.path) if r.raw is not None else (r.text, r.error, r.label))
-        meta.append((r.file_index, r.line, size))
-        n += size
-        if n >= size_bytes or len(chunk) >= max_records:
-            yield chunk, meta
-            chunk, meta, n = [], [], 0
-    if chunk:
-        yield chunk, meta
+    if encoded is not None:  # a document of no tokens is too short
+        kinds[docs[np.diff(encoded.tok_off) == 0]] = SHORT
+    return Processed(kinds, rows, labels, errors, encoded, chunk.file_index, chunk.line, chunk.nbytes)
 
 
 def _unreadable(error: str) -> PrepError:
@@ -318,9 +329,8 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
     writer = ShardWriter(out, f"part{p:05d}", tok.vocab_size, opts.shard_size, first_index=sum(1 for e in done if e["file"]))
     entities = _entities(opts.entities, opts.text)
     threads = max(1, (os.cpu_count() or 1) // max(opts.workers, 1))
-    records = islice(read_records(files, first_index, fmt=opts.format, fields=opts.fields,
-                                  doc_boundary=opts.doc_boundary, raw=True), cursor, None)
-    chunks = _chunks(records)
+    chunks = read_chunks(files, first_index, fmt=opts.format, fields=opts.fields, doc_boundary=opts.doc_boundary,
+                         skip=cursor)
     init = (os.path.join(out, "tokenizer"), threads, opts.text, entities, opts.fields)
     pool = None
     if opts.workers > 1:
@@ -338,41 +348,12 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
     rejects: list[str] = []
     unk = [0, 0]  # unk tokens, tokens over the first UNK_CHECK_DOCS documents
     try:
-        for outcomes, meta, labels, encoded in results:
-            if encoded is not None:  # per-document facts as Python lists: cheap to index one at a time
-                sizes, hashes = writer.sizes(encoded).tolist(), encoded.hashes.tolist()
-                tokens, chars, unks = np.diff(encoded.tok_off).tolist(), encoded.chars.tolist(), encoded.unk.tolist()
-            for (kind, payload), (file_index, line, nbytes), label in zip(outcomes, meta, labels):
-                if kind == "error":
-                    if opts.on_error == "fail":
-                        raise _unreadable(payload)
-                    reason = payload.split(": ", 1)[1].split(" (")[0].split(";")[0]
-                    stats["skipped"][reason] = stats["skipped"].get(reason, 0) + 1
-                    if len(rejects) < MAX_REJECTS_PER_SHARD:
-                        rejects.append(payload)
-                elif kind in ("short", "long"):
-                    stats[f"filtered_{kind}"] += 1
-                elif opts.dedup and hashes[payload] in seen:
-                    stats["duplicates"] += 1
-                else:
-                    if writer.full_for(sizes[payload]):  # the journal entry covers the records before this one
-                        _journal_shard(out, p, journal, writer.flush(), cursor, stats, rejects)
-                        rejects = []
-                    writer.add(encoded, payload, sizes[payload], file_index, line, label)
-                    if opts.dedup:
-                        seen.add(hashes[payload])
-                    stats["documents"] += 1
-                    stats["tokens"] += tokens[payload]
-                    stats["chars"] += chars[payload]
-                    if stats["documents"] <= UNK_CHECK_DOCS:
-                        unk[0] += unks[payload]
-                        unk[1] += tokens[payload]
-                        if stats["documents"] == UNK_CHECK_DOCS:
-                            _check_unk(tok, opts, *unk)
-                cursor += 1
-                stats["records"] += 1
-                if bar is not None:
-                    bar.advance(file_index, nbytes, stats)
+        for r in results:
+            rejects = _write_chunk(r, writer, seen, stats, rejects, unk, tok, opts,
+                                   lambda entry, at, st, rj: _journal_shard(out, p, journal, entry, cursor + at, st, rj))
+            cursor += len(r.kinds)
+            if bar is not None:
+                bar.advance(r.file_index, r.nbytes, stats)
         if stats["documents"] < UNK_CHECK_DOCS:
             _check_unk(tok, opts, *unk)
         journal["done"] = True
@@ -384,6 +365,68 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
         if bar is not None:
             bar.close()
     return journal
+
+
+def _write_chunk(r: Processed, writer: ShardWriter, seen: set[int], stats: dict, rejects: list[str], unk: list[int],
+                 tok: Tokenizer, opts: BuildOptions, journal) -> list[str]:
+    """Add a processed chunk's new documents to the shards, in order, with a few numpy calls: drop duplicates
+    (of `seen` or of an earlier record of the chunk) and flush a shard where the next document does not fit,
+    calling journal(entry, records of the chunk before that document, stats and rejects up to there); then
+    `stats` counts the whole chunk. Returns the rejects not journalled yet."""
+    if r.errors and opts.on_error == "fail":
+        raise _unreadable(r.errors[min(r.errors)])
+    doc, enc = np.flatnonzero(r.kinds == DOC), r.encoded
+    if opts.dedup and len(doc):
+        hashes = enc.hashes[r.rows[doc]]
+        first = np.zeros(len(doc), dtype=bool)
+        first[np.unique(hashes, return_index=True)[1]] = True
+        new = first & ~np.fromiter(map(seen.__contains__, hashes.tolist()), dtype=bool, count=len(doc))
+        r.kinds[doc[~new]] = DUPLICATE
+        seen.update(hashes[new].tolist())
+        doc = doc[new]
+    rows = r.rows[doc]
+    sizes, tokens, chars = (writer.sizes(enc)[rows], np.diff(enc.tok_off)[rows], enc.chars[rows]) if len(doc) else ((),) * 3
+    if stats["documents"] < UNK_CHECK_DOCS and len(doc):
+        k = UNK_CHECK_DOCS - stats["documents"]
+        unk[0], unk[1] = unk[0] + int(enc.unk[rows[:k]].sum()), unk[1] + int(tokens[:k].sum())
+        if len(doc) >= k:
+            _check_unk(tok, opts, *unk)
+    errors = sorted(r.errors.items())
+
+    def counted(at: int) -> dict:
+        """The stats with the chunk's records before `at` counted."""
+        st = json.loads(json.dumps(stats))
+        kinds, n = r.kinds[:at], int(np.searchsorted(doc, at))
+        st["records"] += at
+        for key, kind in (("filtered_short", SHORT), ("filtered_long", LONG), ("duplicates", DUPLICATE)):
+            st[key] += int((kinds == kind).sum())
+        st["documents"] += n
+        st["tokens"] += int(np.sum(tokens[:n]))
+        st["chars"] += int(np.sum(chars[:n]))
+        for _, msg in errors[:np.searchsorted([i for i, _ in errors], at)]:
+            reason = msg.split(": ", 1)[1].split(" (")[0].split(";")[0]
+            st["skipped"][reason] = st["skipped"].get(reason, 0) + 1
+        return st
+
+    def rejected(lo: int, hi: int) -> list[str]:
+        return [msg for i, msg in errors if lo <= i < hi][:max(0, MAX_REJECTS_PER_SHARD - len(rejects))]
+
+    i, journalled = 0, 0  # documents added; records journalled
+    while i < len(doc):
+        at = int(doc[i])
+        if writer.full_for(int(sizes[i])):  # the journal entry covers the records before this document
+            journal(writer.flush(), at, counted(at), rejects + rejected(journalled, at))
+            rejects, journalled = [], at
+        k = writer.fitting(sizes[i:])
+        records = doc[i:i + k]
+        writer.add(enc, rows[i:i + k], int(sizes[i:i + k].sum()), r.file_index[records], r.line[records],
+                   r.labels[records])
+        i += k
+    rejects = rejects + rejected(journalled, len(r.kinds))
+    st = counted(len(r.kinds))
+    stats.clear()
+    stats.update(st)
+    return rejects
 
 
 def _acquired(items, sem, stop):
@@ -433,13 +476,15 @@ class _Progress:
         self.t0 = self.logged = time.time()
         self.file, self.in_file, self.done_bytes = 0, 0, 0
 
-    def advance(self, file_index: int, nbytes: int, stats: dict) -> None:
-        local = file_index - self.first
-        while self.file < local:
-            self.done_bytes += self.sizes[self.file]
-            self.file, self.in_file = self.file + 1, 0
-        self.in_file += nbytes
-        pos = self.done_bytes + min(self.in_file, self.sizes[local])
+    def advance(self, file_index: np.ndarray, nbytes: np.ndarray, stats: dict) -> None:
+        """Records of (global) `file_index` and `nbytes` each are done."""
+        for i in np.flatnonzero(np.diff(file_index, append=-1)):  # the last record of each file among them
+            local = int(file_index[i]) - self.first
+            while self.file < local:
+                self.done_bytes += self.sizes[self.file]
+                self.file, self.in_file = self.file + 1, 0
+            self.in_file += int(nbytes[file_index == file_index[i]].sum())
+        pos = self.done_bytes + min(self.in_file, self.sizes[self.file]) if len(file_index) else self.bar.n
         if pos > self.bar.n:
             self.bar.update(pos - self.bar.n)
             dt = max(time.time() - self.t0, 1e-9)

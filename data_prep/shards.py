@@ -122,8 +122,8 @@ class ShardWriter:
         self._reset()
 
     def _reset(self):
-        self.parts: list[tuple[EncodedChunk, list[int]]] = []
-        self.sources: list[tuple[int, int, int]] = []
+        self.parts: list[tuple[EncodedChunk, np.ndarray]] = []
+        self.sources: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # file index, line, label per part
         self.bytes = _FILE_OVERHEAD
 
     def sizes(self, chunk: EncodedChunk) -> np.ndarray:
@@ -138,31 +138,34 @@ class ShardWriter:
         gets its own."""
         return bool(self.sources) and self.bytes + size > self.max_bytes
 
-    def add(self, chunk: EncodedChunk, row: int, size: int, source_file: int, source_line: int,
-            label: int = -1) -> None:
-        """Add document `row` of `chunk` (rows of one chunk in ascending order), `size` bytes."""
-        if not self.parts or self.parts[-1][0] is not chunk:
-            self.parts.append((chunk, []))
-        self.parts[-1][1].append(row)
+    def fitting(self, sizes: np.ndarray) -> int:
+        """How many of the next documents, of `sizes` bytes, fit in this shard (at least one)."""
+        return max(1, int(np.searchsorted(self.bytes + np.cumsum(sizes), self.max_bytes, side="right")))
+
+    def add(self, chunk: EncodedChunk, rows: np.ndarray, size: int, source_file: np.ndarray, source_line: np.ndarray,
+            label: np.ndarray) -> None:
+        """Add documents `rows` (ascending, after those of `chunk` added before) of `chunk`, `size` bytes in all,
+        with each one's source file index, line and label."""
+        self.parts.append((chunk, rows))
         self.sources.append((source_file, source_line, label))
         self.bytes += size
 
     def flush(self) -> dict | None:
         if not self.sources:
             return None
-        parts = [(chunk.ragged(), chunk, np.asarray(rows)) for chunk, rows in self.parts]
+        parts = [(chunk.ragged(), chunk, rows) for chunk, rows in self.parts]
         lists = [_list_array([_take(*ragged[name], rows) for ragged, _, rows in parts], dtype)
                  for name, dtype in (("input_ids", self._ids_type), ("sentence_starts", pa.int32()),
                                      ("word_start", pa.uint8()), ("phrase_spans", pa.int32()),
                                      ("entity_spans", pa.int32()))]
-        src = np.asarray(self.sources, dtype=np.int64).reshape(-1, 3)
+        src = [np.concatenate(column) for column in zip(*self.sources)]
         batch = pa.RecordBatch.from_arrays([
             *lists,
             _arrow(np.concatenate([chunk.hashes[rows] for _, chunk, rows in parts])),
-            _arrow(src[:, 0].astype(np.int32)),
-            _arrow(src[:, 1]),
+            _arrow(src[0].astype(np.int32)),
+            _arrow(src[1].astype(np.int64)),
             _arrow(np.concatenate([chunk.pair_start[rows] for _, chunk, rows in parts]).astype(np.int32)),
-            _arrow(src[:, 2]),
+            _arrow(src[2].astype(np.int64)),
         ], schema=self.schema)
         path = os.path.join(self.directory, f"{self.prefix}-{self.index:05d}{SHARD_SUFFIX}")
         entry = write_table_atomic(path, batch, self.schema)

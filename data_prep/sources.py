@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -35,8 +36,6 @@ class Record:
     line: int  # 1-based line (text, JSONL) or row (Parquet, Arrow) where the record starts
     error: str | None = None
     label: int = -1  # class id of a labelled example (--label-field), -1 without
-    raw: bytes | None = None  # a JSONL line read with raw=True, not parsed yet (see `parse_jsonl`)
-    path: str | None = None  # its file
 
 
 @dataclass(frozen=True)
@@ -154,13 +153,11 @@ def _field(obj, dotted: str):
     return obj
 
 
-def _read_jsonl(path: str, index: int, fields: Fields, raw: bool) -> Iterator[Record]:
+def _read_jsonl(path: str, index: int, fields: Fields) -> Iterator[Record]:
     with _open_binary(path) as f:
         for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            yield (Record(None, index, lineno, raw=line, path=path) if raw
-                   else parse_jsonl(line, path, index, lineno, fields))
+            if line.strip():
+                yield parse_jsonl(line, path, index, lineno, fields)
 
 
 def parse_jsonl(raw: bytes, path: str, index: int, lineno: int, fields: Fields) -> Record:
@@ -217,9 +214,8 @@ def _read_table(path: str, index: int, fields: Fields) -> Iterator[Record]:
 
 
 def read_records(files: list[str], first_index: int, *, fmt: str | None, fields: Fields,
-                 doc_boundary: str, raw: bool = False) -> Iterator[Record]:
-    """All records of `files` in order; `first_index` is the global index of files[0]. With `raw`, JSONL
-    lines come unparsed (`Record.raw`), for `parse_jsonl` in a worker process."""
+                 doc_boundary: str) -> Iterator[Record]:
+    """All records of `files` in order; `first_index` is the global index of files[0]."""
     for offset, path in enumerate(files):
         index = first_index + offset
         kind = detect_format(path, fmt)
@@ -230,8 +226,73 @@ def read_records(files: list[str], first_index: int, *, fmt: str | None, fields:
             if kind == "text":
                 yield from _read_text(path, index, doc_boundary)
             elif kind == "jsonl":
-                yield from _read_jsonl(path, index, fields, raw)
+                yield from _read_jsonl(path, index, fields)
             else:
                 yield from _read_table(path, index, fields)
         except (OSError, EOFError, pa.ArrowException) as e:
             raise PrepError(f"cannot read {path} as {kind}: {e}; check the file or pass --format") from None
+
+
+@dataclass
+class Chunk:
+    """Consecutive records on their way to a worker process: raw JSONL lines of one file (`path` set; parsed
+    in the worker) or (text, error, label) tuples, with each record's file index, line and size in bytes."""
+
+    records: list
+    path: str | None
+    file_index: np.ndarray
+    line: np.ndarray
+    nbytes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+def _chunk(records: list, path: str | None, meta: list) -> Chunk:
+    index, line, nbytes = zip(*meta) if meta else ((), (), ())
+    return Chunk(records, path, np.array(index, dtype=np.int32), np.array(line, dtype=np.int64),
+                 np.array(nbytes, dtype=np.int64))
+
+
+def read_chunks(files: list[str], first_index: int, *, fmt: str | None, fields: Fields, doc_boundary: str,
+                skip: int = 0, size_bytes: int = 1 << 20, max_records: int = 4096) -> Iterator[Chunk]:
+    """The records of `read_records` after the first `skip`, in chunks of about `size_bytes` or `max_records`;
+    JSONL lines come raw (a chunk holds lines of one file), for `parse_jsonl` in the worker."""
+    records, meta, size = [], [], 0
+    for offset, f in enumerate(files):
+        if detect_format(f, fmt) == "jsonl":
+            if records:
+                yield _chunk(records, None, meta)
+                records, meta, size = [], [], 0
+            try:
+                with _open_binary(f) as lines:
+                    for lineno, line in enumerate(lines, 1):
+                        if not line.strip():
+                            continue
+                        if skip:
+                            skip -= 1
+                            continue
+                        records.append(line)
+                        meta.append((first_index + offset, lineno, len(line)))
+                        size += len(line)
+                        if size >= size_bytes or len(records) >= max_records:
+                            yield _chunk(records, f, meta)
+                            records, meta, size = [], [], 0
+            except (OSError, EOFError) as e:
+                raise PrepError(f"cannot read {f} as jsonl: {e}; check the file or pass --format") from None
+            if records:
+                yield _chunk(records, f, meta)
+                records, meta, size = [], [], 0
+            continue
+        for r in read_records([f], first_index + offset, fmt=fmt, fields=fields, doc_boundary=doc_boundary):
+            if skip:
+                skip -= 1
+                continue
+            records.append((r.text, r.error, r.label))
+            meta.append((r.file_index, r.line, len(r.text or "")))
+            size += meta[-1][2]
+            if size >= size_bytes or len(records) >= max_records:
+                yield _chunk(records, None, meta)
+                records, meta, size = [], [], 0
+    if records:
+        yield _chunk(records, None, meta)
