@@ -40,7 +40,8 @@ cores among its workers; megatron encodes one document at a time in each worker.
 floor / floor-none: not a pipeline but a lower bound on any ptm build: the pieces it cannot skip, each timed
      alone in one process on the same corpus (json.loads per line, NFKC + whitespace clean-up, sentencepiece
      on every sentence (floor) or every whole document (floor-none) with all cores); 1 worker: parse + clean
-     + encode wall time; w workers: their CPU time / min(w, cores), no start-up, no structure, no writing.
+     + encode wall time; w workers: their CPU time / min(w, cores), no start-up, no structure, no writing,
+     no cyclic garbage collection (ptm's build runs without it too).
      Its "x ref" is the most any ptm build could reach on this machine."""
 
 
@@ -97,7 +98,9 @@ def reference(corpus: str, model: str, num_proc: int, out: str) -> None:
 
 
 def floor(corpus: str, model: str, workers: int, out: str) -> None:
-    """Time the unavoidable pieces of a ptm build alone (runs in a child process); writes out/floor.json."""
+    """Time the unavoidable pieces of a ptm build alone (runs in a child process); writes out/floor.json. Without
+    cyclic garbage collection, as ptm builds run: its passes are not part of the work."""
+    import gc
     import resource
 
     import sentencepiece
@@ -105,6 +108,7 @@ def floor(corpus: str, model: str, workers: int, out: str) -> None:
     from data_prep import text as T
 
     sp, cores = sentencepiece.SentencePieceProcessor(model_file=model), os.cpu_count() or 1
+    gc.disable()
 
     def timed(fn):
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()

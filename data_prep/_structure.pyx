@@ -106,9 +106,14 @@ def phrase_spans(const uint32_t[::1] codes, const uint8_t[::1] alpha, const int6
     `stop`) with no newline between them, cut into pieces of at most `max_words`; pieces of one word dropped."""
     cdef Py_ssize_t m = starts.shape[0], j, first = -1, last = -1, count = 0, in_run = 0, npairs = 0
     cdef int64_t i, c
+    cdef uint64_t h
     cdef bint content, linked, prev_content = False
     out_arr = np.empty((m // 2 + 1, 2), dtype=np.int64)
     cdef int64_t[:, ::1] out = out_arr
+    bits_arr = np.zeros(1 << 16, dtype=np.uint8)  # a hash's low 16 bits seen among the stopwords': most words skip
+    cdef uint8_t[::1] bits = bits_arr           # the binary search
+    for j in range(stop.shape[0]):
+        bits[stop[j] & 0xFFFF] = 1
     for j in range(m):
         content = True
         for i in range(starts[j], ends[j]):
@@ -117,7 +122,8 @@ def phrase_spans(const uint32_t[::1] codes, const uint8_t[::1] alpha, const int6
                 content = False
                 break
         if content:
-            content = not _member(stop, _hash(codes, starts[j], ends[j]))
+            h = _hash(codes, starts[j], ends[j])
+            content = not (bits[h & 0xFFFF] and _member(stop, h))
         linked = prev_content and content
         if linked:
             for i in range(ends[j - 1], starts[j]):
@@ -335,3 +341,51 @@ def sentence_spans(const uint32_t[::1] codes, const uint16_t[::1] flag_table, co
     if count and not moved:
         out[count - 1, 1] = n  # trailing whitespace stays with the last sentence
     return out_arr[:count]
+
+
+def sentence_bodies(const uint32_t[::1] codes, const uint8_t[::1] classes, const int64_t[::1] starts):
+    """For sentences starting at `starts`: where each one's first non-space character is, and whether a newline
+    comes before it (the sentence opens a paragraph)."""
+    cdef Py_ssize_t n = codes.shape[0], k, m = starts.shape[0]
+    cdef int64_t i
+    body_arr, para_arr = np.empty(m, dtype=np.int64), np.zeros(m, dtype=bool)
+    cdef int64_t[::1] body = body_arr
+    cdef uint8_t[::1] para = para_arr.view(np.uint8)
+    for k in range(m):
+        i = starts[k]
+        while i < n and _class(codes[i], classes) == SPACE:
+            if codes[i] == 10:
+                para[k] = 1
+            i += 1
+        body[k] = i
+    return body_arr, para_arr
+
+
+def piece_offsets(const int64_t[::1] ids, const int64_t[::1] counts, const int64_t[::1] lengths,
+                  const int64_t[::1] chars, const uint8_t[::1] space_first, const uint8_t[::1] byte,
+                  const uint8_t[::1] continuation, const uint8_t[::1] unknown, bint dummy_prefix):
+    """Each sentencepiece token's character [start, end) in its text, from per-piece lengths (a "▁" is one space,
+    the dummy prefix none, a byte-fallback character sits on its last byte), for texts of `counts` tokens and
+    `lengths` characters; and the texts where they do not add up or that hold an unknown piece (their offsets are
+    sentencepiece's to give)."""
+    cdef Py_ssize_t t, j, first = 0, T = ids.shape[0], bad_count = 0
+    cdef int64_t pos, length, unk
+    starts_arr, ends_arr = np.empty(T, dtype=np.int64), np.empty(T, dtype=np.int64)
+    bad_arr = np.empty(counts.shape[0], dtype=np.int64)
+    cdef int64_t[::1] starts = starts_arr, ends = ends_arr, bad = bad_arr
+    for t in range(counts.shape[0]):
+        pos, unk = 0, 0
+        for j in range(first, first + counts[t]):
+            if byte[ids[j]]:  # one character for the last byte of its UTF-8 sequence
+                length = not (j + 1 < T and continuation[ids[j + 1]])
+            else:
+                length = chars[ids[j]] - (dummy_prefix and j == first and space_first[ids[j]])
+            starts[j] = pos
+            pos += length
+            ends[j] = pos
+            unk += unknown[ids[j]]
+        if pos != lengths[t] or unk:
+            bad[bad_count] = t
+            bad_count += 1
+        first += counts[t]
+    return starts_arr, ends_arr, bad_arr[:bad_count]

@@ -63,22 +63,7 @@ def _cjk_segmenter(entities: list[str]):
         if T.has_cjk(ent):
             seg.add_word(ent, 10**6, None)
 
-    def words(text: str) -> list[str]:
-        """jieba's words of each run of paragraphs that hold CJK text; a run of paragraphs without passes whole
-        (only cuts inside CJK runs count). jieba finds words in runs of CJK characters and ASCII letters and
-        digits, never across whitespace, so cutting at blank lines changes nothing."""
-        paragraphs = text.split(_SEP)
-        cjk = list(map(T.has_cjk, paragraphs))
-        out, i = [], 0
-        while i < len(paragraphs):
-            j = i + 1
-            while j < len(paragraphs) and cjk[j] == cjk[i]:
-                j += 1
-            run = _SEP.join(paragraphs[i:j])
-            out += ([_SEP] if i else []) + (seg.cut(run, False) if cjk[i] else [run])  # no HMM: a third of the cost
-            i = j
-        return out
-    return words
+    return lambda text: seg.cut(text, False)  # no HMM: unknown words split into characters, at a third of the cost
 
 
 class DocEncoder:
@@ -97,6 +82,25 @@ class DocEncoder:
             self._cjk = _cjk_segmenter(self._entity_list)
         return self._cjk
 
+    def _cjk_words(self, text: str) -> list[str] | None:
+        """The segmenter's words of each run of paragraphs that hold CJK text, a run of paragraphs without passing
+        whole (only cuts inside CJK runs count); None where no paragraph holds any. jieba finds words in runs of
+        CJK characters and ASCII letters and digits, never across whitespace, so cutting at blank lines changes
+        nothing."""
+        paragraphs = text.split(_SEP)
+        cjk = list(map(T.has_cjk, paragraphs))
+        if not any(cjk):
+            return None
+        out, i = [], 0
+        while i < len(paragraphs):
+            j = i + 1
+            while j < len(paragraphs) and cjk[j] == cjk[i]:
+                j += 1
+            run = _SEP.join(paragraphs[i:j])
+            out += ([_SEP] if i else []) + (self._segmenter()(run) if cjk[i] else [run])
+            i = j
+        return out
+
     def encode(self, texts: list[str]) -> EncodedChunk:
         """Encode documents whose text is already normalised and non-empty, recording the structure that
         `opts.structure` asks for (the other structure columns stay empty)."""
@@ -110,10 +114,8 @@ class DocEncoder:
         chunk = _SEP.join(texts)
         codes = T.code_points(chunk)
         spans = np.array(T.sentence_spans(chunk, set(doc_base[1:].tolist()), codes), dtype=np.int64).reshape(-1, 2)
-        content = np.flatnonzero(~T.spaces(codes))
-        body = content[np.searchsorted(content, spans[:, 0])]  # a sentence's first non-space character
-        newlines = np.concatenate([[0], np.cumsum(codes == 10)])
-        paragraph = newlines[body] > newlines[spans[:, 0]]  # a sentence that opens a paragraph (not the first)
+        # a sentence's first non-space character, and whether it opens a paragraph (not the first)
+        body, paragraph = T.sentence_bodies(codes, spans[:, 0])
         seg_base = body if strip else spans[:, 0]
         segments = [chunk[a:b] for a, b in zip(seg_base.tolist(), spans[:, 1].tolist())]
         seg_doc = np.searchsorted(doc_base, seg_base, side="right") - 1
@@ -149,8 +151,7 @@ class DocEncoder:
             sentences=none, sent_off=offsets, phrases=none, phr_off=offsets, entities=none, ent_off=offsets,
             hashes=np.fromiter(map(doc_hash, texts), dtype=np.int64, count=n),
             chars=np.fromiter(map(len, texts), dtype=np.int64, count=n),
-            unk=np.bincount(np.repeat(np.arange(n), np.diff(np.append(doc_first, len(ids)))),
-                            weights=ids == self._unk, minlength=n).astype(np.int64),
+            unk=np.diff(np.concatenate([[0], np.cumsum(ids == self._unk)])[np.append(doc_first, len(ids))]),
             pair_start=np.zeros(n, dtype=np.int32),
         )
 
@@ -159,7 +160,7 @@ class DocEncoder:
         """Word starts (structure `words`) and phrase and entity spans (`full`) of the chunk's tokens, whose
         character [starts, ends) in `chunk` (code points `codes`) are given."""
         doc_counts = np.diff(out.tok_off)
-        wstarts, wends = T.word_spans(chunk, self._segmenter() if T.has_cjk(chunk) else None, codes)
+        wstarts, wends = T.word_spans(chunk, self._cjk_words, codes)
         pos, out.word_start = T.token_positions(codes, starts, ends, wstarts, _WS)
         out.word_start[doc_first[doc_counts > 0]] = 1
         if not T.has(self.opts.structure, "full"):

@@ -178,26 +178,16 @@ def among(codes: np.ndarray, chars: str) -> np.ndarray:
     return _char_table(chars)[np.minimum(codes, 0xFFFF)]
 
 
-def spaces(codes: np.ndarray) -> np.ndarray:
-    """Which code points are whitespace (str.isspace)."""
-    return _classes(codes) == SPACE
-
-
-def _classes(codes: np.ndarray) -> np.ndarray:
-    cls = _tables()[0][np.minimum(codes, 0xFFFF)]
-    cls[codes > 0xFFFF] = np.where((codes[codes > 0xFFFF] >> 16) == 2, CJK, PUNCT)  # plane 2: CJK extensions
-    return cls
-
-
 def word_spans(text: str, cjk_words=None, codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Word [start, end) character offsets: runs of letters/digits (apostrophes and hyphens inside a word
-    join it), runs of punctuation, and CJK words from `cjk_words` (each CJK character without it). `codes`:
-    the text's code points, when the caller has them."""
+    join it), runs of punctuation, and CJK words from `cjk_words` (text -> its words, or None where it holds no
+    CJK text to cut; each CJK character a word without it). `codes`: the text's code points, when the caller has
+    them."""
     if codes is None:
         codes = code_points(text)
     cuts = None
-    if cjk_words is not None:  # one segmenter call for the whole text (it splits off non-CJK parts itself)
-        lengths = np.fromiter(map(len, cjk_words(text)), dtype=np.int64)
+    if cjk_words is not None and (pieces := cjk_words(text)) is not None:  # one call (it splits off non-CJK parts)
+        lengths = np.fromiter(map(len, pieces), dtype=np.int64)
         cuts = np.cumsum(lengths) - lengths
     return _structure.word_spans(codes, _tables()[0], cuts)
 
@@ -226,6 +216,12 @@ def phrase_spans(text: str, starts: np.ndarray, ends: np.ndarray, max_words: int
     if codes is None:
         codes = code_points(text)
     return _structure.phrase_spans(codes, _tables()[1].view(np.uint8), starts, ends, _stop_hashes(), max_words)
+
+
+def sentence_bodies(codes: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For sentences of a text (code points `codes`) starting at `starts`: where each one's first non-space
+    character is, and whether a newline comes before it (it opens a paragraph)."""
+    return _structure.sentence_bodies(codes, _tables()[0], np.ascontiguousarray(starts))
 
 
 def token_positions(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray, wstarts: np.ndarray,

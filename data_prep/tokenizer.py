@@ -15,7 +15,8 @@ from itertools import chain
 
 import numpy as np
 
-from data_prep import PrepError
+import data_prep.text  # noqa: F401 (its import says how to build data_prep._structure where that is missing)
+from data_prep import PrepError, _structure
 from ptm.files import write_bytes, write_json
 
 META = "ptm_tokenizer.json"
@@ -96,25 +97,10 @@ class Tokenizer:
             return ids, counts, None, None
         t = self._sp_tables()
         first = np.cumsum(counts) - counts
-        nonempty = counts > 0
-        lengths = t["chars"][ids]
-        if t["dummy_prefix"]:
-            lengths[first[nonempty]] -= t["space_first"][ids[first[nonempty]]]
-        byte = t["byte"][ids]
-        if byte.any():
-            next_cont = np.zeros(len(ids), dtype=bool)
-            next_cont[:-1] = t["continuation"][ids[1:]]
-            lengths[byte] = ~next_cont[byte]
-        text_of = np.repeat(np.arange(len(texts)), counts)
-        before = np.cumsum(lengths) - lengths
-        base = np.zeros(len(texts), dtype=np.int64)
-        base[nonempty] = before[first[nonempty]]
-        starts = before - base[text_of]
-        ends = starts + lengths
-        total = np.bincount(text_of, weights=lengths, minlength=len(texts))
-        unknown = np.bincount(text_of, weights=t["unknown"][ids], minlength=len(texts))
         expected = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        for i in np.flatnonzero((total != expected) | (unknown > 0)):
+        starts, ends, bad = _structure.piece_offsets(ids, counts, expected, t["chars"], t["space_first"], t["byte"],
+                                                     t["continuation"], t["unknown"], t["dummy_prefix"])
+        for i in bad.tolist():
             offs = np.asarray(self._sp.encode(texts[i], out_type="offset_mapping")["offsets"], dtype=np.int64)
             sl = slice(first[i], first[i] + counts[i])
             starts[sl], ends[sl] = offs[:, 0], offs[:, 1]
@@ -126,12 +112,12 @@ class Tokenizer:
             pieces = [sp.id_to_piece(i) for i in range(n)]
             byte = np.array([sp.is_byte(i) for i in range(n)], dtype=bool)
             value = np.array([int(p[3:5], 16) if b else 0 for p, b in zip(pieces, byte)])
-            self._tables = {
+            self._tables = {  # per piece, for data_prep._structure.piece_offsets
                 "chars": np.array([0 if b else len(p) for p, b in zip(pieces, byte)], dtype=np.int64),
-                "space_first": np.array([p.startswith("\u2581") for p in pieces], dtype=np.int64),
-                "byte": byte,
-                "continuation": byte & (value >= 0x80) & (value < 0xC0),
-                "unknown": np.array([sp.is_unknown(i) or sp.is_control(i) for i in range(n)], dtype=np.int64),
+                "space_first": np.array([p.startswith("\u2581") for p in pieces], dtype=np.uint8),
+                "byte": byte.astype(np.uint8),
+                "continuation": (byte & (value >= 0x80) & (value < 0xC0)).astype(np.uint8),
+                "unknown": np.array([sp.is_unknown(i) or sp.is_control(i) for i in range(n)], dtype=np.uint8),
                 "dummy_prefix": sp.encode("a", out_type=str)[0].startswith("\u2581"),
             }
         return self._tables

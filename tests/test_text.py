@@ -143,8 +143,9 @@ def reference_phrases(text: str, spans, max_words: int) -> list[tuple[int, int]]
 
 
 def test_words_phrases_and_token_places_equal_their_definitions(corpus):
-    """The compiled loops behind T.word_spans, T.phrase_spans and T.token_positions give exactly what their
-    definitions (above, one character at a time) give, on random text full of edge cases and on the corpus."""
+    """The compiled loops behind T.word_spans, T.phrase_spans, T.sentence_bodies and T.token_positions give exactly
+    what their definitions (above, one character at a time) give, on random text full of edge cases and on the
+    corpus."""
     import bisect
     import random
 
@@ -166,6 +167,10 @@ def test_words_phrases_and_token_places_equal_their_definitions(corpus):
             for max_words in (2, 4):
                 got = [tuple(x) for x in T.phrase_spans(text, starts, ends, max_words).tolist()]
                 assert got == reference_phrases(text, spans, max_words), (text, max_words)
+        starts = np.array(sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 9)))), np.int64)
+        body, paragraph = T.sentence_bodies(T.code_points(text), starts)
+        want = [next((i for i in range(a, len(text)) if not text[i].isspace()), len(text)) for a in starts.tolist()]
+        assert body.tolist() == want and paragraph.tolist() == ["\n" in text[a:b] for a, b in zip(starts.tolist(), want)]
         cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, 2 * rng.randint(0, 20))))
         tokens = [(a, b) for a, b in zip(cuts[::2], cuts[1::2])]  # in order, with gaps, some empty
         tok_starts, tok_ends = (np.array([t[i] for t in tokens], dtype=np.int64).reshape(-1) for i in (0, 1))
