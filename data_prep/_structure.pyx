@@ -4,7 +4,7 @@ phrase spans, span hashes and the tokens' places among words, each one pass over
 instead of a dozen numpy passes. tests/test_text.py holds their results to the definitions in text.py."""
 import numpy as np
 
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 cdef enum:
     SPACE = 0
@@ -361,7 +361,7 @@ def sentence_bodies(const uint32_t[::1] codes, const uint8_t[::1] classes, const
     return body_arr, para_arr
 
 
-def piece_offsets(const int64_t[::1] ids, const int64_t[::1] counts, const int64_t[::1] lengths,
+def piece_offsets(const int32_t[::1] ids, const int64_t[::1] counts, const int64_t[::1] lengths,
                   const int64_t[::1] chars, const uint8_t[::1] space_first, const uint8_t[::1] byte,
                   const uint8_t[::1] continuation, const uint8_t[::1] unknown, bint dummy_prefix):
     """Each sentencepiece token's character [start, end) in its text, from per-piece lengths (a "▁" is one space,

@@ -71,7 +71,7 @@ class Tokenizer:
         return self._piece(int(i))
 
     def encode(self, texts: list[str], offsets: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """All texts in one call: token ids (int64, concatenated), tokens per text, and every token's
+        """All texts in one call: token ids (integers, concatenated), tokens per text, and every token's
         character [start, end) in its text (None, None without `offsets`)."""
         if self.kind == "sentencepiece":
             return self._sp_encode(texts, offsets)
@@ -92,7 +92,7 @@ class Tokenizer:
         add up (unknown pieces, a model that rewrites text) take sentencepiece's own offsets."""
         arrays = self._sp.encode(texts, out_type="numpy", num_threads=self.threads)
         counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-        ids = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+        ids = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
         if not offsets:
             return ids, counts, None, None
         t = self._sp_tables()
