@@ -15,7 +15,7 @@ cdef enum:
 cdef uint64_t B = 0x100000001B3  # the span hash's base
 
 
-cdef inline uint8_t _class(uint32_t c, const uint8_t[::1] table) noexcept nogil:
+cdef inline uint8_t _class(uint32_t c, const uint8_t* table) noexcept nogil:
     if c <= 0xFFFF:
         return table[c]
     return CJK if (c >> 16) == 2 else PUNCT  # plane 2: CJK extensions
@@ -28,31 +28,33 @@ cdef inline bint _joiner(uint32_t c) noexcept nogil:
 def word_spans(const uint32_t[::1] codes, const uint8_t[::1] classes, const int64_t[::1] cuts=None):
     """(starts, ends) of the words of text.word_spans; `cuts`: where the CJK segmenter's words start
     (None: every CJK character is a word)."""
-    cdef Py_ssize_t n = codes.shape[0], i, k = 0, m = 0
-    cls_arr = np.empty(n, dtype=np.uint8)
-    start_arr = np.zeros(n, dtype=np.uint8)
-    cdef uint8_t[::1] cls = cls_arr, start = start_arr
-    cdef uint8_t prev, c
+    cdef Py_ssize_t n = codes.shape[0], i, k, m = 0
+    cls_arr, start_arr = np.empty(n, dtype=np.uint8), np.empty(n, dtype=np.uint8)
+    cdef uint8_t[::1] cls_view = cls_arr, start_view = start_arr
+    cdef uint8_t* cls = &cls_view[0] if n else NULL
+    cdef uint8_t* start = &start_view[0] if n else NULL
+    cdef const uint32_t* cp = &codes[0] if n else NULL
+    cdef const uint8_t* table = &classes[0]
+    cdef uint8_t prev = SPACE, prev_own = SPACE, own, nxt, c
+    cdef bint segmented = cuts is not None
+    nxt = _class(cp[0], table) if n else SPACE
     for i in range(n):
-        cls[i] = _class(codes[i], classes)
-    for i in range(1, n - 1):  # don't, o'clock, state-of-the-art (neighbours' own classes)
-        if cls[i] == PUNCT and _joiner(codes[i]) and _class(codes[i - 1], classes) == WORD \
-                and _class(codes[i + 1], classes) == WORD:
-            cls[i] = WORD
-    prev = SPACE
-    for i in range(n):
-        c = cls[i]
+        own, nxt = nxt, _class(cp[i + 1], table) if i + 1 < n else SPACE
+        c = own  # don't, o'clock, state-of-the-art: ' ’ - between two letters or digits (their own classes)
+        if own == PUNCT and i + 1 < n and prev_own == WORD and nxt == WORD and i > 0 and _joiner(cp[i]):
+            c = WORD
+        cls[i] = c
         if c == CJK:
-            start[i] = cuts is None or prev != CJK
+            start[i] = not segmented or prev != CJK
         else:
             start[i] = c != SPACE and c != prev
-        prev = c
-    if cuts is not None:  # a CJK word also starts at each segmenter boundary inside a CJK run
-        for k in range(cuts.shape[0]):
-            if 0 <= cuts[k] < n and cls[cuts[k]] == CJK:
-                start[cuts[k]] = 1
-    for i in range(n):
         m += start[i]
+        prev, prev_own = c, own
+    if segmented:  # a CJK word also starts at each segmenter boundary inside a CJK run
+        for k in range(cuts.shape[0]):
+            if 0 <= cuts[k] < n and cls[cuts[k]] == CJK and not start[cuts[k]]:
+                start[cuts[k]] = 1
+                m += 1
     starts_arr, ends_arr = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64)
     cdef int64_t[::1] starts = starts_arr, ends = ends_arr
     cdef int64_t next_space = n, next_start = n
@@ -353,7 +355,7 @@ def sentence_bodies(const uint32_t[::1] codes, const uint8_t[::1] classes, const
     cdef uint8_t[::1] para = para_arr.view(np.uint8)
     for k in range(m):
         i = starts[k]
-        while i < n and _class(codes[i], classes) == SPACE:
+        while i < n and _class(codes[i], &classes[0]) == SPACE:
             if codes[i] == 10:
                 para[k] = 1
             i += 1

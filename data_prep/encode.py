@@ -160,7 +160,8 @@ class DocEncoder:
         """Word starts (structure `words`) and phrase and entity spans (`full`) of the chunk's tokens, whose
         character [starts, ends) in `chunk` (code points `codes`) are given."""
         doc_counts = np.diff(out.tok_off)
-        wstarts, wends = T.word_spans(chunk, self._cjk_words, codes)
+        cjk = self._cjk_words if len(codes) and codes.max() >= T.FIRST_CJK else None  # one fast pass rules most out
+        wstarts, wends = T.word_spans(chunk, cjk, codes)
         pos, out.word_start = T.token_positions(codes, starts, ends, wstarts, _WS)
         out.word_start[doc_first[doc_counts > 0]] = 1
         if not T.has(self.opts.structure, "full"):

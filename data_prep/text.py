@@ -22,6 +22,7 @@ except ImportError as e:  # a source tree used without `pip install -e .`
 
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af"
 CJK_RE = re.compile(f"[{_CJK}]")
+FIRST_CJK = 0x3040  # no character below it is in _CJK
 # A sentence ends at CJK final punctuation (or ! ? before CJK text, as NFKC makes ！？ ASCII), or at Latin
 # . ! ? followed by whitespace; closing quotes and brackets stay with the sentence they close.
 _END_CJK = re.compile(rf"(?:[。！？…]+|[!?]+(?=[”’」』）)》\"']*[{_CJK}]))[”’」』）)》\"']*")

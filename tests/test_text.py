@@ -153,6 +153,7 @@ def test_words_phrases_and_token_places_equal_their_definitions(corpus):
 
     from data_prep.encode import _WS
 
+    assert min(c for c in range(0x10000) if T.CJK_RE.match(chr(c))) == T.FIRST_CJK  # encode's quick test for CJK
     rng = random.Random(1)
     alphabet = [*"ab AZ.-'’_\n\n \t\u3000\xa0,!1中文北京İ\U00020000\U0001d400", "the", "The", "of", "New", "York", "naïve",
                 "don't", "state-of-the-art", "北京大学", "\u2581"]
