@@ -145,41 +145,47 @@ class Processed:
     nbytes: np.ndarray
 
 
+def _texts(chunk: Chunk, fields: Fields) -> tuple[list[str] | None, np.ndarray, dict[int, str]]:
+    """The chunk's texts (None for a record that failed), labels and error messages by record."""
+    n = len(chunk)
+    labels, errors = np.full(n, -1, dtype=np.int64), {}
+    if chunk.path is None:  # (text, error, label) records
+        for i, (_, error, labels[i]) in enumerate(chunk.records):
+            if error:
+                errors[i] = error
+        return [text for text, _, _ in chunk.records], labels, errors
+    if fields.pair is None and fields.label is None and "." not in fields.text:
+        try:  # the common case, a comprehension: JSON objects with a string text field, in valid UTF-8
+            texts = [json.loads(line.decode("utf-8"))[fields.text] for line in chunk.records]
+            if all(type(t) is str for t in texts):
+                return texts, labels, errors
+        except (ValueError, KeyError, TypeError):  # UnicodeDecodeError, JSONDecodeError, no text, not an object
+            pass
+    texts = []
+    for i, line in enumerate(chunk.records):
+        r = parse_jsonl(line, chunk.path, int(chunk.file_index[i]), int(chunk.line[i]), fields)
+        texts.append(r.text)
+        labels[i] = r.label
+        if r.error:
+            errors[i] = r.error
+    return texts, labels, errors
+
+
 def _process(chunk: Chunk) -> Processed:
     """Parse (raw JSONL), normalise, filter and encode a chunk's records."""
-    opts, fields = _ENCODER.opts, _FIELDS
-    n = len(chunk)
-    kinds, labels, errors, texts = np.full(n, DOC, dtype=np.int8), np.full(n, -1, dtype=np.int64), {}, []
-    quick = chunk.path is not None and fields.pair is None and fields.label is None and "." not in fields.text
-    min_chars = max(opts.min_chars, 1)
-    for i, record in enumerate(chunk.records):
-        text = None
-        if quick:  # the common case: a JSON object with a string text field, in valid UTF-8
-            try:
-                obj = json.loads(record.decode("utf-8"))
-            except ValueError:  # UnicodeDecodeError and JSONDecodeError: named by parse_jsonl
-                obj = None
-            if type(obj) is dict and type(value := obj.get(fields.text)) is str:
-                text = value
-        if text is None:
-            if chunk.path is not None:
-                r = parse_jsonl(record, chunk.path, int(chunk.file_index[i]), int(chunk.line[i]), fields)
-                record = r.text, r.error, r.label
-            text, error, labels[i] = record
-            if error:
-                kinds[i], errors[i] = ERROR, error
-                continue
-        norm = T.normalize(text, opts)
-        if len(norm) < min_chars:
-            kinds[i] = SHORT
-        elif opts.max_chars and len(norm) > opts.max_chars:
-            kinds[i] = LONG
-        else:
-            texts.append(norm)
+    opts = _ENCODER.opts
+    texts, labels, errors = _texts(chunk, _FIELDS)
+    kinds = np.full(len(chunk), DOC, dtype=np.int8)
+    kinds[list(errors)] = ERROR
+    texts = [T.normalize(t, opts) if t is not None else "" for t in texts]
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    kinds[(kinds == DOC) & (lengths < max(opts.min_chars, 1))] = SHORT
+    if opts.max_chars:
+        kinds[(kinds == DOC) & (lengths > opts.max_chars)] = LONG
     docs = np.flatnonzero(kinds == DOC)
-    rows = np.full(n, -1, dtype=np.int32)
+    rows = np.full(len(chunk), -1, dtype=np.int32)
     rows[docs] = np.arange(len(docs))
-    encoded = _ENCODER.encode(texts) if texts else None
+    encoded = _ENCODER.encode([texts[i] for i in docs.tolist()]) if len(docs) else None
     if encoded is not None:  # a document of no tokens is too short
         kinds[docs[np.diff(encoded.tok_off) == 0]] = SHORT
     return Processed(kinds, rows, labels, errors, encoded, chunk.file_index, chunk.line, chunk.nbytes)

@@ -50,7 +50,14 @@ class EncodedChunk:
 
 
 def doc_hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+    """A 63-bit hash of the text (blake2b): equal texts, equal hashes."""
+    return int(doc_hashes([text])[0])
+
+
+def doc_hashes(texts: list[str]) -> np.ndarray:
+    """doc_hash of each text (int64), the digests read as one array."""
+    digests = b"".join(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest() for t in texts)
+    return (np.frombuffer(digests, dtype="<u8") >> np.uint64(1)).astype(np.int64)
 
 
 def _cjk_segmenter(entities: list[str]):
@@ -149,7 +156,7 @@ class DocEncoder:
             ids=ids.astype(np.uint16 if self.tok.vocab_size <= 1 << 16 else np.int32),
             word_start=np.zeros(0, np.uint8), tok_off=np.append(doc_first, len(ids)),
             sentences=none, sent_off=offsets, phrases=none, phr_off=offsets, entities=none, ent_off=offsets,
-            hashes=np.fromiter(map(doc_hash, texts), dtype=np.int64, count=n),
+            hashes=doc_hashes(texts),
             chars=np.fromiter(map(len, texts), dtype=np.int64, count=n),
             unk=np.diff(np.concatenate([[0], np.cumsum(ids == self._unk)])[np.append(doc_first, len(ids))]),
             pair_start=np.zeros(n, dtype=np.int32),
