@@ -265,24 +265,23 @@ def read_chunks(files: list[str], first_index: int, *, fmt: str | None, fields: 
                 yield _chunk(records, None, meta)
                 records, meta, size = [], [], 0
             try:
-                with _open_binary(f) as lines:
-                    for lineno, line in enumerate(lines, 1):
-                        if not line.strip():
-                            continue
+                with _open_binary(f) as stream:
+                    lineno = 0
+                    while block := stream.readlines(size_bytes):  # whole lines, about size_bytes of them
+                        numbers = range(lineno + 1, lineno + 1 + len(block))
+                        lineno += len(block)
+                        if not all(map(bytes.strip, block)):  # blank lines are no records
+                            numbers = [k for k, line in zip(numbers, block) if line.strip()]
+                            block = [line for line in block if line.strip()]
                         if skip:
-                            skip -= 1
-                            continue
-                        records.append(line)
-                        meta.append((first_index + offset, lineno, len(line)))
-                        size += len(line)
-                        if size >= size_bytes or len(records) >= max_records:
-                            yield _chunk(records, f, meta)
-                            records, meta, size = [], [], 0
+                            numbers, block, skip = numbers[skip:], block[skip:], max(0, skip - len(block))
+                        for at in range(0, len(block), max_records):
+                            lines = block[at:at + max_records]
+                            yield Chunk(lines, f, np.full(len(lines), first_index + offset, dtype=np.int32),
+                                        np.array(numbers[at:at + max_records], dtype=np.int64),
+                                        np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)))
             except (OSError, EOFError) as e:
                 raise PrepError(f"cannot read {f} as jsonl: {e}; check the file or pass --format") from None
-            if records:
-                yield _chunk(records, f, meta)
-                records, meta, size = [], [], 0
             continue
         for r in read_records([f], first_index + offset, fmt=fmt, fields=fields, doc_boundary=doc_boundary):
             if skip:
