@@ -7,7 +7,9 @@ extras=${1:-dev,hf,mpi,kernels}
 stamp=.venv/.ptm-setup-$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)-${extras//,/_}
 [ -f "$stamp" ] && exit 0
 
-apt_pkgs="fortunes-zh libopenmpi-dev openmpi-bin slurmctld slurmd slurm-client munge"
+apt_pkgs="fortunes-zh libopenmpi-dev openmpi-bin slurmctld slurmd slurm-client munge gcc"
+# data_prep's compiled loops need Python's headers: Debian's own python3 keeps them in python3-dev
+[ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || apt_pkgs="$apt_pkgs python3-dev"
 missing=$(for p in $apt_pkgs; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   echo "ptm setup: installing apt packages: $missing"
