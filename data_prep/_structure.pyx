@@ -69,6 +69,15 @@ def word_spans(const uint32_t[::1] codes, const uint8_t[::1] classes, const int6
     return starts_arr, ends_arr
 
 
+cdef inline bint _all(const uint32_t[::1] codes, int64_t a, int64_t b, const uint8_t[::1] table) noexcept nogil:
+    """Whether every character in [a, b) is in `table` (of the BMP; one past it counts as U+FFFF, in none)."""
+    cdef int64_t i
+    for i in range(a, b):
+        if not table[codes[i] if codes[i] <= 0xFFFF else 0xFFFF]:
+            return False
+    return True
+
+
 cdef inline uint64_t _hash(const uint32_t[::1] codes, int64_t a, int64_t b) noexcept nogil:
     cdef uint64_t h = 0, p = 1, c
     cdef int64_t i
@@ -117,12 +126,7 @@ def phrase_spans(const uint32_t[::1] codes, const uint8_t[::1] alpha, const int6
     for j in range(stop.shape[0]):
         bits[stop[j] & 0xFFFF] = 1
     for j in range(m):
-        content = True
-        for i in range(starts[j], ends[j]):
-            c = codes[i]
-            if not alpha[c if c <= 0xFFFF else 0xFFFF]:
-                content = False
-                break
+        content = _all(codes, starts[j], ends[j], alpha)
         if content:
             h = _hash(codes, starts[j], ends[j])
             content = not (bits[h & 0xFFFF] and _member(stop, h))
@@ -162,12 +166,7 @@ def token_words(const uint32_t[::1] codes, const uint8_t[::1] space, const int64
     cdef int64_t[::1] pos = pos_arr
     cdef uint8_t[::1] first = first_arr
     for t in range(T):
-        solid = False
-        for i in range(tok_starts[t], tok_ends[t]):
-            c = codes[i]
-            if not space[c if c <= 0xFFFF else 0xFFFF]:
-                solid = True
-                break
+        solid = not _all(codes, tok_starts[t], tok_ends[t], space)
         p = tok_ends[t] - 1 if solid else tok_ends[t]
         pos[t] = p
         # the number of word starts <= p (searchsorted right), by walking: positions only grow
@@ -183,22 +182,13 @@ def token_words(const uint32_t[::1] codes, const uint8_t[::1] space, const int64
 
 # ---- sentences ------------------------------------------------------------------------------------------
 # A character's flags for the sentence rules (text.py builds the tables from Python's str methods)
+cdef enum:  # bit i: the i-th of these
+    SP = 1, CJK_CHAR = 2, UPPER = 4, DIGIT = 8, CJK_MARK = 16, BANG = 32, CJK_CLOSE = 64, LATIN_MARK = 128
+    LATIN_CLOSE = 256, OPENS = 512, LSTRIP = 1024, SEP = 2048, LETTER = 4096
 F_SPACE, F_CJK_CHAR, F_UPPER, F_DIGIT, F_CJK_MARK, F_BANG, F_CJK_CLOSE, F_LATIN_MARK, F_LATIN_CLOSE, F_OPENS, \
-    F_LSTRIP, F_SEP, F_LETTER = [1 << i for i in range(13)]
+    F_LSTRIP, F_SEP, F_LETTER = SP, CJK_CHAR, UPPER, DIGIT, CJK_MARK, BANG, CJK_CLOSE, LATIN_MARK, LATIN_CLOSE, \
+    OPENS, LSTRIP, SEP, LETTER
 cdef enum:
-    SP = 1 << 0
-    CJK_CHAR = 1 << 1
-    UPPER = 1 << 2
-    DIGIT = 1 << 3
-    CJK_MARK = 1 << 4
-    BANG = 1 << 5
-    CJK_CLOSE = 1 << 6
-    LATIN_MARK = 1 << 7
-    LATIN_CLOSE = 1 << 8
-    OPENS = 1 << 9
-    LSTRIP = 1 << 10
-    SEP = 1 << 11
-    LETTER = 1 << 12
     MAX_ABBREV = 9  # an abbreviation (no dots) is at most this long; 7 bits a character
 
 
@@ -210,25 +200,14 @@ cdef inline Py_ssize_t _past(const uint16_t[::1] f, Py_ssize_t i, uint16_t flag)
     return i
 
 
-cdef bint _member64(const int64_t[::1] table, int64_t h) noexcept nogil:
-    cdef Py_ssize_t lo = 0, hi = table.shape[0], mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if table[mid] < h:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo < table.shape[0] and table[lo] == h
-
-
 cdef bint _period_ends(const uint32_t[::1] codes, const uint16_t[::1] f, const uint8_t[::1] lower,
-                       const int64_t[::1] abbreviations, Py_ssize_t at, Py_ssize_t following) noexcept nogil:
+                       const uint64_t[::1] abbreviations, Py_ssize_t at, Py_ssize_t following) noexcept nogil:
     """Whether a lone period at `at` ends its sentence: the word before it (text._LAST_WORD's search over the
     24 characters before it, $ also matching before a final newline, stripped of opening quotes, lower-cased)
     is neither empty, an abbreviation nor one letter, and the next word (at `following`) opens with an upper-case
     letter, a digit, a quote or bracket, or CJK."""
     cdef Py_ssize_t lo = at - 24 if at > 24 else 0, stop = at, start, k
-    cdef int64_t h = 0
+    cdef uint64_t h = 0
     cdef bint ascii_word
     if at - 1 >= lo and codes[at - 1] == 10:
         stop = at - 1
@@ -249,12 +228,12 @@ cdef bint _period_ends(const uint32_t[::1] codes, const uint16_t[::1] f, const u
         ascii_word = lower[k] != 0
         h = h * 128 + lower[k]
         k += 1
-    return not (ascii_word and _member64(abbreviations, h))
+    return not (ascii_word and _member(abbreviations, h))
 
 
 def sentence_spans(const uint32_t[::1] codes, const uint16_t[::1] flag_table, const uint8_t[::1] lower_table,
                    const int64_t[::1] astral, const uint16_t[::1] astral_flags, const uint8_t[::1] astral_lower,
-                   const uint8_t[::1] doc, const int64_t[::1] abbreviations):
+                   const uint8_t[::1] doc, const uint64_t[::1] abbreviations):
     """(n, 2) [start, end) of the sentences of text.sentence_spans, given the flags and ASCII lower case of every
     character of the BMP (tables), those of the characters past it (at positions `astral`), `doc` (n + 1 flags: a
     document starts there) and the sorted hashes of the abbreviations."""

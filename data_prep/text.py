@@ -98,7 +98,8 @@ from data_prep._structure import (F_BANG as _BANG, F_CJK_CHAR as _CJK_CHAR, F_CJ
                                   F_OPENS as _OPENS, F_SEP as _SEP, F_SPACE as _SPACE, F_UPPER as _UPPER)
 _MEMBERS = {_CJK_MARK: "。！？…", _BANG: "!?", _CJK_CLOSE: "”’」』）)》\"'", _LATIN_MARK: ".!?", _LATIN_CLOSE: "\"'”’)]",
             _OPENS: "\"'“‘([", _LSTRIP: "(\"'“‘", _SEP: ".!?"}
-_ABBREV_HASHES = np.unique([functools.reduce(lambda h, c: h * 128 + ord(c), a, 0) for a in _ABBREV if "." not in a])
+_ABBREV_HASHES = np.unique([functools.reduce(lambda h, c: h * 128 + ord(c), a, 0) for a in _ABBREV if "." not in a]
+                           ).astype(np.uint64)  # 7 bits a character, at most 9 characters (_structure.pyx)
 
 
 def _char_flags(chars: list[str]) -> tuple[np.ndarray, np.ndarray]:
