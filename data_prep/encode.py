@@ -2,8 +2,8 @@
 mask (whole-word masking), and phrase/entity spans (ERNIE knowledge masking), all in token positions.
 
 Work is done a chunk of documents at a time: the chunk's texts are joined (blank line between
-documents) so that word finding, token positions and span mapping are a few numpy calls per chunk
-instead of per document.
+documents) so that sentence and word finding, token positions and span mapping are one compiled loop
+(data_prep/_structure.pyx) or a few numpy calls per chunk instead of per document.
 """
 from __future__ import annotations
 
@@ -69,7 +69,6 @@ def _cjk_segmenter(entities: list[str]):
     for ent in entities:
         if T.has_cjk(ent):
             seg.add_word(ent, 10**6, None)
-
     return lambda text: seg.cut(text, False)  # no HMM: unknown words split into characters, at a third of the cost
 
 

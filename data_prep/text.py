@@ -169,15 +169,11 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
 
 @functools.cache
 def _char_table(chars: str) -> np.ndarray:
+    """Which BMP code points are among `chars` (a table the compiled loops index)."""
     table = np.zeros(0x10000, dtype=bool)
     table[[ord(c) for c in chars]] = True
     table[0xFFFF] = False  # stands for every code point past the BMP
     return table
-
-
-def among(codes: np.ndarray, chars: str) -> np.ndarray:
-    """Which code points (uint32) are among the BMP characters `chars`: a table lookup (np.isin sorts)."""
-    return _char_table(chars)[np.minimum(codes, 0xFFFF)]
 
 
 def word_spans(text: str, cjk_words=None, codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
