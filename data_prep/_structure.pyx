@@ -21,13 +21,11 @@ cdef inline uint8_t _class(uint32_t c, const uint8_t* table) noexcept nogil:
     return CJK if (c >> 16) == 2 else PUNCT  # plane 2: CJK extensions
 
 
-cdef inline bint _joiner(uint32_t c) noexcept nogil:
-    return c == 39 or c == 0x2019 or c == 45  # ' ’ -
-
-
-def word_spans(const uint32_t[::1] codes, const uint8_t[::1] classes, const int64_t[::1] cuts=None):
-    """(starts, ends) of the words of text.word_spans; `cuts`: where the CJK segmenter's words start
-    (None: every CJK character is a word)."""
+def word_spans(const uint32_t[::1] codes, const uint8_t[::1] classes, const uint8_t[::1] joiners,
+               const int64_t[::1] cuts=None):
+    """(starts, ends) of the words of text.word_spans; `joiners`: the BMP table of characters that join two
+    letters or digits into one word; `cuts`: where the CJK segmenter's words start (None: every CJK character is
+    a word)."""
     cdef Py_ssize_t n = codes.shape[0], i, k, m = 0
     cls_arr, start_arr = np.empty(n, dtype=np.uint8), np.empty(n, dtype=np.uint8)
     cdef uint8_t[::1] cls_view = cls_arr, start_view = start_arr
@@ -40,8 +38,9 @@ def word_spans(const uint32_t[::1] codes, const uint8_t[::1] classes, const int6
     nxt = _class(cp[0], table) if n else SPACE
     for i in range(n):
         own, nxt = nxt, _class(cp[i + 1], table) if i + 1 < n else SPACE
-        c = own  # don't, o'clock, state-of-the-art: ' ’ - between two letters or digits (their own classes)
-        if own == PUNCT and i + 1 < n and prev_own == WORD and nxt == WORD and i > 0 and _joiner(cp[i]):
+        c = own  # don't, o'clock, state-of-the-art: a joiner between two letters or digits (their own classes)
+        if own == PUNCT and i + 1 < n and prev_own == WORD and nxt == WORD and i > 0 \
+                and joiners[cp[i] if cp[i] <= 0xFFFF else 0xFFFF]:
             c = WORD
         cls[i] = c
         if c == CJK:

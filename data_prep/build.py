@@ -145,7 +145,7 @@ class Processed:
     nbytes: np.ndarray
 
 
-def _texts(chunk: Chunk, fields: Fields) -> tuple[list[str] | None, np.ndarray, dict[int, str]]:
+def _texts(chunk: Chunk, fields: Fields) -> tuple[list[str | None], np.ndarray, dict[int, str]]:
     """The chunk's texts (None for a record that failed), labels and error messages by record."""
     n = len(chunk)
     labels, errors = np.full(n, -1, dtype=np.int64), {}
@@ -154,7 +154,7 @@ def _texts(chunk: Chunk, fields: Fields) -> tuple[list[str] | None, np.ndarray, 
             if error:
                 errors[i] = error
         return [text for text, _, _ in chunk.records], labels, errors
-    if fields.pair is None and fields.label is None and "." not in fields.text:
+    if fields.plain:
         try:  # the common case, a comprehension: JSON objects with a string text field, in valid UTF-8
             texts = [json.loads(line.decode("utf-8"))[fields.text] for line in chunk.records]
             if all(type(t) is str for t in texts):

@@ -46,6 +46,11 @@ class Fields:
     pair: str | None = None  # second text of a labelled pair, joined to the first by a blank line
     label: str | None = None  # integer class of a labelled example
 
+    @property
+    def plain(self) -> bool:
+        """Only a top-level text field: a JSONL line needs nothing but its object's `text` (the common case)."""
+        return self.pair is None and self.label is None and "." not in self.text
+
     def names(self) -> list[str]:
         return [f for f in (self.text, self.pair, self.label) if f]
 
@@ -162,7 +167,7 @@ def _read_jsonl(path: str, index: int, fields: Fields) -> Iterator[Record]:
 
 def parse_jsonl(raw: bytes, path: str, index: int, lineno: int, fields: Fields) -> Record:
     """The record of one JSONL line: its fields, or the error that names the file and line."""
-    if fields.pair is None and fields.label is None and "." not in fields.text:  # the common case, quickly
+    if fields.plain:  # the common case, quickly
         try:
             obj = json.loads(raw.decode("utf-8"))
         except ValueError:  # UnicodeDecodeError and JSONDecodeError: named below
@@ -213,6 +218,10 @@ def _read_table(path: str, index: int, fields: Fields) -> Iterator[Record]:
             yield fields.record(dict(zip(names, values)), index, row, f"{path}: row {row}")
 
 
+def _unreadable_file(path: str, kind: str, error: Exception) -> PrepError:
+    return PrepError(f"cannot read {path} as {kind}: {error}; check the file or pass --format")
+
+
 def read_records(files: list[str], first_index: int, *, fmt: str | None, fields: Fields,
                  doc_boundary: str) -> Iterator[Record]:
     """All records of `files` in order; `first_index` is the global index of files[0]."""
@@ -230,7 +239,7 @@ def read_records(files: list[str], first_index: int, *, fmt: str | None, fields:
             else:
                 yield from _read_table(path, index, fields)
         except (OSError, EOFError, pa.ArrowException) as e:
-            raise PrepError(f"cannot read {path} as {kind}: {e}; check the file or pass --format") from None
+            raise _unreadable_file(path, kind, e) from None
 
 
 @dataclass
@@ -281,7 +290,7 @@ def read_chunks(files: list[str], first_index: int, *, fmt: str | None, fields: 
                                         np.array(numbers[at:at + max_records], dtype=np.int64),
                                         np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)))
             except (OSError, EOFError) as e:
-                raise PrepError(f"cannot read {f} as jsonl: {e}; check the file or pass --format") from None
+                raise _unreadable_file(f, "jsonl", e) from None
             continue
         for r in read_records([f], first_index + offset, fmt=fmt, fields=fields, doc_boundary=doc_boundary):
             if skip:

@@ -187,7 +187,7 @@ def word_spans(text: str, cjk_words=None, codes: np.ndarray | None = None) -> tu
     if cjk_words is not None and (pieces := cjk_words(text)) is not None:  # one call (it splits off non-CJK parts)
         lengths = np.fromiter(map(len, pieces), dtype=np.int64)
         cuts = np.cumsum(lengths) - lengths
-    return _structure.word_spans(codes, _tables()[0], cuts)
+    return _structure.word_spans(codes, _tables()[0], _char_table(_JOINERS).view(np.uint8), cuts)
 
 
 def words(text: str, cjk_words=None) -> list[str]:

@@ -15,8 +15,8 @@ from itertools import chain
 
 import numpy as np
 
-import data_prep.text  # noqa: F401 (its import says how to build data_prep._structure where that is missing)
-from data_prep import PrepError, _structure
+from data_prep import PrepError
+from data_prep.text import _structure  # the compiled loops; text.py's import names the fix where they are not built
 from ptm.files import write_bytes, write_json
 
 META = "ptm_tokenizer.json"
