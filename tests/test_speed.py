@@ -398,7 +398,7 @@ def test_check_puts_the_prediction_next_to_a_real_run(train_data, tmp_path):
     unknown = run_cli("pretrain", "plan", "--check", str(run), check=False)
     assert unknown.returncode == 2 and "ran on 'cpu'" in unknown.stderr and "--gpu" in unknown.stderr
     accelerator = tmp_path / "slow.yaml"
-    accelerator.write_text(yaml.safe_dump({"peak_tflops": {"fp32": 0.2}, "memory_gib": 16, "hbm_gbps": 20,
+    accelerator.write_text(yaml.safe_dump({"peak_tflops": {"fp32": 1.0}, "memory_gib": 16, "hbm_gbps": 20,
                                            "nvlink_gbps": 5, "gpus_per_node": 8, "network": "1x10",
                                            "pcie_gbps": 5, "host_memory_gbps": 20, "generation": "ampere"}))
     out = run_cli("pretrain", "plan", "--check", str(run), "--gpu", str(accelerator)).stdout
