@@ -14,9 +14,10 @@
 #
 # The wheels, fetched on a machine with the registry (python 3.12 shown; match the GPU machine's python):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
-#     --platform manylinux2014_x86_64 -d .whl megatron-core==0.16.1 liger-kernel==0.8.5 rjieba==0.2.2 zstandard \
+#     --platform manylinux2014_x86_64 -d .whl megatron-core==0.16.1 liger-kernel==0.8.5 zstandard \
 #     hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions
-#   pip download --no-deps --no-binary=:all: -d .whl deepspeed==0.19.8      # an sdist: built there against its torch
+#   pip download --no-deps --no-binary=:all: -d .whl deepspeed==0.19.8 jieba==0.42.1  # sdists: built there (deepspeed
+#   against its torch; jieba is pure Python, only sdists exist)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${BUDGET:-480} start=$SECONDS out=${WORK:-runs/gpu-lease} data=${DATA:-}
@@ -29,7 +30,7 @@ py=${PYTHON:-python3}
 if ! $py -c "import deepspeed, megatron.core" 2>/dev/null; then
   $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 2
   DS_BUILD_OPS=0 $py -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site \
-    .whl/deepspeed-*.tar.gz || exit 2
+    .whl/deepspeed-*.tar.gz .whl/jieba-*.tar.gz || exit 2
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
 $py -c "import torch, deepspeed, megatron.core, transformers; print('torch', torch.__version__, 'deepspeed', \

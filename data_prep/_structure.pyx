@@ -22,10 +22,10 @@ cdef inline uint8_t _class(uint32_t c, const uint8_t* table) noexcept nogil:
 
 
 def word_spans(const uint32_t[::1] codes, const uint8_t[::1] classes, const uint8_t[::1] joiners,
-               const int64_t[::1] cuts=None):
+               const uint8_t[::1] cut=None):
     """(starts, ends) of the words of text.word_spans; `joiners`: the BMP table of characters that join two
-    letters or digits into one word; `cuts`: where the CJK segmenter's words start (None: every CJK character is
-    a word)."""
+    letters or digits into one word; `cut`: 1 per code point where the CJK segmenter starts a word (None: every
+    CJK character is a word)."""
     cdef Py_ssize_t n = codes.shape[0], i, k, m = 0
     cls_arr, start_arr = np.empty(n, dtype=np.uint8), np.empty(n, dtype=np.uint8)
     cdef uint8_t[::1] cls_view = cls_arr, start_view = start_arr
@@ -34,7 +34,9 @@ def word_spans(const uint32_t[::1] codes, const uint8_t[::1] classes, const uint
     cdef const uint32_t* cp = &codes[0] if n else NULL
     cdef const uint8_t* table = &classes[0]
     cdef uint8_t prev = SPACE, prev_own = SPACE, own, nxt, c
-    cdef bint segmented = cuts is not None
+    cdef bint segmented = cut is not None
+    if segmented and cut.shape[0] != n:
+        raise ValueError(f"word_spans: {cut.shape[0]} word-start marks for {n} characters")
     nxt = _class(cp[0], table) if n else SPACE
     for i in range(n):
         own, nxt = nxt, _class(cp[i + 1], table) if i + 1 < n else SPACE
@@ -44,16 +46,11 @@ def word_spans(const uint32_t[::1] codes, const uint8_t[::1] classes, const uint
             c = WORD
         cls[i] = c
         if c == CJK:
-            start[i] = not segmented or prev != CJK
+            start[i] = not segmented or prev != CJK or cut[i]
         else:
             start[i] = c != SPACE and c != prev
         m += start[i]
         prev, prev_own = c, own
-    if segmented:  # a CJK word also starts at each segmenter boundary inside a CJK run
-        for k in range(cuts.shape[0]):
-            if 0 <= cuts[k] < n and cls[cuts[k]] == CJK and not start[cuts[k]]:
-                start[cuts[k]] = 1
-                m += 1
     starts_arr, ends_arr = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64)
     cdef int64_t[::1] starts = starts_arr, ends = ends_arr
     cdef int64_t next_space = n, next_start = n
@@ -369,3 +366,209 @@ def piece_offsets(const int32_t[::1] ids, const int64_t[::1] counts, const int64
             bad_count += 1
         first += counts[t]
     return starts_arr, ends_arr, bad_arr[:bad_count]
+
+
+# --- Chinese words: jieba's dictionary and its most probable route, as rjieba (jieba-rs) cuts without HMM ---
+
+from libc.math cimport NAN, log
+from libc.stdlib cimport calloc, free
+
+cdef uint64_t MIX = 0x9E3779B97F4A7C15  # a slot: the high half of key * MIX
+cdef Py_ssize_t ROOT = 0x30000  # planes 0-2: first characters looked up in an array
+
+
+cdef int FBITS = 17  # a node: key << FBITS | its frequency's rank among the words' (0: only a prefix, no word)
+cdef uint64_t FMASK = (1 << 17) - 1
+
+
+cdef inline bint _ideograph(uint32_t c) noexcept nogil:
+    """jieba-rs's CJK ranges (its is_cjk)."""
+    return (0x3400 <= c <= 0x4DBF or 0x4E00 <= c <= 0x9FFF or 0xF900 <= c <= 0xFAFF or 0x20000 <= c <= 0x2A6DF
+            or 0x2A700 <= c <= 0x2EBEF or 0x2F800 <= c <= 0x2FA1F)
+
+
+cdef inline bint _alnum(uint32_t c) noexcept nogil:
+    return 48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122
+
+
+cdef inline bint _han(uint32_t c) noexcept nogil:
+    """jieba's RE_HAN_DEFAULT class: what a dictionary block is made of."""
+    return _ideograph(c) or _alnum(c) or c == 43 or c == 35 or c == 38 or c == 46 or c == 95 or c == 37 or c == 45
+
+
+def dictionary_entries(const uint32_t[::1] text):
+    """(starts, lengths, freqs) of the words of a jieba dictionary file's text (code points): a word, then its
+    frequency (0 when absent) and an optional tag per line, separated by whitespace."""
+    cdef Py_ssize_t n = text.shape[0], i = 0, a
+    cdef int64_t f
+    starts, lengths, freqs = [], [], []
+    while i < n:
+        while i < n and (text[i] == 32 or text[i] == 9 or text[i] == 13):
+            i += 1
+        a = i
+        while i < n and not (text[i] == 10 or text[i] == 32 or text[i] == 9 or text[i] == 13):
+            i += 1
+        if i > a:
+            starts.append(a)
+            lengths.append(i - a)
+            while i < n and (text[i] == 32 or text[i] == 9):
+                i += 1
+            f = 0
+            while i < n and 48 <= text[i] <= 57:
+                f = f * 10 + text[i] - 48
+                i += 1
+            freqs.append(f)
+        while i < n and text[i] != 10:
+            i += 1
+        i += 1
+    return (np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64),
+            np.asarray(freqs, dtype=np.int64))
+
+
+cdef class Dictionary:
+    """A jieba dictionary as a trie of its words, each node a uint64 in an open-addressing table, keyed exactly by
+    its parent's slot and its last character. Words in order: a word given twice keeps its last frequency, and the
+    total is the sum over distinct words, as jieba-rs's load_dict and add_word leave them."""
+    cdef uint64_t* table
+    cdef uint64_t mask
+    cdef int64_t[::1] root  # the slot of each first character below ROOT, -1: none
+    cdef double[::1] logf  # per frequency rank: ln(frequency) (rank 0: NaN)
+    cdef readonly int64_t total
+    cdef double logtotal
+
+    def __cinit__(self, const uint32_t[::1] pool, const int64_t[::1] starts, const int64_t[::1] lengths,
+                  const int64_t[::1] freqs):
+        cdef Py_ssize_t i
+        word = self._build(pool, starts, lengths, np.sum(lengths))  # at most that many nodes: count them,
+        word = self._build(pool, starts, lengths, np.count_nonzero(word >= -1))  # then a table that fits them
+        at = np.flatnonzero(word >= 0)
+        freq = np.asarray(freqs)[word[at]]
+        self.total = freq.sum()
+        self.logtotal = log(<double> self.total)
+        ranks, rank = np.unique(freq, return_inverse=True)
+        if len(ranks) >= FMASK:
+            raise ValueError(f"jieba dictionary: {len(ranks)} distinct frequencies, at most {FMASK - 1} fit")
+        with np.errstate(divide="ignore"):
+            self.logf = np.concatenate([[np.nan], np.log(ranks.astype(np.float64))])
+        cdef const int64_t[::1] at_v = at, rank_v = rank.astype(np.int64)
+        for i in range(at_v.shape[0]):
+            self.table[at_v[i]] |= <uint64_t> (rank_v[i] + 1)
+
+    def _build(self, const uint32_t[::1] pool, const int64_t[::1] starts, const int64_t[::1] lengths,
+               Py_ssize_t nodes):
+        """Insert the words into a new table at most 2/3 full with `nodes`; per slot: the index of the last word
+        ending there, -1 for a prefix only, -2 for an empty slot."""
+        cdef Py_ssize_t i, j, size = 1, node
+        while size * 2 < 3 * nodes + 2:
+            size *= 2
+        if size > 1 << 26:
+            raise ValueError(f"jieba dictionary: {nodes} trie nodes, at most {(1 << 27) // 3} fit")
+        free(self.table)
+        self.table = <uint64_t*> calloc(size, sizeof(uint64_t))
+        if self.table == NULL:
+            raise MemoryError("the jieba dictionary's table")
+        self.mask = size - 1
+        word_arr = np.full(size, -2, dtype=np.int64)
+        cdef int64_t[::1] word = word_arr
+        self.root = np.full(ROOT, -1, dtype=np.int64)
+        for i in range(starts.shape[0]):
+            node = -1
+            for j in range(lengths[i]):
+                node = self._child(node, pool[starts[i] + j], True)
+                if word[node] == -2:
+                    word[node] = -1
+            if node >= 0:
+                word[node] = i
+        return word_arr
+
+    def __dealloc__(self):
+        free(self.table)
+
+    cdef inline Py_ssize_t _child(self, Py_ssize_t parent, uint32_t c, bint insert) noexcept nogil:
+        """The slot of node `parent`'s child by character c (parent -1: the root), or -1 where it has none
+        (`insert`: add it)."""
+        if parent < 0 and c < ROOT and (self.root[c] >= 0 or not insert):
+            return self.root[c]
+        cdef uint64_t key = <uint64_t> (parent + 1) << 21 | c
+        cdef uint64_t slot = ((key * MIX) >> 32) & self.mask
+        while self.table[slot] >> FBITS != key:
+            if self.table[slot] == 0:
+                if not insert:
+                    return -1
+                self.table[slot] = key << FBITS
+                break
+            slot = (slot + 1) & self.mask
+        if parent < 0 and c < ROOT:
+            self.root[c] = slot
+        return slot
+
+    def starts(self, const uint32_t[::1] codes, bint ideographs_only=True):
+        """uint8 per code point: 1 where one of jieba's words starts (rjieba's cut(text, hmm=False)). Blocks
+        of jieba's word characters are cut by the route of greatest probability over the dictionary's words
+        (a lone character out of it counts once), runs of ASCII letters and digits the route leaves as single
+        characters join into one word, and every other character is a word of its own (\\r\\n one).
+        `ideographs_only`: leave blocks without a CJK ideograph marked at their first character only."""
+        cdef Py_ssize_t n = codes.shape[0], a, b, i
+        out_arr = np.zeros(n, dtype=np.uint8)
+        score_arr, end_arr = np.empty(n + 1, dtype=np.float64), np.empty(n + 1, dtype=np.int64)
+        cdef uint8_t[::1] out = out_arr
+        cdef double[::1] score = score_arr
+        cdef int64_t[::1] end = end_arr
+        cdef bint any_ideograph
+        i = 0
+        while i < n:
+            if not _han(codes[i]):  # each character a word (\r\n one)
+                out[i] = not (codes[i] == 10 and i > 0 and codes[i - 1] == 13 and out[i - 1])
+                i += 1
+                continue
+            a, any_ideograph = i, False
+            while i < n and _han(codes[i]):
+                any_ideograph = any_ideograph or _ideograph(codes[i])
+                i += 1
+            b = i
+            out[a] = 1
+            if any_ideograph or not ideographs_only:
+                self._route(codes, a, b, score, end)
+                self._mark(codes, a, b, end, out)
+        return out_arr
+
+    cdef void _route(self, const uint32_t[::1] codes, Py_ssize_t a, Py_ssize_t b, double[::1] score,
+                     int64_t[::1] end) noexcept nogil:
+        """For each k in [a, b): the best route's log probability from k to b and where its first word ends
+        (ties: the longer word, as jieba-rs's max over (score, end) pairs)."""
+        cdef Py_ssize_t k, j, node
+        cdef double s, best, logf
+        cdef int64_t best_end
+        score[b] = 0.0
+        for k in range(b - 1, a - 1, -1):
+            node, best_end = -1, -1
+            for j in range(k + 1, b + 1):
+                node = self._child(node, codes[j - 1], False)
+                if node < 0:
+                    break
+                logf = self.logf[self.table[node] & FMASK]
+                if logf == logf:  # a word
+                    s = (logf - self.logtotal) + score[j]
+                    if best_end < 0 or s >= best:
+                        best, best_end = s, j
+            if best_end < 0:
+                best, best_end = (0.0 - self.logtotal) + score[k + 1], k + 1
+            score[k], end[k] = best, best_end
+
+    cdef void _mark(self, const uint32_t[::1] codes, Py_ssize_t a, Py_ssize_t b, int64_t[::1] end,
+                    uint8_t[::1] out) noexcept nogil:
+        """Word starts along the route from a; single ASCII letters or digits in a row make one word."""
+        cdef Py_ssize_t x = a, y, left = -1
+        while x < b:
+            y = end[x]
+            if y - x == 1 and _alnum(codes[x]):
+                if left < 0:
+                    left = x
+            else:
+                if left >= 0:
+                    out[left] = 1
+                    left = -1
+                out[x] = 1
+            x = y
+        if left >= 0:
+            out[left] = 1

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from data_prep import text as T
+from data_prep.chinese import Segmenter
 from data_prep.tokenizer import Tokenizer
 
 _WS = " \t\n\r\x0b\x0c\xa0\u3000"
@@ -60,52 +61,23 @@ def doc_hashes(texts: list[str]) -> np.ndarray:
     return (np.frombuffer(digests, dtype="<u8") >> np.uint64(1)).astype(np.int64)
 
 
-def _cjk_segmenter(entities: list[str]):
-    """Chinese word segmentation with jieba's dictionary (rjieba, the Rust port: ~10x faster than jieba);
-    entities are added to the dictionary so they come out as single words."""
-    import rjieba
-
-    seg = rjieba.Jieba()
-    for ent in entities:
-        if T.has_cjk(ent):
-            seg.add_word(ent, 10**6, None)
-    return lambda text: seg.cut(text, False)  # no HMM: unknown words split into characters, at a third of the cost
-
-
 class DocEncoder:
     """Encodes normalised documents with a tokenizer; one per worker process."""
 
     def __init__(self, tokenizer: Tokenizer, opts: T.TextOptions, entities: list[str]):
         self.tok, self.opts = tokenizer, opts
         self._entity_list = entities
-        self._cjk = None  # the dictionary loads (~0.3 s) only when CJK text shows up
+        self._cjk = None  # the dictionary loads (~0.2 s) only when CJK text shows up
         self._unk = tokenizer.special.get("unk", -1)
         cjk_entities = any(T.has_cjk(x) for x in entities)
         self._entities = T.EntityMatcher(entities, self._segmenter() if cjk_entities else None)
 
-    def _segmenter(self):
+    def _segmenter(self) -> Segmenter:
+        """jieba's words, with the entities that hold CJK text added to its dictionary (so that each comes out
+        as one word)."""
         if self._cjk is None:
-            self._cjk = _cjk_segmenter(self._entity_list)
+            self._cjk = Segmenter([e for e in self._entity_list if T.has_cjk(e)])
         return self._cjk
-
-    def _cjk_words(self, text: str) -> list[str] | None:
-        """The segmenter's words of each run of paragraphs that hold CJK text, a run of paragraphs without passing
-        whole (only cuts inside CJK runs count); None where no paragraph holds any. jieba finds words in runs of
-        CJK characters and ASCII letters and digits, never across whitespace, so cutting at blank lines changes
-        nothing."""
-        paragraphs = text.split(_SEP)
-        cjk = list(map(T.has_cjk, paragraphs))
-        if not any(cjk):
-            return None
-        out, i = [], 0
-        while i < len(paragraphs):
-            j = i + 1
-            while j < len(paragraphs) and cjk[j] == cjk[i]:
-                j += 1
-            run = _SEP.join(paragraphs[i:j])
-            out += ([_SEP] if i else []) + (self._segmenter()(run) if cjk[i] else [run])
-            i = j
-        return out
 
     def encode(self, texts: list[str]) -> EncodedChunk:
         """Encode documents whose text is already normalised and non-empty, recording the structure that
@@ -166,7 +138,7 @@ class DocEncoder:
         """Word starts (structure `words`) and phrase and entity spans (`full`) of the chunk's tokens, whose
         character [starts, ends) in `chunk` (code points `codes`) are given."""
         doc_counts = np.diff(out.tok_off)
-        cjk = self._cjk_words if len(codes) and codes.max() >= T.FIRST_CJK else None  # one fast pass rules most out
+        cjk = self._segmenter() if len(codes) and codes.max() >= T.FIRST_CJK else None  # one fast pass rules most out
         wstarts, wends = T.word_spans(chunk, cjk, codes)
         pos, out.word_start = T.token_positions(codes, starts, ends, wstarts, _WS)
         out.word_start[doc_first[doc_counts > 0]] = 1

@@ -176,22 +176,19 @@ def _char_table(chars: str) -> np.ndarray:
     return table
 
 
-def word_spans(text: str, cjk_words=None, codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def word_spans(text: str, segmenter=None, codes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Word [start, end) character offsets: runs of letters/digits (apostrophes and hyphens inside a word
-    join it), runs of punctuation, and CJK words from `cjk_words` (text -> its words, or None where it holds no
-    CJK text to cut; each CJK character a word without it). `codes`: the text's code points, when the caller has
-    them."""
+    join it), runs of punctuation, and CJK words cut where `segmenter.starts(codes)` (a uint8 mask over the code
+    points, as data_prep.chinese.Segmenter gives) marks a word start; each CJK character a word without one.
+    `codes`: the text's code points, when the caller has them."""
     if codes is None:
         codes = code_points(text)
-    cuts = None
-    if cjk_words is not None and (pieces := cjk_words(text)) is not None:  # one call (it splits off non-CJK parts)
-        lengths = np.fromiter(map(len, pieces), dtype=np.int64)
-        cuts = np.cumsum(lengths) - lengths
-    return _structure.word_spans(codes, _tables()[0], _char_table(_JOINERS).view(np.uint8), cuts)
+    cut = segmenter.starts(codes) if segmenter is not None else None
+    return _structure.word_spans(codes, _tables()[0], _char_table(_JOINERS).view(np.uint8), cut)
 
 
-def words(text: str, cjk_words=None) -> list[str]:
-    starts, ends = word_spans(text, cjk_words)
+def words(text: str, segmenter=None) -> list[str]:
+    starts, ends = word_spans(text, segmenter)
     return [text[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
 
 
@@ -234,11 +231,11 @@ def token_positions(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray, wst
 class EntityMatcher:
     """Longest match of dictionary entities over word sequences (entities are matched whole words only)."""
 
-    def __init__(self, entities: list[str], cjk_words=None):
+    def __init__(self, entities: list[str], segmenter=None):
         self.table: set[tuple[str, ...]] = set()
         self.longest = 0
         for ent in entities:
-            key = tuple(words(ent, cjk_words))
+            key = tuple(words(ent, segmenter))
             if key:
                 self.table.add(key)
                 self.longest = max(self.longest, len(key))

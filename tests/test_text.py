@@ -2,6 +2,9 @@
 import itertools
 import string
 
+import numpy as np
+import pytest
+
 from data_prep import text as T
 
 
@@ -29,7 +32,10 @@ def test_words():
     t = "Don't split state-of-the-art -- or U.S. 3.5% naïve_x 北京大学好"
     assert T.words(t) == ["Don't", "split", "state-of-the-art", "--", "or", "U", ".", "S", ".", "3", ".", "5", "%",
                           "naïve", "_", "x", "北", "京", "大", "学", "好"]
-    assert T.words("北京大学好", lambda s: ["北京大学", "好"]) == ["北京大学", "好"]
+    from data_prep.chinese import Segmenter
+
+    assert T.words("北京大学好", Segmenter()) == ["北京大学", "好"]
+    assert T.words("北京大学好", Segmenter(["北京大学好"])) == ["北京大学好"]  # an added word comes out whole
     assert T.words("") == [] and T.words("  a  ") == ["a"]
 
 
@@ -93,9 +99,9 @@ def test_sentence_spans_equal_the_regular_expressions(corpus):
     assert [tuple(x) for x in T.sentence_spans(chunk, starts).tolist()] == regex_sentence_spans(chunk, starts)
 
 
-def reference_words(text: str, cjk_words=None) -> list[tuple[int, int]]:
+def reference_words(text: str, segmenter=None) -> list[tuple[int, int]]:
     """Word spans as T.word_spans defines them, one character at a time: runs of one class (letters, digits and
-    marks, with ' ’ - between two of them; or punctuation), each CJK character or `cjk_words`' word."""
+    marks, with ' ’ - between two of them; or punctuation), each CJK character or `segmenter`'s word."""
     import unicodedata
 
     def cls(ch):
@@ -107,12 +113,12 @@ def reference_words(text: str, cjk_words=None) -> list[tuple[int, int]]:
     c = [cls(ch) for ch in text]
     joined = [T.WORD if 0 < i < len(text) - 1 and ch in "'’-" and c[i - 1] == c[i + 1] == T.WORD else c[i]
               for i, ch in enumerate(text)]
-    cuts = set(itertools.accumulate(map(len, cjk_words(text)), initial=0)) if cjk_words else set()
+    cuts = set(np.flatnonzero(segmenter.starts(T.code_points(text))).tolist()) if segmenter else set()
     spans, i = [], 0
     while i < len(text):
         j = i + 1
         if joined[i] == T.CJK:
-            while cjk_words and j < len(text) and joined[j] == T.CJK and j not in cuts:
+            while segmenter and j < len(text) and joined[j] == T.CJK and j not in cuts:
                 j += 1
         elif joined[i] != T.SPACE:
             while j < len(text) and joined[j] == joined[i]:
@@ -142,6 +148,15 @@ def reference_phrases(text: str, spans, max_words: int) -> list[tuple[int, int]]
     return [(p[0][0], p[-1][1]) for p in pieces if len(p) > 1]
 
 
+class EveryOther:
+    """A segmenter that starts a word at every other character."""
+
+    def starts(self, codes):
+        mark = np.zeros(len(codes), np.uint8)
+        mark[::2] = 1
+        return mark
+
+
 def test_words_phrases_and_token_places_equal_their_definitions(corpus):
     """The compiled loops behind T.word_spans, T.phrase_spans, T.sentence_bodies and T.token_positions give exactly
     what their definitions (above, one character at a time) give, on random text full of edge cases and on the
@@ -157,7 +172,7 @@ def test_words_phrases_and_token_places_equal_their_definitions(corpus):
     rng = random.Random(1)
     alphabet = [*"ab AZ.-'’_\n\n \t\u3000\xa0,!1中文北京İ\U00020000\U0001d400", "the", "The", "of", "New", "York", "naïve",
                 "don't", "state-of-the-art", "北京大学", "\u2581"]
-    segmenter = lambda s: [s[i:i + 2] for i in range(0, len(s), 2)]  # noqa: E731 (cuts at every other character)
+    segmenter = EveryOther()
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(3000)]
     texts.append("\n\n".join(T.normalize(t, T.TextOptions()) for t in corpus["en"][:300] + corpus["zh"][:300]))
     for text in texts:
@@ -179,3 +194,30 @@ def test_words_phrases_and_token_places_equal_their_definitions(corpus):
         want = [b - 1 if any(ch not in _WS for ch in text[a:b]) else b for a, b in tokens]
         word = [bisect.bisect_right(starts.tolist(), p) for p in want]
         assert pos.tolist() == want and first.tolist() == [int(k == 0 or word[k] != word[k - 1]) for k in range(len(word))]
+
+
+def test_chinese_words_are_rjiebas(corpus):
+    """data_prep.chinese cuts text exactly as rjieba (jieba-rs, a separate implementation of jieba) cuts it
+    without HMM: on the corpus, on random text of dictionary words, ideographs of every range, ASCII runs and
+    joiners, kana, spaces and \\r\\n, and with added words (entities, at the same frequency)."""
+    import random
+
+    from data_prep.chinese import ENTITY_FREQ, Segmenter, dictionary_path
+
+    rjieba = pytest.importorskip("rjieba", reason="rjieba not installed (the dev extra has it)")
+    ours, theirs = Segmenter(), rjieba.Jieba()
+    rng = random.Random(0)
+    vocab = [line.split()[0] for i, line in enumerate(dictionary_path().open(encoding="utf-8")) if i % 97 == 0]
+    alphabet = [*"的一是了人我在有他这中大来上国个到说们为子和你地出道也时年abcXYZ019+#&._%-，。！？ \n\r、“”（）",
+                "\u3400", "\u4dbf", "\uf900", "\u9fff", "\U00020000", "\U0002a700", "\U0002f800", "\u3042", "\uac00"]
+    texts = ["".join(rng.choice(vocab if rng.random() < 0.5 else alphabet) for _ in range(rng.randint(1, 30)))
+             for _ in range(5000)]
+    texts += [T.normalize(t, T.TextOptions()) for t in corpus["zh"] + corpus["en"][:50]]
+    for text in texts:
+        assert ours.words(text) == theirs.cut(text, False), text
+    added = ["北京大学生", "研究生命起源", "中文 分词"]  # entities: new words, spaces and all (they add to the total)
+    ours = Segmenter(added)
+    for w in added:
+        theirs.add_word(w, ENTITY_FREQ, None)
+    for text in texts[:500] + ["北京大学生前来应聘", "研究生命起源的人", "我们研究生命起源"]:
+        assert ours.words(text) == theirs.cut(text, False), text
