@@ -174,7 +174,7 @@ def _texts(chunk: Chunk, fields: Fields) -> tuple[list[str | None], np.ndarray, 
 def _process(chunk: Chunk) -> Processed:
     """Parse (raw JSONL), normalise, filter and encode a chunk's records."""
     opts = _ENCODER.opts
-    texts, labels, errors = _texts(chunk, _FIELDS)
+    texts, labels, errors = _texts(chunk.lines(), _FIELDS)
     kinds = np.full(len(chunk), DOC, dtype=np.int8)
     kinds[list(errors)] = ERROR
     texts = [T.normalize(t, opts) if t is not None else "" for t in texts]

@@ -245,16 +245,40 @@ def read_records(files: list[str], first_index: int, *, fmt: str | None, fields:
 @dataclass
 class Chunk:
     """Consecutive records on their way to a worker process: raw JSONL lines of one file (`path` set; parsed
-    in the worker) or (text, error, label) tuples, with each record's file index, line and size in bytes."""
+    in the worker) or (text, error, label) tuples, with each record's file index, line and size in bytes. A JSONL
+    chunk may travel as one block of whole lines (`data`, its first line numbered `first_line`), split by
+    `lines()` in the worker: one bytes object to pickle instead of a list of lines."""
 
-    records: list
+    records: list | None
     path: str | None
-    file_index: np.ndarray
-    line: np.ndarray
-    nbytes: np.ndarray
+    file_index: np.ndarray | int
+    line: np.ndarray | None = None
+    nbytes: np.ndarray | None = None
+    data: bytes = b""
+    first_line: int = 1
+
+    def lines(self) -> "Chunk":
+        """Split a block into its records (the lines that are not blank), numbered and sized as read; in place."""
+        if self.records is None:
+            parts = self.data.split(b"\n")
+            ends = self.data.endswith(b"\n")
+            if ends:
+                parts.pop()
+            lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+            nbytes = lengths + 1
+            if not ends:  # the file's last line, without a newline
+                nbytes[-1] -= 1
+            line = np.arange(self.first_line, self.first_line + len(parts), dtype=np.int64)
+            blank = (lengths == 0) | np.fromiter(map(bytes.isspace, parts), dtype=bool, count=len(parts))
+            if blank.any():  # blank lines are no records
+                keep = np.flatnonzero(~blank)
+                parts, nbytes, line = [parts[i] for i in keep.tolist()], nbytes[keep], line[keep]
+            self.records, self.line, self.nbytes, self.data = parts, line, nbytes, b""
+            self.file_index = np.full(len(parts), self.file_index, dtype=np.int32)
+        return self
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.lines().records)
 
 
 def _chunk(records: list, path: str | None, meta: list) -> Chunk:
@@ -266,7 +290,8 @@ def _chunk(records: list, path: str | None, meta: list) -> Chunk:
 def read_chunks(files: list[str], first_index: int, *, fmt: str | None, fields: Fields, doc_boundary: str,
                 skip: int = 0, size_bytes: int = 1 << 20, max_records: int = 4096) -> Iterator[Chunk]:
     """The records of `read_records` after the first `skip`, in chunks of about `size_bytes` or `max_records`;
-    JSONL lines come raw (a chunk holds lines of one file), for `parse_jsonl` in the worker."""
+    JSONL comes as blocks of about `size_bytes` of whole lines of one file, split and parsed (`parse_jsonl`) in the
+    worker."""
     records, meta, size = [], [], 0
     for offset, f in enumerate(files):
         if detect_format(f, fmt) == "jsonl":
@@ -276,19 +301,20 @@ def read_chunks(files: list[str], first_index: int, *, fmt: str | None, fields: 
             try:
                 with _open_binary(f) as stream:
                     lineno = 0
-                    while block := stream.readlines(size_bytes):  # whole lines, about size_bytes of them
-                        numbers = range(lineno + 1, lineno + 1 + len(block))
-                        lineno += len(block)
-                        if not all(map(bytes.strip, block)):  # blank lines are no records
-                            numbers = [k for k, line in zip(numbers, block) if line.strip()]
-                            block = [line for line in block if line.strip()]
-                        if skip:
-                            numbers, block, skip = numbers[skip:], block[skip:], max(0, skip - len(block))
-                        for at in range(0, len(block), max_records):
-                            lines = block[at:at + max_records]
-                            yield Chunk(lines, f, np.full(len(lines), first_index + offset, dtype=np.int32),
-                                        np.array(numbers[at:at + max_records], dtype=np.int64),
-                                        np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)))
+                    while block := stream.read(size_bytes):
+                        if not block.endswith(b"\n"):
+                            block += stream.readline()  # whole lines only
+                        chunk = Chunk(None, f, first_index + offset, data=block, first_line=lineno + 1)
+                        lineno += block.count(b"\n")
+                        if skip:  # resuming: drop the records already written
+                            chunk.lines()
+                            n = len(chunk.records)
+                            chunk.records, chunk.file_index, chunk.line, chunk.nbytes = (
+                                x[skip:] for x in (chunk.records, chunk.file_index, chunk.line, chunk.nbytes))
+                            skip = max(0, skip - n)
+                            if not chunk.records:
+                                continue
+                        yield chunk
             except (OSError, EOFError) as e:
                 raise _unreadable_file(f, "jsonl", e) from None
             continue

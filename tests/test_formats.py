@@ -97,3 +97,25 @@ def test_shards_read_zero_copy_by_plain_pyarrow(small, sp_model, tmp_path):
     files = [str(tmp_path / "ds" / s["file"]) for s in m["shards"]]
     table = pads.dataset(files, format="arrow").to_table(columns=["input_ids"])
     assert table.num_rows == m["num_documents"]
+
+
+def test_jsonl_blocks_split_into_the_lines_as_read(tmp_path):
+    """JSONL travels to the workers as blocks of whole lines; split, they are the file's non-blank lines with their
+    line numbers and sizes, whatever the block size, with blank and whitespace lines, \\r\\n, a last line without a
+    newline, and records skipped on resume."""
+    from data_prep.sources import Fields, read_chunks
+
+    lines = [b'{"text": "a"}\n', b"\n", b'{"text": "bb"}\r\n', b" \t\n", b"\r\n", b'{"text": "' + b"c" * 50 + b'"}\n',
+             b"\x0b\n", b'{"text": "d"}']
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"".join(lines))
+    want = [(k, line) for k, line in enumerate(lines, 1) if line.strip()]
+    for size in (1, 7, 20, 1 << 20):
+        for skip in (0, 1, 3, 4):
+            chunks = [c.lines() for c in read_chunks([str(path)], 5, fmt=None, fields=Fields(), doc_boundary="blank",
+                                                     skip=skip, size_bytes=size)]
+            got = [(int(n), r, int(b), int(i)) for c in chunks
+                   for n, r, b, i in zip(c.line, c.records, c.nbytes, c.file_index)]
+            assert [(n, r.rstrip(b"\n")) for n, r, _, _ in got] == [(k, w.rstrip(b"\n")) for k, w in want[skip:]]
+            assert [b for _, _, b, _ in got] == [len(w) for _, w in want[skip:]]
+            assert {i for *_, i in got} <= {5} and all(len(c) == len(c.records) for c in chunks)
