@@ -26,43 +26,40 @@ def word_spans(const uint32_t[::1] codes, const uint8_t[::1] classes, const uint
     """(starts, ends) of the words of text.word_spans; `joiners`: the BMP table of characters that join two
     letters or digits into one word; `cut`: 1 per code point where the CJK segmenter starts a word (None: every
     CJK character is a word)."""
-    cdef Py_ssize_t n = codes.shape[0], i, k, m = 0
-    cls_arr, start_arr = np.empty(n, dtype=np.uint8), np.empty(n, dtype=np.uint8)
-    cdef uint8_t[::1] cls_view = cls_arr, start_view = start_arr
-    cdef uint8_t* cls = &cls_view[0] if n else NULL
-    cdef uint8_t* start = &start_view[0] if n else NULL
+    cdef Py_ssize_t n = codes.shape[0], i, k = 0, e = 0, m = 0
+    mark_arr = np.empty(n + 1, dtype=np.uint8)  # per position: 1 a word starts there, 2 one ends there
+    cdef uint8_t[::1] mark_view = mark_arr
+    cdef uint8_t* mark = &mark_view[0]
     cdef const uint32_t* cp = &codes[0] if n else NULL
     cdef const uint8_t* table = &classes[0]
-    cdef uint8_t prev = SPACE, prev_own = SPACE, own, nxt, c
+    cdef uint8_t prev = SPACE, prev_own = SPACE, own, nxt, c, start
     cdef bint segmented = cut is not None
     if segmented and cut.shape[0] != n:
         raise ValueError(f"word_spans: {cut.shape[0]} word-start marks for {n} characters")
     nxt = _class(cp[0], table) if n else SPACE
-    for i in range(n):
+    for i in range(n):  # one pass, few branches: the classes of letters and spaces alternate unpredictably
         own, nxt = nxt, _class(cp[i + 1], table) if i + 1 < n else SPACE
         c = own  # don't, o'clock, state-of-the-art: a joiner between two letters or digits (their own classes)
         if own == PUNCT and i + 1 < n and prev_own == WORD and nxt == WORD and i > 0 \
                 and joiners[cp[i] if cp[i] <= 0xFFFF else 0xFFFF]:
             c = WORD
-        cls[i] = c
         if c == CJK:
-            start[i] = not segmented or prev != CJK or cut[i]
+            start = (not segmented) | (prev != CJK) | (segmented and cut[i])
         else:
-            start[i] = c != SPACE and c != prev
-        m += start[i]
+            start = (c != SPACE) & (c != prev)
+        # a word ends where the next starts or at the first space after it
+        mark[i] = start | ((prev != SPACE) & (start | (c == SPACE))) << 1
+        m += start
         prev, prev_own = c, own
-    starts_arr, ends_arr = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64)
+    mark[n] = (prev != SPACE) << 1
+    starts_arr, ends_arr = np.empty(m + 1, dtype=np.int64), np.empty(m + 1, dtype=np.int64)
     cdef int64_t[::1] starts = starts_arr, ends = ends_arr
-    cdef int64_t next_space = n, next_start = n
-    k = m
-    for i in range(n - 1, -1, -1):  # a word ends where the next one starts or at the first space after it
-        if cls[i] == SPACE:
-            next_space = i
-        elif start[i]:
-            k -= 1
-            starts[k], ends[k] = i, min(next_space, next_start)
-            next_start = i
-    return starts_arr, ends_arr
+    for i in range(n + 1):  # compaction without branches: always write, advance where marked
+        starts[k] = i
+        k += mark[i] & 1
+        ends[e] = i
+        e += mark[i] >> 1
+    return starts_arr[:m], ends_arr[:m]
 
 
 cdef inline bint _all(const uint32_t[::1] codes, int64_t a, int64_t b, const uint8_t[::1] table) noexcept nogil:

@@ -110,8 +110,10 @@ class DocEncoder:
         para_docs, first_para = np.unique(seg_doc[opens], return_index=True)
         out.pair_start[para_docs] = seg_first[opens][first_para] - doc_first[para_docs]
         if words:
-            seg_of = np.repeat(np.arange(len(segments)), counts)
-            self._words(out, chunk, codes, doc_base, starts + seg_base[seg_of], ends + seg_base[seg_of], doc_first)
+            base = np.repeat(seg_base, counts)  # each token's segment's place in the chunk
+            starts += base
+            ends += base
+            self._words(out, chunk, codes, doc_base, starts, ends, doc_first)
         return out
 
     def _documents(self, texts: list[str]) -> EncodedChunk:
@@ -129,7 +131,7 @@ class DocEncoder:
             sentences=none, sent_off=offsets, phrases=none, phr_off=offsets, entities=none, ent_off=offsets,
             hashes=doc_hashes(texts),
             chars=np.fromiter(map(len, texts), dtype=np.int64, count=n),
-            unk=np.diff(np.concatenate([[0], np.cumsum(ids == self._unk)])[np.append(doc_first, len(ids))]),
+            unk=np.diff(np.searchsorted(np.flatnonzero(ids == self._unk), np.append(doc_first, len(ids)))),
             pair_start=np.zeros(n, dtype=np.int32),
         )
 
