@@ -62,8 +62,9 @@ def word_spans(const uint32_t[::1] codes, const uint8_t[::1] classes, const uint
     return starts_arr[:m], ends_arr[:m]
 
 
-cdef inline bint _all(const uint32_t[::1] codes, int64_t a, int64_t b, const uint8_t[::1] table) noexcept nogil:
-    """Whether every character in [a, b) is in `table` (of the BMP; one past it counts as U+FFFF, in none)."""
+cdef inline bint _all(const uint32_t* codes, int64_t a, int64_t b, const uint8_t* table) noexcept nogil:
+    """Whether every character in [a, b) is in `table` (of the BMP; one past it counts as U+FFFF, in none).
+    (The helpers take pointers: a memoryview argument costs two atomic reference counts per call.)"""
     cdef int64_t i
     for i in range(a, b):
         if not table[codes[i] if codes[i] <= 0xFFFF else 0xFFFF]:
@@ -71,7 +72,7 @@ cdef inline bint _all(const uint32_t[::1] codes, int64_t a, int64_t b, const uin
     return True
 
 
-cdef inline uint64_t _hash(const uint32_t[::1] codes, int64_t a, int64_t b) noexcept nogil:
+cdef inline uint64_t _hash(const uint32_t* codes, int64_t a, int64_t b) noexcept nogil:
     cdef uint64_t h = 0, p = 1, c
     cdef int64_t i
     for i in range(a, b):
@@ -89,19 +90,20 @@ def span_hashes(const uint32_t[::1] codes, const int64_t[::1] starts, const int6
     out_arr = np.empty(m, dtype=np.uint64)
     cdef uint64_t[::1] out = out_arr
     for j in range(m):
-        out[j] = _hash(codes, starts[j], ends[j])
+        out[j] = _hash(&codes[0], starts[j], ends[j])
     return out_arr
 
 
-cdef inline bint _member(const uint64_t[::1] table, uint64_t h) noexcept nogil:
-    cdef Py_ssize_t lo = 0, hi = table.shape[0], mid
+cdef inline bint _member(const uint64_t* table, Py_ssize_t n, uint64_t h) noexcept nogil:
+    """Whether h is in the sorted table[:n]."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
     while lo < hi:
         mid = (lo + hi) >> 1
         if table[mid] < h:
             lo = mid + 1
         else:
             hi = mid
-    return lo < table.shape[0] and table[lo] == h
+    return lo < n and table[lo] == h
 
 
 def phrase_spans(const uint32_t[::1] codes, const uint8_t[::1] alpha, const int64_t[::1] starts,
@@ -118,11 +120,12 @@ def phrase_spans(const uint32_t[::1] codes, const uint8_t[::1] alpha, const int6
     cdef uint8_t[::1] bits = bits_arr           # the binary search
     for j in range(stop.shape[0]):
         bits[stop[j] & 0xFFFF] = 1
+    cdef const uint32_t* cp = &codes[0]
     for j in range(m):
-        content = _all(codes, starts[j], ends[j], alpha)
+        content = _all(cp, starts[j], ends[j], &alpha[0])
         if content:
-            h = _hash(codes, starts[j], ends[j])
-            content = not (bits[h & 0xFFFF] and _member(stop, h))
+            h = _hash(cp, starts[j], ends[j])
+            content = not (bits[h & 0xFFFF] and _member(&stop[0], stop.shape[0], h))
         linked = prev_content and content
         if linked:
             for i in range(ends[j - 1], starts[j]):
@@ -154,12 +157,13 @@ def token_words(const uint32_t[::1] codes, const uint8_t[::1] space, const int64
     cdef int64_t i, p
     cdef uint32_t c
     cdef bint solid
+    cdef const uint32_t* cp = &codes[0]
     pos_arr = np.empty(T, dtype=np.int64)
     first_arr = np.empty(T, dtype=np.uint8)
     cdef int64_t[::1] pos = pos_arr
     cdef uint8_t[::1] first = first_arr
     for t in range(T):
-        solid = not _all(codes, tok_starts[t], tok_ends[t], space)
+        solid = not _all(cp, tok_starts[t], tok_ends[t], &space[0])
         p = tok_ends[t] - 1 if solid else tok_ends[t]
         pos[t] = p
         # the number of word starts <= p (searchsorted right), by walking: positions only grow
@@ -221,7 +225,7 @@ cdef bint _period_ends(const uint32_t[::1] codes, const uint16_t[::1] f, const u
         ascii_word = lower[k] != 0
         h = h * 128 + lower[k]
         k += 1
-    return not (ascii_word and _member(abbreviations, h))
+    return not (ascii_word and _member(&abbreviations[0], abbreviations.shape[0], h))
 
 
 def sentence_spans(const uint32_t[::1] codes, const uint16_t[::1] flag_table, const uint8_t[::1] lower_table,
