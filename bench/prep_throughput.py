@@ -41,7 +41,7 @@ floor / floor-none: not a pipeline but a lower bound on any ptm build: the piece
      alone in one process on the same corpus (json.loads per line, NFKC + whitespace clean-up, sentencepiece
      on every sentence (floor) or every whole document (floor-none) with all cores); 1 worker: parse + clean
      + encode wall time; w workers: their CPU time / min(w, cores), no start-up, no structure, no writing,
-     no cyclic garbage collection (ptm's build runs without it too).
+     no cyclic garbage collection and freed memory kept by malloc (as in ptm's build).
      Its "x ref" is the most any ptm build could reach on this machine."""
 
 
@@ -99,7 +99,7 @@ def reference(corpus: str, model: str, num_proc: int, out: str) -> None:
 
 def floor(corpus: str, model: str, workers: int, out: str, repeat: int = 1) -> None:
     """Time the unavoidable pieces of a ptm build alone (runs in a child process); writes out/floor.json. Without
-    cyclic garbage collection, as ptm builds run: its passes are not part of the work."""
+    cyclic garbage collection and with freed memory kept (keep_freed_memory), as ptm builds run."""
     import gc
     import resource
 
@@ -107,8 +107,11 @@ def floor(corpus: str, model: str, workers: int, out: str, repeat: int = 1) -> N
 
     from data_prep import text as T
 
+    from data_prep.build import keep_freed_memory
+
     sp, cores = sentencepiece.SentencePieceProcessor(model_file=model), os.cpu_count() or 1
     gc.disable()
+    keep_freed_memory()  # as every ptm build process does
 
     def timed(fn):
         """fn's result, and its shortest wall and CPU time over `repeat` runs."""

@@ -111,9 +111,7 @@ class DocEncoder:
         out.pair_start[para_docs] = seg_first[opens][first_para] - doc_first[para_docs]
         if words:
             base = np.repeat(seg_base, counts)  # each token's segment's place in the chunk
-            starts += base
-            ends += base
-            self._words(out, chunk, codes, doc_base, starts, ends, doc_first)
+            self._words(out, chunk, codes, doc_base, starts + base, ends + base, doc_first)
         return out
 
     def _documents(self, texts: list[str]) -> EncodedChunk:
