@@ -400,9 +400,12 @@ cdef inline bint _han(uint32_t c) noexcept nogil:
 def dictionary_entries(const uint32_t[::1] text):
     """(starts, lengths, freqs) of the words of a jieba dictionary file's text (code points): a word, then its
     frequency (0 when absent) and an optional tag per line, separated by whitespace."""
-    cdef Py_ssize_t n = text.shape[0], i = 0, a
-    cdef int64_t f
-    starts, lengths, freqs = [], [], []
+    cdef Py_ssize_t n = text.shape[0], i = 0, a, m = 0, lines = 1
+    for i in range(n):
+        lines += text[i] == 10
+    starts_arr, lengths_arr, freqs_arr = (np.empty(lines, dtype=np.int64) for _ in range(3))
+    cdef int64_t[::1] starts = starts_arr, lengths = lengths_arr, freqs = freqs_arr
+    i = 0
     while i < n:
         while i < n and (text[i] == 32 or text[i] == 9 or text[i] == 13):
             i += 1
@@ -410,20 +413,17 @@ def dictionary_entries(const uint32_t[::1] text):
         while i < n and not (text[i] == 10 or text[i] == 32 or text[i] == 9 or text[i] == 13):
             i += 1
         if i > a:
-            starts.append(a)
-            lengths.append(i - a)
+            starts[m], lengths[m], freqs[m] = a, i - a, 0
             while i < n and (text[i] == 32 or text[i] == 9):
                 i += 1
-            f = 0
             while i < n and 48 <= text[i] <= 57:
-                f = f * 10 + text[i] - 48
+                freqs[m] = freqs[m] * 10 + text[i] - 48
                 i += 1
-            freqs.append(f)
+            m += 1
         while i < n and text[i] != 10:
             i += 1
         i += 1
-    return (np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64),
-            np.asarray(freqs, dtype=np.int64))
+    return starts_arr[:m], lengths_arr[:m], freqs_arr[:m]
 
 
 cdef class Dictionary:
@@ -440,8 +440,13 @@ cdef class Dictionary:
     def __cinit__(self, const uint32_t[::1] pool, const int64_t[::1] starts, const int64_t[::1] lengths,
                   const int64_t[::1] freqs):
         cdef Py_ssize_t i
-        word = self._build(pool, starts, lengths, np.sum(lengths))  # at most that many nodes: count them,
-        word = self._build(pool, starts, lengths, np.count_nonzero(word >= -1))  # then a table that fits them
+        cdef Py_ssize_t size = 1 << 10
+        while size * 2 < 3 * np.sum(lengths) // 2:  # words share prefixes: about half as many nodes as characters
+            size *= 2
+        word = None
+        while word is None:  # a table at most 2/3 full, doubled until the words fit
+            word = self._build(pool, starts, lengths, size)
+            size *= 2
         at = np.flatnonzero(word >= 0)
         freq = np.asarray(freqs)[word[at]]
         self.total = freq.sum()
@@ -456,14 +461,12 @@ cdef class Dictionary:
             self.table[at_v[i]] |= <uint64_t> (rank_v[i] + 1)
 
     def _build(self, const uint32_t[::1] pool, const int64_t[::1] starts, const int64_t[::1] lengths,
-               Py_ssize_t nodes):
-        """Insert the words into a new table at most 2/3 full with `nodes`; per slot: the index of the last word
-        ending there, -1 for a prefix only, -2 for an empty slot."""
-        cdef Py_ssize_t i, j, size = 1, node
-        while size * 2 < 3 * nodes + 2:
-            size *= 2
+               Py_ssize_t size):
+        """Insert the words into a new table of `size` slots; per slot: the index of the last word ending there, -1
+        for a prefix only, -2 for an empty slot; None where the nodes fill more than 2/3 of it."""
+        cdef Py_ssize_t i, j, node, nodes = 0, limit = 2 * size // 3
         if size > 1 << 26:
-            raise ValueError(f"jieba dictionary: {nodes} trie nodes, at most {(1 << 27) // 3} fit")
+            raise ValueError(f"jieba dictionary: more trie nodes than {(1 << 27) // 3} fit")
         free(self.table)
         self.table = <uint64_t*> calloc(size, sizeof(uint64_t))
         if self.table == NULL:
@@ -478,6 +481,9 @@ cdef class Dictionary:
                 node = self._child(node, pool[starts[i] + j], True)
                 if word[node] == -2:
                     word[node] = -1
+                    nodes += 1
+                    if nodes > limit:
+                        return None
             if node >= 0:
                 word[node] = i
         return word_arr

@@ -221,3 +221,19 @@ def test_chinese_words_are_rjiebas(corpus):
         theirs.add_word(w, ENTITY_FREQ, None)
     for text in texts[:500] + ["北京大学生前来应聘", "研究生命起源的人", "我们研究生命起源"]:
         assert ours.words(text) == theirs.cut(text, False), text
+
+
+def test_chinese_dictionary_grows_its_table(tmp_path):
+    """A dictionary whose words share few prefixes has about as many trie nodes as characters, twice the first
+    guess: the table doubles until they fit, and every word is found (each comes out whole)."""
+    import random
+
+    from data_prep.chinese import Segmenter
+
+    rng = random.Random(0)
+    chars = [chr(c) for c in range(0x4E00, 0x9FA5)]
+    vocab = sorted({"".join(rng.choice(chars) for _ in range(rng.randint(2, 6))) for _ in range(3000)})
+    path = tmp_path / "dict.txt"
+    path.write_text("".join(f"{w} 1000 n\n" for w in vocab), encoding="utf-8")
+    seg = Segmenter(path=path)
+    assert all(seg.words(w) == [w] for w in vocab)
