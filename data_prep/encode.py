@@ -67,7 +67,7 @@ class DocEncoder:
     def __init__(self, tokenizer: Tokenizer, opts: T.TextOptions, entities: list[str]):
         self.tok, self.opts = tokenizer, opts
         self._entity_list = entities
-        self._cjk = None  # the dictionary loads (~0.2 s) only when CJK text shows up
+        self._cjk = None  # the dictionary loads (~0.1 s) only when CJK text shows up
         self._unk = tokenizer.special.get("unk", -1)
         cjk_entities = any(T.has_cjk(x) for x in entities)
         self._entities = T.EntityMatcher(entities, self._segmenter() if cjk_entities else None)
