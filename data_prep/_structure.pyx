@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Compiled loops of the text-structure pass (data_prep.text and data_prep.encode call them): word spans,
-phrase spans, span hashes and the tokens' places among words, each one pass over a chunk's code points
-instead of a dozen numpy passes. tests/test_text.py holds their results to the definitions in text.py."""
+"""Compiled loops of the text-structure pass (data_prep.text, data_prep.encode and data_prep.chinese call them):
+word spans, phrase spans, span hashes, the tokens' places among words, sentence boundaries, sentencepiece offsets
+and jieba's Chinese word starts, each one pass over a chunk's code points instead of a dozen numpy passes.
+tests/test_text.py holds their results to the definitions in text.py (and the Chinese cuts to rjieba's)."""
 import numpy as np
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t

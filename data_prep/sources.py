@@ -290,8 +290,8 @@ def _chunk(records: list, path: str | None, meta: list) -> Chunk:
 def read_chunks(files: list[str], first_index: int, *, fmt: str | None, fields: Fields, doc_boundary: str,
                 skip: int = 0, size_bytes: int = 1 << 20, max_records: int = 4096) -> Iterator[Chunk]:
     """The records of `read_records` after the first `skip`, in chunks of about `size_bytes` or `max_records`;
-    JSONL comes as blocks of about `size_bytes` of whole lines of one file, split and parsed (`parse_jsonl`) in the
-    worker."""
+    JSONL comes as blocks of about `size_bytes` of whole lines of one file (however many records), split and parsed
+    (`parse_jsonl`) in the worker."""
     records, meta, size = [], [], 0
     for offset, f in enumerate(files):
         if detect_format(f, fmt) == "jsonl":

@@ -286,9 +286,15 @@ def test_labelled_pairs(sp_model, tmp_path):
     assert "labelled data" in _error("build", tmp_path / "x.txt", "--out", tmp_path / "o2", "--label-field", "y")
 
 
-def test_freed_chunk_memory_is_kept_for_the_next():
-    """keep_freed_memory (called by every build process) stops glibc from handing a freed 16 MB block back to the
-    system, which it does by default (the next chunk would fault its pages in again)."""
+def test_freed_chunk_memory_is_kept_for_the_next(small, sp_model, tmp_path, monkeypatch):
+    """keep_freed_memory stops glibc from handing a freed 16 MB block back to the system, which it does by default
+    (the next chunk would fault its pages in again), and a build calls it (main process and worker set-up)."""
+    import data_prep.build as B
+
+    calls = []
+    monkeypatch.setattr(B, "keep_freed_memory", lambda real=B.keep_freed_memory: calls.append(real()) or calls[-1])
+    quick_build([small["path"]], tmp_path / "ds", tokenizer=sp_model)
+    assert calls and all(calls), calls
     script = ("import sys, numpy as np\nfrom data_prep.build import keep_freed_memory\n"
               "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096\n"
               "kept = keep_freed_memory() if sys.argv[1] == 'keep' else None\n"
