@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # A short lease of one GPU machine that has torch but no package registry: one command that installs what ptm still
 # needs from wheels carried in .whl/, then runs, each within what is left of BUDGET seconds (default 480):
-#   1. bench/gpu_smoke.py: every GPU-only path for a few steps (BERT-base), the most used paths first;
-#   2. one `ptm train` of BERT-large phase 1 (seq 128, micro batch 64, bf16, LAMB, ZeRO-1) and `ptm plan --check`
+#   1. bench/gpu_step.py on BERT-large seq 128 bf16: ptm next to Hugging Face and megatron-core;
+#   2. bench/gpu_profile.py on the same: where ptm's step spends its time, per variant;
+#   3. bench/gpu_smoke.py: every GPU-only path for a few steps (BERT-base), the most used paths first;
+#   4. one `ptm train` of BERT-large phase 1 (seq 128, micro batch 64, bf16, LAMB, ZeRO-1) and `ptm plan --check`
 #      on it and on every smoke path that ran: the speed model's prediction next to what this GPU measured;
-#   3. bench/gpu_step.py on BERT-large seq 128 bf16: ptm next to Hugging Face and megatron-core;
-#   4. bench/gpu_profile.py on the same: where ptm's step spends its time, per variant.
+#   5. with what is left, bench/gpu_step.py on BERT-large seq 512 and GPT-2 medium seq 1024.
 # Runs go to WORK (default runs/gpu-lease); what it prints to RESULTS/log.txt and the runs' logs and metrics (no
 # checkpoints) to RESULTS/runs.tgz (RESULTS defaults to WORK).
 # DATA: a dataset built beforehand (the embedded corpus's Chinese part needs Debian's fortunes-zh, which such a
@@ -16,8 +17,9 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 #     --platform manylinux2014_x86_64 -d .whl megatron-core==0.16.1 liger-kernel==0.8.5 zstandard \
 #     hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions
-#   pip download --no-deps --no-binary=:all: -d .whl deepspeed==0.19.8 jieba==0.42.1  # sdists: built there (deepspeed
-#   against its torch; jieba is pure Python, only sdists exist)
+#   pip download --no-deps --no-binary=:all: -d .whl deepspeed==0.19.8  # an sdist, built there against its torch
+# (plus jieba==0.42.1's sdist, 19 MB, only where DATA is not given: the embedded corpus's Chinese part needs it.)
+# data_prep's compiled loops are built there too (setup.py; the image has Cython and a compiler).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${BUDGET:-480} start=$SECONDS out=${WORK:-runs/gpu-lease} data=${DATA:-}
@@ -30,22 +32,38 @@ py=${PYTHON:-python3}
 if ! $py -c "import deepspeed, megatron.core" 2>/dev/null; then
   $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 2
   DS_BUILD_OPS=0 $py -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site \
-    .whl/deepspeed-*.tar.gz .whl/jieba-*.tar.gz || exit 2
+    .whl/*.tar.gz || exit 2
 fi
+# data_prep's compiled loops (the trainer reads the dataset's structure through data_prep.text), built for this python
+$py -c "import data_prep._structure" 2>/dev/null || $py setup.py -q build_ext --inplace || exit 2
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
 $py -c "import torch, deepspeed, megatron.core, transformers; print('torch', torch.__version__, 'deepspeed', \
 deepspeed.__version__, 'transformers', transformers.__version__)" || exit 2
 echo "== set-up took $((SECONDS - start)) s"
 
+# Each step gets at most its share (seconds) of what is left: the re-measurement of the step first, then where its
+# time goes, then every GPU path, then a real `ptm train` for the speed model's check.
+share() { local n=$(($(left) - $2)); [ "$n" -gt "$1" ] && n=$1; echo "$n"; }
+if [ "$(share 200 60)" -gt 60 ]; then
+  timeout -k 10 "$(share 200 60)" $py bench/gpu_step.py --cases bert-large-128 --precisions bf16 --steps 10
+  echo "== gpu_step exited $? at $((SECONDS - start)) s"
+fi
+if [ "$(share 100 60)" -gt 40 ]; then
+  (cd bench && timeout -k 10 "$(share 100 60)" $py gpu_profile.py --steps 4) 2>&1 |
+    grep -v -E "^MA |CPU Virtual|group|bf16_optimizer|untested"  # DeepSpeed's memory notes
+  echo "== gpu_profile exited at $((SECONDS - start)) s"
+fi
 paths="bf16-zero1 bf16-zero0 bf16-zero2 bf16-zero3 fp16-zero1 fp16-zero2 fp16-zero0 fp16-zero3 fused-loss-on
 fused-loss-off unpadded compile fp32-zero1 fp32-zero0 fp32-zero2 fp32-zero3 offload-zero2 offload-zero3"
-timeout -k 10 $(($(left) - 170)) $py bench/gpu_smoke.py --out "$out/smoke" --steps 6 --timeout 120 --paths $paths \
-  ${data:+--data "$data"}
-echo "== gpu_smoke exited $? at $((SECONDS - start)) s"
+if [ "$(share 260 50)" -gt 30 ]; then
+  timeout -k 10 "$(share 260 50)" $py bench/gpu_smoke.py --out "$out/smoke" --steps 6 --timeout 120 --paths $paths \
+    ${data:+--data "$data"}
+  echo "== gpu_smoke exited $? at $((SECONDS - start)) s"
+fi
 
 large=$out/bert-large data=${data:-$out/smoke/data}
-if [ -f "$data/manifest.json" ] && [ "$(left)" -gt 100 ]; then
-  timeout -k 10 $(($(left) - 60)) $py -m pretrain train --config bert-large --set "data.path=$data" \
+if [ -f "$data/manifest.json" ] && [ "$(left)" -gt 45 ]; then
+  timeout -k 10 $(($(left) - 15)) $py -m pretrain train --config bert-large --set "data.path=$data" \
     model.vocab_size=0 data.seq_len=128 train.micro_batch_size=64 train.global_batch_size=64 train.steps=12 \
     precision=bf16 zero.stage=1 optimizer.name=lamb optimizer.warmup_steps=0 train.eval_interval=0 \
     checkpoint.interval=0 "out_dir=$large" > "$out/bert-large.log" 2>&1
@@ -54,14 +72,10 @@ fi
 for run in "$large" "$out"/smoke/runs/n1/*; do
   [ -f "$run/metrics.jsonl" ] && $py -m pretrain plan --check "$run"
 done
-if [ "$(left)" -gt 90 ]; then
-  timeout -k 10 $(($(left) - 15)) $py bench/gpu_step.py --cases bert-large-128 --precisions bf16 --steps 10
-  echo "== gpu_step exited $? at $((SECONDS - start)) s"
-fi
-if [ "$(left)" -gt 80 ]; then
-  (cd bench && timeout -k 10 $(($(left) - 15)) $py gpu_profile.py --steps 4) 2>&1 |
-    grep -v -E "^MA |CPU Virtual|group|bf16_optimizer|untested"  # DeepSpeed's memory notes
-  echo "== gpu_profile exited at $((SECONDS - start)) s"
+if [ "$(left)" -gt 90 ]; then  # what is left: the longer sequences, for the speed model's length terms
+  timeout -k 10 $(($(left) - 20)) $py bench/gpu_step.py --cases bert-large-512 gpt2-medium-1024 --precisions bf16 \
+    --steps 6
+  echo "== gpu_step (longer sequences) exited $? at $((SECONDS - start)) s"
 fi
 find "$out" \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.yaml' -o -name 'events.*' \) \
   -not -path '*/checkpoints/*' -not -path '*/data/*' | tar czf "$results/runs.tgz" -T - 2>/dev/null

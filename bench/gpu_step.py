@@ -6,7 +6,8 @@ BERT-large phase 1 and 2 (seq 128 and 512) and GPT-2 medium (seq 1024), fp16 and
 Per case and precision, one row per implementation: samples/s, tokens/s, model TFLOP/s, MFU (model FLOPs from
 `pretrain.cost.model_flops_per_sample`, the formula in docs/performance.md, the same for every row: useful
 work, not what each implementation happens to compute) and peak memory. ptm runs as `ptm train` does
-(`kernels=auto`: compiled blocks on CUDA; ZeRO-1; LAMB for BERT as in NVIDIA's recipe, AdamW for GPT-2).
+(`kernels=auto`: eager blocks, the fused LM loss on CUDA; ZeRO-1; LAMB for BERT as in NVIDIA's recipe, AdamW for
+GPT-2), and again with compiled blocks (`kernels=compile`).
 A row that cannot run (out of memory, a missing library) prints why and the others go on. `--tiny` shrinks
 every model to a few layers so the script can be checked on a CPU (tests/test_bench.py does).
 """
@@ -25,6 +26,7 @@ CASES = {  # name: (preset, seq_len, micro batch, optimizer)
     "bert-large-512": ("bert-large", 512, 16, "lamb"),
     "gpt2-medium-1024": ("gpt2-medium", 1024, 8, "adamw"),
 }
+ROWS = ("ptm", "ptm compiled", "HF eager", "HF compiled", "megatron-core")
 TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=2", "model.ffn_hidden_size=256"]
 
 
@@ -63,6 +65,8 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="*", default=["bf16", "fp16"], choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row (median reported)")
     parser.add_argument("--tiny", action="store_true", help="2-layer models, short sequences: check the script on a CPU")
+    parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS), metavar="ROW",
+                        help=f"implementations to time (default: all of {', '.join(ROWS)})")
     args = parser.parse_args()
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
@@ -70,14 +74,15 @@ def main() -> None:
     for case in args.cases:
         for precision in args.precisions:
             cfg, batch = config(case, precision, args.tiny)
-            eager, _ = config(case, precision, args.tiny, "eager")
+            compiled, _ = config(case, precision, args.tiny, "compile")
             print(f"\n{case} {precision}, micro batch {batch}")
             print(f"{'':<18}{'samples/s':>10}{'tokens/s':>12}{'TFLOP/s':>9}{'MFU':>8}{'mem GiB':>9}")
-            print(row("ptm", lambda: ptm_step(cfg, batch), cfg, batch, args.steps, device))
-            print(row("ptm eager", lambda: ptm_step(eager, batch), cfg, batch, args.steps, device))
-            print(row("HF eager", lambda: hf_step(cfg, batch, compiled=False), cfg, batch, args.steps, device))
-            print(row("HF compiled", lambda: hf_step(cfg, batch, compiled=True), cfg, batch, args.steps, device))
-            print(row("megatron-core", lambda: mcore_step(cfg, batch), cfg, batch, args.steps, device))
+            makes = {"ptm": lambda: ptm_step(cfg, batch), "ptm compiled": lambda: ptm_step(compiled, batch),
+                     "HF eager": lambda: hf_step(cfg, batch, compiled=False),
+                     "HF compiled": lambda: hf_step(cfg, batch, compiled=True),
+                     "megatron-core": lambda: mcore_step(cfg, batch)}
+            for name in args.rows:
+                print(row(name, makes[name], cfg, batch, args.steps, device))
 
 
 if __name__ == "__main__":

@@ -47,16 +47,17 @@ def make_batch(cfg: C.Config, batch_size: int, device) -> dict[str, torch.Tensor
     return {k: v.to(device) for k, v in out.items()}
 
 
-def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False, fused: bool = False):
+def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False, fused: bool | None = None):
     """ptm's train step (forward, global-batch-normalised loss, DeepSpeed backward and step) on one process;
-    `fused`: the LM head runs the fused linear cross-entropy."""
+    `fused`: whether the LM head runs the fused linear cross-entropy (None: as `ptm train` decides, on CUDA)."""
     mcore.initialize(1, cfg.seed)
     from pretrain import device as dev
 
     model = Pretraining(cfg.model).to(dev.device())
     optimizer = optim.build(model, cfg.optimizer)
     scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(optimizer)
-    eng = engine.build(cfg, model, optimizer, scheduler).engine
+    run = engine.build(cfg, model, optimizer, scheduler)
+    eng, fused = run.engine, run.fused_lm_loss if fused is None else fused
     objective = objectives.get(cfg.data.objective)
     data = make_batch(cfg, batch_size, "cpu")  # located on the host, as ptm's loader does (no syncs on the device)
     data = {k: v.to(dev.device()) for k, v in objective.locate(pack(data) if unpadded else data).items()}

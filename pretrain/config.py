@@ -150,7 +150,7 @@ class CoreConfig:
                                     "the others (bucket sizes, overlap_comm, ...) are used as given")
     kernels: str = opt("auto", "eager | compile | auto: compile each transformer block and the MLM/LM head with "
                                "torch.compile (Inductor fuses bias+GELU, bias+dropout+residual+LayerNorm, softmax); "
-                               "auto = compile on CUDA, eager on CPU (see docs/performance.md)",
+                               "auto = eager (compiled blocks measured slower on an H200; docs/performance.md)",
                        choices=("auto", "eager", "compile"))
     fused_lm_loss: str = opt("auto", "auto | on | off: liger-kernel's fused linear cross-entropy for the MLM/LM head "
                                      "(the logits are never held whole); auto = on with liger-kernel installed, on "
@@ -180,13 +180,11 @@ class CoreConfig:
         return functools.reduce(getattr, key.split("."), self)
 
     def kernels_on(self, cuda: bool) -> str:
-        """The `kernels` setting in effect: `auto` compiles on CUDA (where Inductor's fused Triton kernels pay for
-        their compile time within minutes) under ZeRO 0 and 1, and stays eager on CPU (no faster there), under ZeRO-2
-        (wrong bias gradients across data-parallel ranks: the config refuses it) and under ZeRO-3 (compiled blocks
-        train the same weights there, but DeepSpeed's gather hooks split each block into many small graphs)."""
-        if self.kernels != "auto":
-            return self.kernels
-        return "compile" if cuda and self.zero.stage < 2 else "eager"
+        """The `kernels` setting in effect: `auto` runs the blocks eager everywhere. Compiled blocks were slower than
+        eager ones on the one GPU measured (an H200, BERT-base and BERT-large, bf16 and fp32, twice: more launches
+        and no less GPU time; docs/performance.md); they stay a choice (`compile`), refused under ZeRO-2 with more
+        than one data-parallel rank (wrong bias gradients)."""
+        return "eager" if self.kernels == "auto" else self.kernels
 
     def lm_loss_fusable(self) -> bool:
         """Whether the fused linear cross-entropy can replace the LM head (not off, TP=1, one LM head, not fp16: it

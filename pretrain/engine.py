@@ -17,7 +17,7 @@ from deepspeed.accelerator import get_accelerator
 from pretrain import kernels as K
 from pretrain.config import Config, ConfigError
 from pretrain.optim import Lamb
-from pretrain.parallel import mcore
+from pretrain.parallel import mcore, multi_tensor
 from pretrain.parallel.layout import Layout, undo_construction_step
 
 NEVER = 2 ** 31 - 1  # DeepSpeed's own step prints: ptm logs instead
@@ -145,6 +145,7 @@ def build(cfg: Config, model, optimizer, scheduler) -> Parallelized:
         for module, param in model.external_parameters():
             deepspeed.zero.register_external_parameter(module, param)
     undo_construction_step(engine)
+    multi_tensor.use(engine)
     layout = Layout.of(engine)
     if isinstance(optimizer, Lamb):
         optimizer.layout = layout

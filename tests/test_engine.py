@@ -167,6 +167,57 @@ def test_bf16_trains_with_bf16_weights_and_fp32_master_copies(train_data, tmp_pa
     assert all(torch.isfinite(w).all() and w.dtype == torch.float32 for w in weights.values())
 
 
+VIEWS = {"detach", "view", "select", "slice", "alias", "t", "transpose", "expand", "split_with_sizes", "lift_fresh",
+         "_record_function_enter_new", "_record_function_exit"}  # ops that launch no kernel on a GPU
+
+
+def test_bf16_optimizer_loops_launch_a_fixed_number_of_kernels_and_train_the_same_weights(train_data, tmp_path,
+                                                                                           monkeypatch):
+    """bf16 at ZeRO-1 (DeepSpeed's BF16_Optimizer): the fp32 accumulation of the gradients, their norm and their
+    clipping launch as many kernels with 4 layers as with 2 (pretrain/parallel/multi_tensor.py: no loop over the
+    parameters), and the weights after 3 clipped LAMB steps equal, bit for bit, those of DeepSpeed's own loops."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from deepspeed.runtime import bf16_optimizer
+    from pretrain.parallel import multi_tensor
+    from pretrain.train import Trainer
+
+    class Launches(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Launches.n += func.overloadpacket.__name__ not in VIEWS
+            return func(*args, **(kwargs or {}))
+
+    def counted(fn):
+        def run(*args, **kwargs):
+            with Launches():
+                return fn(*args, **kwargs)
+        return run
+
+    def train(layers: int, name: str):
+        trainer = Trainer(config(bert(train_data, "precision=bf16", "zero.stage=1", "optimizer.name=lamb",
+                                      "optimizer.multi_tensor=on", "train.grad_clip=0.05", "train.steps=3",
+                                      f"model.num_layers={layers}", f"out_dir={tmp_path / name}")))
+        opt = trainer.parallel.engine.optimizer
+        assert type(opt) is bf16_optimizer.BF16_Optimizer
+        opt.update_hp_grads, opt.step = counted(opt.update_hp_grads), counted(opt.step)
+        Launches.n = 0
+        summary = trainer.fit()
+        assert summary["steps"] == 3 and min(r["grad_norm"] for r in map(json.loads, open(
+            tmp_path / name / "metrics.jsonl"))) > 0.05  # every step clipped
+        return Launches.n, C.load_full_model(C.resolve(str(tmp_path / name)))
+
+    two, _ = train(2, "two")
+    four, fast = train(4, "four")
+    assert two == four, (two, four)
+    monkeypatch.setattr(multi_tensor, "use", lambda engine: False)
+    for name, original in multi_tensor.DEEPSPEED.items():
+        monkeypatch.setattr(bf16_optimizer, name, original)
+    loops, reference = train(4, "reference")
+    assert loops > four + 3 * 4 * 16  # DeepSpeed's loops: several kernels per parameter and step
+    assert fast.keys() == reference.keys() and all(torch.equal(fast[k], reference[k]) for k in fast)
+
+
 def test_ernie2_multitask_under_tp2_dp2_zero3(train_data, tmp_path):
     """ERNIE 2.0's task heads see different tasks on different data-parallel ranks; under ZeRO-3 every rank still
     makes the same parameter gathers (each head of the stage runs, on no rows if need be), through both stages, with

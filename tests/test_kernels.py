@@ -40,13 +40,13 @@ def test_compiled_blocks_match_eager(arch):
         torch.testing.assert_close(compiled[3][name], grad, rtol=1e-5, atol=1e-5, msg=name)
 
 
-def test_auto_compiles_on_cuda_under_zero_0_and_1_only():
+def test_auto_runs_eager_blocks_and_compile_is_a_choice():
+    """auto is eager on CPU and CUDA at every ZeRO stage (compiled blocks measured slower on an H200)."""
     def kernels(setting, cuda, stage):
         return C.load("bert-tiny", [f"kernels={setting}", f"zero.stage={stage}"]).kernels_on(cuda)
 
-    assert kernels("auto", False, 1) == "eager"
-    assert [kernels("auto", True, stage) for stage in range(4)] == ["compile", "compile", "eager", "eager"]
-    assert kernels("compile", False, 0) == "compile"
+    assert {kernels("auto", cuda, stage) for cuda in (False, True) for stage in range(4)} == {"eager"}
+    assert kernels("compile", False, 0) == kernels("compile", True, 1) == "compile"
 
 
 def test_compile_under_data_parallel_zero2_is_refused_with_the_reason(tmp_path):
