@@ -5,8 +5,8 @@ time, the kernels that ran, and ok or the path's error line. Exit status 0 when 
 
     python bench/gpu_smoke.py [--out DIR] [--data DIR] [--tiny] [--paths PATH ...] [--set [PATH:]KEY=VALUE ...]
 
-Paths: fp32/bf16/fp16 x ZeRO 0-3 with the defaults a user gets (`kernels=auto`, `fused_lm_loss=auto`: compiled
-blocks at ZeRO 0/1 and the fused LM loss on a GPU; bf16 at ZeRO-0 accumulates in bf16, DeepSpeed's only choice
+Paths: fp32/bf16/fp16 x ZeRO 0-3 with the defaults a user gets (`kernels=auto`, `fused_lm_loss=auto`: eager
+blocks and the fused LM loss on a GPU; bf16 at ZeRO-0 accumulates in bf16, DeepSpeed's only choice
 there), ZeRO-Offload at stages 2 and 3, the fused LM loss on and off, `kernels=compile`, `data.unpadded=true`.
 Per process count, ONE torchrun launch of bench/smoke_worker.py trains the paths one after another; a path that
 raises is recorded with its error line and the launch ends; a launch that dies (an NCCL abort, a killed process)
