@@ -290,6 +290,12 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(isinstance(layers, bool) or all(0 <= i < m.num_layers for i in layers),
                 f"model.activation_checkpointing={layers} names layers outside 0..{m.num_layers - 1}; "
                 f"list existing layer indices or use true")
+    errors.need(m.norm_type != "rmsnorm" or m.norm == "pre",
+                "model.norm_type=rmsnorm needs model.norm=pre (a post-LN block's residual kernel is LayerNorm's); set "
+                "model.norm=pre or model.norm_type=layernorm")
+    errors.need(m.position_encoding != "bucketed" or m.decoder_layers > 0,
+                "model.position_encoding=bucketed is T5's relative bias of an encoder-decoder; set model.decoder_layers "
+                "or another model.position_encoding")
     errors.need("lm" not in m.heads or embedding_width(m) == m.hidden_size,
                 f"model.embedding_size={m.embedding_size} differs from model.hidden_size={m.hidden_size}, but the lm "
                 f"head projects hidden states onto the word embeddings; use the mlm head or model.embedding_size=0")

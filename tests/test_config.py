@@ -160,7 +160,7 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["zero.stage=4"], 1, "zero.stage=4 is not one of 0 | 1 | 2 | 3"),
     (["parallel.timeout_s=10", "parallel.heartbeat_s=10"], 1,
      "parallel.heartbeat_s=10.0 is not below parallel.timeout_s=10"),
-    (["model.arch=t5"], 1, "model.arch='t5' is not one of bert | gpt2 | ernie"),
+    (["model.arch=bort"], 1, "model.arch='bort' is not one of bert | gpt2 | ernie"),
     (["data.objective=mlm_xyz"], 1, "data.objective='mlm_xyz' is not one of mlm_nsp | mlm_sop | mlm | clm | ernie"),
     (["data.masking=random"], 1,
      "data.masking='random' is not one of token | whole_word | span | ngram | correction | knowledge"),
@@ -202,6 +202,9 @@ def problems(overrides, dp=1, preset="bert-tiny"):
      "model.generator_size=0.25 gives a generator of hidden size 32, 1 heads and MLP width 128, which parallel.tp=2"),
     (["model.arch=electra", "model.generator_size=1.5", "data.objective=electra"], 1,
      "model.generator_size=1.5 is outside [0, 1]"),
+    (["model.norm_type=rmsnorm"], 1, "model.norm_type=rmsnorm needs model.norm=pre"),
+    (["model.position_encoding=bucketed"], 1, "model.position_encoding=bucketed is T5's relative bias of an "
+                                              "encoder-decoder; set model.decoder_layers"),
 ])
 def test_validation_errors(overrides, dp, expected):
     lines = problems(overrides, dp)
@@ -317,8 +320,8 @@ def test_every_objective_is_one_registered_module():
 
     assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie", "electra", "unilm")
     assert all(o.help and C.OBJECTIVES[name] == o.help for name, o in objectives.REGISTRY.items())
-    with pytest.raises(ValueError, match="data.objective 't5' is not one of mlm_nsp | mlm_sop"):
-        objectives.get("t5")
+    with pytest.raises(ValueError, match="data.objective 'bort' is not one of mlm_nsp | mlm_sop"):
+        objectives.get("bort")
 
 
 def test_electra_weighs_its_rtd_term_by_the_config():

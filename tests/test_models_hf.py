@@ -343,3 +343,64 @@ def test_shared_layers_equal_an_unshared_model_holding_copies(share):
     for k, p in shared.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(p.grad, summed[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def _t5(gated: bool):
+    """A tiny HF T5 (1.0: ReLU, scaled tied logits; 1.1: gated GELU, unscaled) with random RMSNorm weights, and ptm's
+    encoder-decoder holding its weights (float32: HF's T5LayerNorm computes in float32 whatever the input)."""
+    from pretrain.models.seq2seq import EncoderDecoder
+
+    torch.manual_seed(0)
+    hf_cfg = transformers.T5Config(vocab_size=V, d_model=H, d_kv=H // HEADS, d_ff=48, num_layers=L, num_decoder_layers=3,
+                                   num_heads=HEADS, relative_attention_num_buckets=8, relative_attention_max_distance=20,
+                                   dropout_rate=0.0, feed_forward_proj="gated-gelu" if gated else "relu",
+                                   tie_word_embeddings=not gated, attn_implementation="eager")
+    hf = transformers.T5ForConditionalGeneration(hf_cfg)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "layer_norm" in name:
+                p.normal_(mean=1.0, std=0.1)
+    from pretrain.families import get
+
+    cfg = ModelConfig(**{**get("t5").adapter.model_config(hf.config), "vocab_pad_to": 128})
+    ours = EncoderDecoder(cfg)
+    state, missing = hf_keys.from_hf("t5", hf.state_dict(), L, HEADS, ours.embeddings.word.weight.shape[0])
+    assert missing == []
+    ours.load_state_dict(state)
+    return hf.eval(), ours.eval(), cfg
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["t5-1.0", "t5-1.1"])
+def test_t5_encoder_decoder_matches_hf(gated):
+    """T5: RMSNorm, no biases, unscaled attention, the bucketed relative bias of each stack (bidirectional in the
+    encoder, looking back in the decoder), cross-attention, ReLU or gated-GELU MLPs, tied logits scaled (1.0) or not
+    (1.1): encoder output, decoder output and logits within 1e-5 of HF's (logits: of their largest value), with a
+    padded row in each stack;
+    the loss on labels within 1e-6; HF -> ptm -> HF bit-exact, weights and config values."""
+    hf, ours, cfg = _t5(gated)
+    g = torch.Generator().manual_seed(1)
+    ids, dec = torch.randint(2, V, (B, S), generator=g), torch.randint(2, V, (B, 9), generator=g)
+    mask, dec_mask = torch.ones_like(ids), torch.ones_like(dec)
+    mask[1, 10:], dec_mask[2, 6:] = 0, 0
+    labels = torch.where(dec_mask.bool(), torch.randint(2, V, dec.shape, generator=g), -100)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, decoder_attention_mask=dec_mask,
+                 labels=labels, output_hidden_states=True)
+        hidden = ours(ids, mask, dec, dec_mask, hidden=True)
+        logits = ours(ids, mask, dec, dec_mask)["logits"]
+    torch.testing.assert_close(hidden["encoder_hidden"], ref.encoder_last_hidden_state, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden["hidden"], ref.decoder_hidden_states[-1], rtol=1e-5, atol=1e-5)
+    scale = max(1.0, ref.logits.abs().max().item())  # 1.1's unscaled logits reach ~5: float32 rounding grows with them
+    assert (logits[..., :V] - ref.logits).abs().max() <= 1e-5 * scale
+    assert (logits[..., V:] == torch.finfo(logits.dtype).min).all()  # the padding rows are never predicted
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    assert abs(loss.item() - ref.loss.item()) <= 1e-6 * max(1.0, ref.loss.item())  # 1.1's reaches 18: float32's ulp
+    back = hf_keys.to_hf("t5", {k: v for k, v in ours.state_dict().items() if torch.is_tensor(v)}, L, HEADS, V)
+    theirs = hf.state_dict()
+    assert back.keys() == theirs.keys() and all(torch.equal(back[k], theirs[k]) for k in theirs)
+    from pretrain.families import get
+
+    again = get("t5").adapter.hf_config(cfg, {"pad": 0, "eos": 1})
+    for key, value in hf.config.to_diff_dict().items():
+        if key not in ("attn_implementation", "_attn_implementation_autoset", "transformers_version", "dtype"):
+            assert getattr(again, key) == value, key

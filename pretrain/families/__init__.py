@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from pretrain.families.base import Adapter, ExportError, Family
+from pretrain.families.base import COMMON, Adapter, ExportError, Family
 
-__all__ = ["ARCH_FEATURES", "REGISTRY", "Adapter", "ExportError", "Family", "by_model_type", "get", "names"]
+__all__ = ["ARCH_FEATURES", "COMMON", "REGISTRY", "Adapter", "ExportError", "Family", "by_model_type", "get", "names"]
 
 
 def _registry() -> dict[str, Family]:

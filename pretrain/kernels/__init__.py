@@ -1,4 +1,4 @@
-"""Kernel choices. The model calls its elementwise work through this module (`kernels.bias_gelu(...)`): the
+"""Kernel choices. The model calls its elementwise work through this module (`kernels.bias_act(...)`): the
 plain-torch references that every faster path must match. The parallelize step (pretrain/engine.py) picks the
 faster paths per run: `compile_model` (Inductor fuses the elementwise work of each block), liger-kernel's
 `linear_cross_entropy` for the LM head; `describe` names what runs, for the log.
@@ -15,9 +15,10 @@ from megatron.core import tensor_parallel
 from pretrain.models.config import FUSED_CHUNK_BYTES
 
 
-def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none") -> torch.Tensor:
-    """GELU(x + bias); `approximate="tanh"` is GPT-2's gelu_new."""
-    return F.gelu(x if bias is None else x + bias, approximate=approximate)
+def bias_act(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "gelu") -> torch.Tensor:
+    """act(x + bias): gelu, gelu_tanh (GPT-2's gelu_new) or relu (T5 1.0)."""
+    x = x if bias is None else x + bias
+    return F.relu(x) if activation == "relu" else F.gelu(x, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,

@@ -17,11 +17,13 @@ FUSED_CHUNK_BYTES = 256 * 2 ** 20  # the fused LM loss's chunk of logits, at mos
 # plan` counts it without importing the kernels)
 
 NORMS = ("post", "pre")  # post-LN (BERT): embedding LayerNorm; pre-LN (GPT-2): a final LayerNorm
-ACTIVATIONS = ("gelu", "gelu_tanh")
+NORM_TYPES = ("layernorm", "rmsnorm")  # LayerNorm with a bias; T5's: scale only, no mean subtracted, no bias
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 HEADS = ("lm", "mlm", "rtd", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; ELECTRA's
 # replaced-token detection (a per-token 1-way head, with a generator); pooler + 2-way head
-POSITIONS = ("learned", "roberta", "relative")  # absolute; RoBERTa's: from pad_token_id + 1, padding at pad_token_id;
-# NEZHA's functional relative positions: sinusoids of the clipped distance inside attention, no position table
+POSITIONS = ("learned", "roberta", "relative", "bucketed")  # absolute; RoBERTa's: from pad_token_id + 1, padding at pad_token_id;
+# NEZHA's functional relative positions: sinusoids of the clipped distance inside attention, no position table;
+# T5's bucketed relative position bias: a learned scalar per head and distance bucket, added to the attention scores
 SHARING = ("none", "all", "attention", "ffn")  # ALBERT's cross-layer parameter sharing
 ARCH_FEATURES = families.ARCH_FEATURES
 ARCHS = families.names()
@@ -38,7 +40,9 @@ class ModelConfig:
     hidden_size: int = opt(768, "width of the hidden states", range="> 0")
     embedding_size: int = opt(0, "width of the embeddings, projected to hidden_size (ALBERT's factorised embedding); "
                                  "the MLM head maps back to it; 0: hidden_size", range=">= 0")
-    num_layers: int = opt(12, "transformer layers", range="> 0")
+    num_layers: int = opt(12, "transformer layers (of the encoder, in an encoder-decoder)", range="> 0")
+    decoder_layers: int = opt(0, "layers of a decoder stack that attends to the encoder's output through "
+                                 "cross-attention (encoder-decoder models: T5, BART, MASS); 0: none", range=">= 0")
     num_heads: int = opt(12, "attention heads", range="> 0")
     ffn_hidden_size: int = opt(3072, "inner width of the MLP", range="> 0")
     max_position_embeddings: int = opt(512, "learned positions: the longest data.seq_len the model takes", range="> 0")
@@ -46,6 +50,10 @@ class ModelConfig:
     task_type_vocab_size: int = opt(0, "ERNIE 2.0 task-type embeddings (HF use_task_id); 0: none", range=">= 0")
     max_relative_position: int = opt(64, "position_encoding=relative: attention tells distances apart up to this many "
                                          "tokens (NEZHA: 64)", range="> 0")
+    relative_buckets: int = opt(32, "position_encoding=bucketed: distance buckets of T5's relative position bias "
+                                    "(half per direction in the encoder)", range="> 0")
+    relative_max_distance: int = opt(128, "position_encoding=bucketed: distances from this on share the last "
+                                          "bucket (T5: 128)", range="> 0")
     generator_size: float = opt(0.0, "ELECTRA (heads [rtd]): the generator's width (hidden size, heads, MLP) as a "
                                      "fraction of the model's; it shares the model's embeddings (the paper: 1/4 to 1/2)",
                                 range="[0, 1]")
@@ -60,6 +68,15 @@ class ModelConfig:
     # features: None takes the arch's (its family's FEATURES)
     norm: str | None = opt(None, "post: LayerNorm after each residual sum (BERT, GPT); pre: before each sublayer, and "
                                  "a final one (GPT-2); null: the arch's", choices=NORMS)
+    norm_type: str | None = opt(None, "layernorm | rmsnorm (T5's: scale only, no mean subtracted, no bias); null: "
+                                      "the arch's", choices=NORM_TYPES)
+    bias: bool | None = opt(None, "biases in the attention and MLP linear layers (T5 has none); null: the arch's")
+    gated_mlp: bool | None = opt(None, "the MLP's activation gates a second projection: act(x W0) * (x W1) (T5 1.1's "
+                                       "gated GELU); null: the arch's")
+    scaled_attention: bool | None = opt(None, "scale attention scores by 1/sqrt(head_dim) (T5 folds it into the "
+                                              "initialisation instead); null: the arch's")
+    scaled_logits: bool | None = opt(None, "multiply the hidden states by hidden_size**-0.5 before the tied output "
+                                           "projection (T5 1.0); null: the arch's")
     embedding_norm: bool | None = opt(None, "LayerNorm on the embeddings (BERT; not GPT's post-LN decoder); null: the "
                                             "arch's, else as norm=post")
     activation: str | None = opt(None, " | ".join(ACTIVATIONS) + ": the MLP's activation; null: the arch's",
@@ -73,15 +90,18 @@ class ModelConfig:
     position_encoding: str | None = opt(None, "learned (absolute positions from 0) | roberta (from pad_token_id + 1, "
                                               "padding tokens at pad_token_id, as HF RoBERTa) | relative (NEZHA's "
                                               "functional relative positions: fixed sinusoids of the clipped distance "
-                                              "added to keys and values inside attention, no position table); null: "
-                                              "the arch's", choices=POSITIONS)
+                                              "added to keys and values inside attention, no position table) | "
+                                              "bucketed (T5's learned bias per head and distance bucket, bidirectional "
+                                              "in an encoder, causal in a decoder); null: the arch's",
+                                  choices=POSITIONS)
     share_layers: str | None = opt(None, "none | all (one layer's parameters for every layer, ALBERT) | attention | "
                                          "ffn (only those sublayers shared); null: the arch's", choices=SHARING)
 
     def __post_init__(self):
-        for key, value in ARCH_FEATURES.get(self.arch, {}).items():  # an unknown arch: ConfigError in validation
+        for key, value in {**families.COMMON, **ARCH_FEATURES.get(self.arch, {})}.items():  # unknown arch: ConfigError later
             if getattr(self, key) is None:
                 setattr(self, key, list(value) if isinstance(value, list) else value)
+
 
 
 FEATURES = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.default is None)  # what the model computes

@@ -68,7 +68,8 @@ class Embeddings(nn.Module):
         cfg, e = ctx.cfg, embedding_width(ctx.cfg)
         self.word = mtp.VocabParallelEmbedding(padded_vocab_size(cfg), e, init_method=ctx.init, config=ctx.mp,
                                                tp_group=ctx.tp)
-        self.position = nn.Embedding(cfg.max_position_embeddings, e) if cfg.position_encoding != "relative" else None
+        self.position = nn.Embedding(cfg.max_position_embeddings, e) if cfg.position_encoding in ("learned", "roberta") \
+            else None
         self.token_type = nn.Embedding(cfg.type_vocab_size, e) if cfg.type_vocab_size else None
         self.task_type = nn.Embedding(cfg.task_type_vocab_size, e) if cfg.task_type_vocab_size else None
         self.norm = nn.LayerNorm(e, eps=cfg.layer_norm_eps) if normalises_embeddings(cfg) else None
@@ -76,10 +77,10 @@ class Embeddings(nn.Module):
         self.proj = nn.Linear(e, cfg.hidden_size) if e != cfg.hidden_size else None
         self.pad = cfg.pad_token_id if cfg.position_encoding == "roberta" else None
 
-    def share(self, other: "Embeddings") -> None:
-        """Use `other`'s tables and LayerNorm (ELECTRA's generator reads the discriminator's) without owning them:
-        their parameters exist once; this module keeps only its projection."""
-        for name in ("word", "position", "token_type", "task_type", "norm"):
+    def share(self, other: "Embeddings", names=("word", "position", "token_type", "task_type", "norm")) -> None:
+        """Use `other`'s tables and LayerNorm (ELECTRA's generator reads the discriminator's; a decoder its encoder's
+        word table) without owning them: their parameters exist once; this module keeps the rest."""
+        for name in names:
             if self._modules.pop(name, None) is not None:
                 object.__setattr__(self, name, getattr(other, name))
 
@@ -107,21 +108,24 @@ class DotProductAttention(nn.Module):
     """softmax(q k^T / sqrt(d) + mask) v by torch's fused kernels (SDPA: flash, memory-efficient or cuDNN where the
     mask and dtype allow)."""
 
-    def __init__(self, ctx: Context, head_dim: int):
+    def __init__(self, ctx: Context, head_dim: int, causal: bool | None = None):
         super().__init__()
-        self.causal = ctx.cfg.causal
+        self.causal = ctx.cfg.causal if causal is None else causal
+        self.scale = None if ctx.cfg.scaled_attention else 1.0  # T5: unscaled scores
 
     def forward(self, q, k, v, mask, p: float):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=self.causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=self.causal,
+                                              scale=self.scale)
 
 
 class RelativeAttention(nn.Module):
     """NEZHA's functional relative positions: the scores add q . a_ij and the output p_ij . a_ij, a_ij fixed sinusoids
     of the clipped distance (`relative_positions`); computed in plain matmuls (SDPA has no value-side term)."""
 
-    def __init__(self, ctx: Context, head_dim: int):
+    def __init__(self, ctx: Context, head_dim: int, causal: bool | None = None):
         super().__init__()
-        self.causal, self.max_distance, self.head_dim = ctx.cfg.causal, ctx.cfg.max_relative_position, head_dim
+        self.causal = ctx.cfg.causal if causal is None else causal
+        self.max_distance, self.head_dim = ctx.cfg.max_relative_position, head_dim
 
     def forward(self, q, k, v, mask, p: float):
         s = q.shape[2]
@@ -153,7 +157,34 @@ class AttentionSubmodules:
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention; each TP rank owns num_heads / tp whole heads. The fused QKV weight is laid out per
-    head as [head][q, k, v][head_dim] (Megatron's layout) so a column split keeps heads whole. `core` attends."""
+    head as [head][q, k, v][head_dim] (Megatron's layout) so a column split keeps heads whole. `core` attends;
+    `causal` overrides the config's (a decoder stack's self-attention)."""
+
+    def __init__(self, ctx: Context, submodules: AttentionSubmodules, causal: bool | None = None):
+        super().__init__()
+        cfg, h = ctx.cfg, ctx.cfg.hidden_size
+        self.heads = cfg.num_heads // ctx.tp.size()
+        self.head_dim = h // cfg.num_heads
+        self.dropout = cfg.attention_dropout
+        self.qkv = mtp.ColumnParallelLinear(h, 3 * h, config=ctx.mp, init_method=ctx.init, bias=cfg.bias,
+                                            gather_output=False, tp_group=ctx.tp)
+        self.core = build_module(submodules.core, ctx, self.head_dim, causal)
+        self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.out_init, bias=cfg.bias,
+                                     input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
+
+    def forward(self, x, mask):
+        b, s, _ = x.shape
+        qkv, _ = self.qkv(x)
+        q, k, v = qkv.view(b, s, self.heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)  # 3 x [b, heads, s, d]
+        p = self.dropout if self.training else 0.0  # (inline: a graph break one call deeper splits more graphs)
+        y = _on_tp_generator(self.core, q, k, v, mask, p) if p else self.core(q, k, v, mask, p)
+        return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))  # (output, bias or None)
+
+
+class CrossAttention(nn.Module):
+    """A decoder's attention to the encoder's output `context`: queries from the decoder (column-parallel), keys and
+    values from the context (one column-parallel linear laid out per head as [head][k, v][head_dim]), the row-parallel
+    output; each TP rank owns num_heads / tp whole heads. Never causal."""
 
     def __init__(self, ctx: Context, submodules: AttentionSubmodules):
         super().__init__()
@@ -161,19 +192,58 @@ class SelfAttention(nn.Module):
         self.heads = cfg.num_heads // ctx.tp.size()
         self.head_dim = h // cfg.num_heads
         self.dropout = cfg.attention_dropout
-        self.qkv = mtp.ColumnParallelLinear(h, 3 * h, config=ctx.mp, init_method=ctx.init, bias=True,
-                                            gather_output=False, tp_group=ctx.tp)
-        self.core = build_module(submodules.core, ctx, self.head_dim)
-        self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.out_init, bias=True,
-                                         input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
+        self.q = mtp.ColumnParallelLinear(h, h, config=ctx.mp, init_method=ctx.init, bias=cfg.bias,
+                                          gather_output=False, tp_group=ctx.tp)
+        self.kv = mtp.ColumnParallelLinear(h, 2 * h, config=ctx.mp, init_method=ctx.init, bias=cfg.bias,
+                                           gather_output=False, tp_group=ctx.tp)
+        self.core = build_module(submodules.core, ctx, self.head_dim, False)
+        self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.out_init, bias=cfg.bias,
+                                     input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
-    def forward(self, x, mask):
-        b, s, _ = x.shape
-        qkv, _ = self.qkv(x)
-        q, k, v = qkv.view(b, s, self.heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)  # 3 x [b, heads, s, d]
+    def forward(self, x, context, mask):
+        (b, s, _), t = x.shape, context.shape[1]
+        q = self.q(x)[0].view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(context)[0].view(b, t, self.heads, 2, self.head_dim).permute(3, 0, 2, 1, 4)
         p = self.dropout if self.training else 0.0
         y = _on_tp_generator(self.core, q, k, v, mask, p) if p else self.core(q, k, v, mask, p)
-        return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))  # (output, bias)
+        return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class BucketedBias(nn.Module):
+    """T5's relative position bias: a learned scalar per head and distance bucket, added to the attention scores of
+    every layer of a stack (one table per stack). Buckets: exact distances below half of them, logarithmic up to
+    `relative_max_distance`; an encoder's split by direction, a decoder's only look back. Each TP rank holds its own
+    heads' columns, drawn from the whole table so that any split starts from the same values."""
+
+    def __init__(self, ctx: Context, bidirectional: bool):
+        super().__init__()
+        cfg, rank, parts = ctx.cfg, ctx.tp.rank(), ctx.tp.size()
+        self.bidirectional, self.buckets, self.max_distance = bidirectional, cfg.relative_buckets, cfg.relative_max_distance
+        whole = ctx.init(torch.empty(cfg.relative_buckets, cfg.num_heads))
+        heads = cfg.num_heads // parts
+        self.weight = nn.Parameter(whole[:, rank * heads:(rank + 1) * heads].clone())
+        mtp.set_tensor_model_parallel_attributes(self.weight, is_parallel=True, dim=1, stride=1)
+
+    def forward(self, queries: int, keys: int) -> torch.Tensor:
+        """[1, heads, queries, keys]."""
+        device = self.weight.device
+        distance = torch.arange(keys, device=device)[None, :] - torch.arange(queries, device=device)[:, None]
+        return self.weight[relative_bucket(distance, self.bidirectional, self.buckets, self.max_distance)
+                           ].permute(2, 0, 1)[None]
+
+
+def relative_bucket(distance, bidirectional: bool, buckets: int, max_distance: int):
+    """T5's bucket of each key-minus-query distance (Mesh TensorFlow's `_relative_position_bucket`)."""
+    out = torch.zeros_like(distance)
+    if bidirectional:
+        buckets //= 2
+        out = out + (distance > 0).long() * buckets
+        distance = distance.abs()
+    else:
+        distance = (-distance).clamp(min=0)
+    exact = buckets // 2
+    large = exact + (torch.log(distance.float() / exact) / math.log(max_distance / exact) * (buckets - exact)).long()
+    return out + torch.where(distance < exact, distance, large.clamp(max=buckets - 1))
 
 
 @torch.compiler.disable
@@ -188,68 +258,98 @@ def _on_tp_generator(fn, *args):
 # ---- MLP and block --------------------------------------------------------------------------------------------
 
 class MLP(nn.Module):
-    """fc1 (column-parallel) + activation + fc2 (row-parallel)."""
+    """fc1 (column-parallel) + activation + fc2 (row-parallel); gated (T5 1.1): act(fc1) * gate, the gate a second
+    column-parallel projection."""
 
     def __init__(self, ctx: Context):
         super().__init__()
         cfg = ctx.cfg
-        self.approximate = approximation(cfg)
-        self.fc1 = mtp.ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, config=ctx.mp, init_method=ctx.init,
-                                            bias=True, gather_output=False, skip_bias_add=True, tp_group=ctx.tp)
+        self.activation = cfg.activation
+
+        def column():
+            return mtp.ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, config=ctx.mp, init_method=ctx.init,
+                                            bias=cfg.bias, gather_output=False, skip_bias_add=True, tp_group=ctx.tp)
+        self.fc1 = column()
+        self.gate = column() if cfg.gated_mlp else None
         self.fc2 = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, config=ctx.mp, init_method=ctx.out_init,
-                                         bias=True, input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
+                                     bias=cfg.bias, input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
     def forward(self, x):
-        h, bias = self.fc1(x)
-        return self.fc2(K.bias_gelu(h, bias, self.approximate))  # (output, bias)
+        h = K.bias_act(*self.fc1(x), self.activation)
+        if self.gate is not None:
+            g, bias = self.gate(x)
+            h = h * (g if bias is None else g + bias)
+        return self.fc2(h)  # (output, bias: None without biases)
+
+
+def norm(cfg, width: int | None = None) -> nn.Module:
+    """The config's normalisation over `width` (default: the hidden size): LayerNorm, or T5's RMSNorm (scale only)."""
+    width = width or cfg.hidden_size
+    return nn.RMSNorm(width, eps=cfg.layer_norm_eps) if cfg.norm_type == "rmsnorm" else \
+        nn.LayerNorm(width, eps=cfg.layer_norm_eps)
 
 
 @dataclass
 class BlockSubmodules:
     attention: ModuleSpec | type = SelfAttention
     mlp: ModuleSpec | type = MLP
+    cross_attention: ModuleSpec | type | None = None  # a decoder's attention to the encoder's output
 
 
 class Block(nn.Module):
-    """A transformer layer, post-LN or pre-LN, of an attention and an MLP submodule. `shared`: an attention or MLP
-    module that the model owns and other blocks call too (ALBERT); the block uses it without registering it, so its
-    parameters exist once."""
+    """A transformer layer, post-LN or pre-LN, of an attention, an optional cross-attention (to `context`, under
+    `context_mask`) and an MLP submodule. `shared`: an attention or MLP module that the model owns and other blocks
+    call too (ALBERT); the block uses it without registering it, so its parameters exist once."""
 
     def __init__(self, ctx: Context, submodules: BlockSubmodules, pre_ln: bool, shared: dict | None = None):
         super().__init__()
         cfg, shared = ctx.cfg, shared or {}
         self.pre_ln = pre_ln
-        self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.attn_norm = norm(cfg)
+        self.mlp_norm = norm(cfg)
         for name in ("attn", "mlp"):
             if name in shared:
                 object.__setattr__(self, name, shared[name])
             else:
                 setattr(self, name, build_module(submodules.attention if name == "attn" else submodules.mlp, ctx))
+        if submodules.cross_attention is not None:
+            self.cross_norm = norm(cfg)
+            self.cross = build_module(submodules.cross_attention, ctx)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
-    def forward(self, x, mask):
+    def forward(self, x, mask, context=None, context_mask=None):
         if self.pre_ln:
-            y, bias = self.attn(self.attn_norm(x), mask)
-            x = x + self.dropout(y + bias)
-            y, bias = self.mlp(self.mlp_norm(x))
-            return x + self.dropout(y + bias)
-        y, bias = self.attn(x, mask)
-        x = K.layer_norm(self.dropout(y + bias), self.attn_norm.weight, self.attn_norm.bias, self.attn_norm.eps, x)
-        y, bias = self.mlp(x)
-        return K.layer_norm(self.dropout(y + bias), self.mlp_norm.weight, self.mlp_norm.bias, self.mlp_norm.eps, x)
+            x = x + self._out(*self.attn(self.attn_norm(x), mask))
+            if context is not None:
+                x = x + self._out(*self.cross(self.cross_norm(x), context, context_mask))
+            return x + self._out(*self.mlp(self.mlp_norm(x)))
+        x = self._post(self.attn(x, mask), self.attn_norm, x)
+        if context is not None:
+            x = self._post(self.cross(x, context, context_mask), self.cross_norm, x)
+        return self._post(self.mlp(x), self.mlp_norm, x)
+
+    def _out(self, y, bias):
+        return self.dropout(y if bias is None else y + bias)
+
+    def _post(self, out, norm: nn.LayerNorm, x):
+        """LayerNorm(dropout(sublayer output) + x), the fused residual + LayerNorm."""
+        return K.layer_norm(self._out(*out), norm.weight, norm.bias, norm.eps, x)
 
 
-def attention_spec(cfg) -> ModuleSpec:
-    """Self-attention with the core the position encoding needs: NEZHA's relative terms, else torch's SDPA."""
+def attention_spec(cfg, causal: bool | None = None) -> ModuleSpec:
+    """Self-attention with the core the position encoding needs: NEZHA's relative terms, else torch's SDPA (T5's
+    bucketed bias comes in the mask)."""
     core = RelativeAttention if cfg.position_encoding == "relative" else DotProductAttention
-    return ModuleSpec(SelfAttention, submodules=AttentionSubmodules(core=core))
+    return ModuleSpec(SelfAttention, params={"causal": causal}, submodules=AttentionSubmodules(core=core))
 
 
-def block_spec(cfg) -> ModuleSpec:
-    """The block the model's features make: the LayerNorm's place, the attention's core, the MLP."""
+def block_spec(cfg, decoder: bool = False) -> ModuleSpec:
+    """The block the model's features make: the LayerNorm's place, the attention's core, the MLP; a decoder's (of an
+    encoder-decoder) also attends to the encoder's output."""
+    cross = ModuleSpec(CrossAttention, submodules=AttentionSubmodules(core=DotProductAttention)) if decoder else None
     return ModuleSpec(Block, params={"pre_ln": cfg.norm == "pre"},
-                      submodules=BlockSubmodules(attention=attention_spec(cfg), mlp=MLP))
+                      submodules=BlockSubmodules(attention=attention_spec(cfg, None), mlp=MLP,
+                                                 cross_attention=cross))
 
 
 def approximation(cfg) -> str:

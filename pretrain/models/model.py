@@ -115,7 +115,7 @@ class Pretraining(nn.Module):
             self.nsp = nn.Linear(cfg.hidden_size, 2)
         if "rtd" in cfg.heads:
             self.rtd = RTDHead(cfg)
-        self._init_replicated(cfg.init_std)
+        init_replicated(self, cfg.init_std)
         if "rtd" in cfg.heads:  # built after the initialisation above: it initialises itself
             self.generator = Pretraining(generator_config(cfg), tp=self.tp)
             self.generator.embeddings.share(self.embeddings)
@@ -125,22 +125,6 @@ class Pretraining(nn.Module):
                              persistent=False)
         for name, head in (heads() if callable(heads) else heads or {}).items():  # they initialise themselves
             self.add_module(name, head)
-
-    def _init_replicated(self, std):
-        """Layers outside megatron-core (replicated on every TP rank) as BERT/GPT-2 initialise them."""
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=std)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Embedding):
-                nn.init.normal_(m.weight, std=std)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-        for m in self.modules():
-            if isinstance(m, (mtp.ColumnParallelLinear, mtp.RowParallelLinear)):
-                with torch.no_grad():
-                    m.bias.zero_()
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, position_ids=None,
                sample_index=None, attend_lo=None, attend_hi=None):
@@ -230,6 +214,23 @@ class Pretraining(nn.Module):
     def pooled(self, h, cls_index=None):
         """tanh(pooler(h[CLS])): each row's first token, or the tokens at flat `cls_index` of a packed batch."""
         return torch.tanh(self.pooler(h[:, 0] if cls_index is None else h.flatten(0, 1)[cls_index]))
+
+
+def init_replicated(model: nn.Module, std: float) -> None:
+    """Layers outside megatron-core (replicated on every TP rank) as BERT/GPT-2 initialise them."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    for m in model.modules():
+        if isinstance(m, (mtp.ColumnParallelLinear, mtp.RowParallelLinear)) and m.bias is not None:
+            with torch.no_grad():
+                m.bias.zero_()
 
 
 def span_mask(lo, hi):
