@@ -29,6 +29,9 @@ def hf_config(cfg: ModelConfig, special: dict):
 
 # ---- tokenizers -------------------------------------------------------------------------------------
 
+TEMPLATES = ("bert", "roberta", "none")  # the special-token templates export_tokenizer writes
+
+
 def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int) -> None:
     """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json) with the
     family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's);
@@ -121,6 +124,9 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     family = adapter(cfg.arch)
     models = family.models(cfg)
     problems = [p for _, m, _ in models for p in family.problems(m)]
+    if family.tokenizer not in TEMPLATES:
+        problems.append(f"the {family.tokenizer} tokenizer (its sentinels and special tokens) has no export yet "
+                        f"(issue 24); export the weights with checkpoints_tools.hf_keys.to_hf meanwhile")
     if problems:
         raise C.CheckpointError("\n".join(f"{ckpt}: {p}" for p in problems))
     tok_dir = os.path.join(ckpt, "tokenizer")

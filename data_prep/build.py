@@ -60,6 +60,7 @@ class BuildOptions:
     vocab_size: int = 32000
     model_type: str = "unigram"  # sentencepiece unigram | bpe, or byte_bpe (byte-level BPE, RoBERTa's specials)
     num_unused: int = 100
+    sentinels: int = 0  # T5's <extra_id_k> after the vocabulary (span corruption)
     tokenizer_sample: int = 1_000_000
     entities: str | None = None
     shard_size: int = 256 << 20
@@ -247,14 +248,16 @@ def train_tokenizer(files: list[str], opts: BuildOptions, directory: str) -> Tok
     else:
         tok = train_sentencepiece(sentences, directory, vocab_size=opts.vocab_size, model_type=opts.model_type,
                                   num_unused=opts.num_unused, threads=os.cpu_count() or 1)
+    if opts.sentinels:
+        tok = tok.with_sentinels(opts.sentinels).save(directory)
     _log(f"tokenizer trained in {time.time() - t0:.1f}s -> {directory}")
     return tok
 
 
 def _tokenizer_recipe(opts: BuildOptions) -> str:
     if opts.tokenizer:
-        return "given:" + load_tokenizer(opts.tokenizer).sha256()
-    keys = ("vocab_size", "model_type", "num_unused", "tokenizer_sample", "seed", "text", "format",
+        return f"given:{load_tokenizer(opts.tokenizer).sha256()}:sentinels={opts.sentinels}"
+    keys = ("vocab_size", "model_type", "num_unused", "sentinels", "tokenizer_sample", "seed", "text", "format",
             "text_field", "pair_field", "doc_boundary", "inputs")
     return "trained:" + json.dumps({k: getattr(opts, k) for k in keys}, sort_keys=True, default=str)
 
@@ -288,7 +291,8 @@ def prepare_tokenizer(files: list[str], opts: BuildOptions) -> Tokenizer:
             if json.load(f).get("recipe") == recipe:
                 return load_tokenizer(directory)
     if opts.tokenizer:
-        tok = _install_tokenizer(load_tokenizer(opts.tokenizer), directory)
+        given = load_tokenizer(opts.tokenizer)
+        tok = _install_tokenizer(given.with_sentinels(opts.sentinels) if opts.sentinels else given, directory)
     else:
         if opts.num_partitions > 1:
             raise PrepError("a partitioned build needs one shared tokenizer: run `python -m data_prep "

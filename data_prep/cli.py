@@ -52,6 +52,8 @@ def _tokenizer_options(p: argparse.ArgumentParser) -> None:
                         "with RoBERTa's specials <s> <pad> </s> <unk> <mask>")
     g.add_argument("--num-unused", type=int, default=100,
                    help="reserved [unusedN] tokens after the specials (sentencepiece)")
+    g.add_argument("--sentinels", type=int, default=0,
+                   help="T5's span-corruption sentinels <extra_id_0..N-1>, appended after the vocabulary (T5: 100)")
     g.add_argument("--tokenizer-sample", type=int, default=1_000_000,
                    help="sentences sampled (uniformly, seeded) from the corpus to train on; bounds time and memory")
 
@@ -142,7 +144,7 @@ def run(argv=None) -> int:
             inputs=a.inputs, out=a.out, format=a.format, text_field=a.text_field, pair_field=a.pair_field,
             label_field=a.label_field, doc_boundary=a.doc_boundary,
             text=_text_options(a), dedup=a.dedup, on_error=a.on_error, tokenizer=a.tokenizer,
-            vocab_size=a.vocab_size, model_type=a.model_type, num_unused=a.num_unused,
+            vocab_size=a.vocab_size, model_type=a.model_type, num_unused=a.num_unused, sentinels=a.sentinels,
             tokenizer_sample=a.tokenizer_sample, entities=a.entities, shard_size=a.shard_size, workers=a.workers,
             num_partitions=a.num_partitions, partition=a.partition, max_unk_rate=a.max_unk_rate, seed=a.seed,
             overwrite=a.overwrite, progress=a.progress)
@@ -159,7 +161,8 @@ def run(argv=None) -> int:
         opts = BuildOptions(inputs=a.inputs, out=a.out, format=a.format, text_field=a.text_field,
                             pair_field=a.pair_field, label_field=a.label_field,
                             doc_boundary=a.doc_boundary, text=_text_options(a), vocab_size=a.vocab_size,
-                            model_type=a.model_type, num_unused=a.num_unused, tokenizer_sample=a.tokenizer_sample,
+                            model_type=a.model_type, num_unused=a.num_unused, sentinels=a.sentinels,
+                            tokenizer_sample=a.tokenizer_sample,
                             seed=a.seed, on_error=a.on_error)
         tok = train_tokenizer(expand_inputs(a.inputs, a.format), opts, a.out)
         print(f"wrote {tok.kind} tokenizer ({tok.vocab_size} pieces) to {a.out}")

@@ -91,6 +91,12 @@ class Corpus:
     def special_ids(self) -> dict:
         return self.manifest["special_ids"]
 
+    @property
+    def sentinel_ids(self) -> list[int]:
+        """T5's `<extra_id_k>` ids, k = 0, 1, ...: counting down from the last id (none unless built with
+        --sentinels; data_prep.tokenizer.sentinel_ids)."""
+        return [self.vocab_size - 1 - k for k in range(self.manifest["tokenizer"].get("sentinels", 0))]
+
     def _locate(self, i: int) -> tuple[_Shard, int]:
         if not 0 <= i < len(self):
             raise IndexError(f"document {i} out of range 0..{len(self) - 1}")

@@ -33,11 +33,14 @@ _ROLE_PIECES = {
 
 
 class Tokenizer:
-    """Encodes text to ids with character offsets; `kind` is sentencepiece, wordpiece or bpe."""
+    """Encodes text to ids with character offsets; `kind` is sentencepiece, wordpiece or bpe. `sentinels`: T5's
+    `<extra_id_k>` ids appended after the vocabulary, `<extra_id_0>` the last (as T5's vocabularies hold them); text
+    never encodes to them: span corruption puts them in its samples (`sentinel_ids`)."""
 
-    def __init__(self, kind: str, directory: str, files: list[str], lowercase: bool = False, threads: int = 1):
+    def __init__(self, kind: str, directory: str, files: list[str], lowercase: bool = False, threads: int = 1,
+                 sentinels: int = 0):
         self.kind, self.directory, self.files, self.lowercase = kind, directory, files, lowercase
-        self.threads = threads
+        self.threads, self.sentinels = threads, sentinels
         self._tables = None
         paths = [os.path.join(directory, f) for f in files]
         if kind == "sentencepiece":
@@ -59,6 +62,11 @@ class Tokenizer:
             self._piece = self._hf.id_to_token
         self.special = {role: i for role, names in _ROLE_PIECES.items() if (i := self._find(names)) is not None}
         self.special.setdefault("eod", self.special.get("sep"))
+        self.vocab_size += sentinels
+
+    def sentinel_ids(self) -> list[int]:
+        """The id of `<extra_id_k>` at index k."""
+        return sentinel_ids(self.vocab_size, self.sentinels)
 
     def _find(self, pieces) -> int | None:
         for p in pieces:
@@ -68,6 +76,8 @@ class Tokenizer:
         return None
 
     def piece(self, i: int) -> str:
+        if int(i) >= self.vocab_size - self.sentinels:
+            return f"<extra_id_{self.vocab_size - 1 - int(i)}>"
         return self._piece(int(i))
 
     def encode(self, texts: list[str], offsets: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -108,7 +118,7 @@ class Tokenizer:
 
     def _sp_tables(self) -> dict:
         if self._tables is None:
-            sp, n = self._sp, self.vocab_size
+            sp, n = self._sp, self._sp.get_piece_size()  # the model's pieces: sentinels come after them
             pieces = [sp.id_to_piece(i) for i in range(n)]
             byte = np.array([sp.is_byte(i) for i in range(n)], dtype=bool)
             value = np.array([int(p[3:5], 16) if b else 0 for p, b in zip(pieces, byte)])
@@ -136,7 +146,8 @@ class Tokenizer:
 
     def meta(self) -> dict:
         return {"kind": self.kind, "files": self.files, "lowercase": self.lowercase,
-                "vocab_size": self.vocab_size, "special_ids": self.special, "sha256": self.sha256()}
+                "vocab_size": self.vocab_size, "special_ids": self.special, "sentinels": self.sentinels,
+                "sha256": self.sha256()}
 
     def save(self, directory: str) -> "Tokenizer":
         """Copy the tokenizer files and metadata into `directory`; returns the tokenizer loaded from there."""
@@ -146,7 +157,16 @@ class Tokenizer:
             if os.path.abspath(src) != os.path.abspath(dst):
                 shutil.copyfile(src, dst)
         write_json(os.path.join(directory, META), self.meta())
-        return Tokenizer(self.kind, directory, self.files, self.lowercase, self.threads)
+        return Tokenizer(self.kind, directory, self.files, self.lowercase, self.threads, self.sentinels)
+
+    def with_sentinels(self, n: int) -> "Tokenizer":
+        """This tokenizer with `n` sentinels after its vocabulary instead of its own."""
+        return Tokenizer(self.kind, self.directory, self.files, self.lowercase, self.threads, n)
+
+
+def sentinel_ids(vocab_size: int, sentinels: int) -> list[int]:
+    """`<extra_id_k>`'s id at index k: counting down from the vocabulary's last id."""
+    return [vocab_size - 1 - k for k in range(sentinels)]
 
 
 def _vocab_is_uncased(vocab_txt: str) -> bool:
@@ -164,7 +184,7 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
             if os.path.isfile(os.path.join(sub, META)):
                 with open(os.path.join(sub, META)) as f:
                     m = json.load(f)
-                return Tokenizer(m["kind"], sub, m["files"], m["lowercase"], threads)
+                return Tokenizer(m["kind"], sub, m["files"], m["lowercase"], threads, m.get("sentinels", 0))
         names = sorted(os.listdir(path))
         models = [n for n in names if n.endswith(".model")]
         for candidate in (*models, "vocab.txt", "vocab.json"):

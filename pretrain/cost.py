@@ -32,16 +32,19 @@ def checkpointed(m: ModelConfig) -> int:
 # ------------------------------------------------------------------------------------------ parameters
 
 def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int, int]]:
-    """(TP-split, replicated) counts of the parameters each module of `Pretraining(m)` owns directly; a shared
-    layer (share_layers) once; `shared_embeddings`: the tables and their LayerNorm belong to another model (ELECTRA's
-    generator reads the discriminator's)."""
+    """(TP-split, replicated) counts of the parameters each module of the model of `m` (`models.build`) owns
+    directly; a shared layer (share_layers) once; `shared_embeddings`: the tables and their LayerNorm belong to
+    another model (ELECTRA's generator reads the discriminator's). An encoder-decoder (T5) counts its decoder's
+    blocks with their cross-attention, each stack's final norm and bucketed bias, the word table once."""
     h, f, v, e = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m)
-    positions = 0 if m.position_encoding == "relative" else m.max_position_embeddings  # NEZHA's are functions
+    bias = 1 if m.bias else 0
+    norm = h if m.norm_type == "rmsnorm" else 2 * h  # RMSNorm has no bias
+    positions = m.max_position_embeddings if m.position_encoding in ("learned", "roberta") else 0
     tables = [(v * e, 0), (0, positions * e), (0, m.type_vocab_size * e), (0, m.task_type_vocab_size * e)]
     embeddings = ([] if shared_embeddings else tables) + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
-    norms = [(0, 2 * h), (0, 2 * h)]
-    attention = [(3 * h * h + 3 * h, 0), (h * h, h)]  # QKV (column), output (row: bias replicated)
-    mlp = [(f * h + f, 0), (f * h, h)]  # fc1 (column), fc2 (row)
+    norms = [(0, norm), (0, norm)]
+    attention = [(3 * h * h + 3 * h * bias, 0), (h * h, h * bias)]  # QKV (column), output (row: bias replicated)
+    mlp = [(f * h + f * bias, 0), (f * h, h * bias)] + ([(f * h + f * bias, 0)] if m.gated_mlp else [])  # fc1, fc2, gate
     if m.share_layers == "all":
         blocks = norms + attention + mlp
     else:
@@ -50,7 +53,14 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
                   + (mlp if m.share_layers != "ffn" else [])) * m.num_layers + shared
     # the embedding LayerNorm (a shared one belongs to the other model) and the final one (pre-LN)
     heads = ([(0, 2 * e)] if normalises_embeddings(m) and not shared_embeddings else []) + (
-        [(0, 2 * h)] if m.norm == "pre" else [])
+        [(0, norm)] if m.norm == "pre" else [])
+    if m.position_encoding == "bucketed":  # T5's bias table of the encoder (split by heads)
+        heads.append((m.relative_buckets * m.num_heads, 0))
+    if m.decoder_layers:  # blocks with cross-attention (norm, q, kv, out), the decoder's final norm and bias table
+        cross = [(0, norm), (h * h + h * bias, 0), (2 * h * h + 2 * h * bias, 0), (h * h, h * bias)]
+        blocks += (norms + attention + mlp + cross) * m.decoder_layers
+        heads += [(0, norm)] if m.norm == "pre" else []
+        heads += [(m.relative_buckets * m.num_heads, 0)] if m.position_encoding == "bucketed" else []
     if "mlm" in m.heads:  # MLM bias (vocab-split), transform dense and LayerNorm; "lm" is the word embeddings
         heads += [(v, 0), (0, h * e + e), (0, 2 * e)]
     if "nsp" in m.heads:  # pooler, NSP/SOP classifier
@@ -61,7 +71,7 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
 
 
 def count_parameters(m: ModelConfig, tp: int = 1) -> int:
-    """Parameters of `Pretraining(m)` on one of `tp` tensor-parallel ranks (tp=1: the whole model). Split over
+    """Parameters of the model of `m` on one of `tp` tensor-parallel ranks (tp=1: the whole model). Split over
     TP: word embeddings, QKV/output/MLP weights, column biases, the MLM bias; the rest is replicated. ELECTRA's
     generator is counted with its discriminator, their shared embeddings once. ERNIE 2.0's task heads (a few thousand parameters, added by the trainer) are not counted."""
     return sum(split // tp + replicated for split, replicated in _modules(m))

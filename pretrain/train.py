@@ -15,14 +15,13 @@ import torch
 import torch.distributed as dist
 
 from pretrain import checkpoint as C
-from pretrain import cost, engine, heartbeat, losses, optim, signals, speed
+from pretrain import cost, engine, heartbeat, losses, models, optim, signals, speed
 from pretrain import device as dev
 from pretrain import kernels as K
 from pretrain.config import Config, ConfigError
 from pretrain.data.factory import build_sources
 from pretrain.data.loader import make_loader
 from pretrain.data.packing import real_tokens
-from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
 from pretrain.parallel.layout import loss_scale, unapplied_loss_scale
 from pretrain.resolve import log, resolve
@@ -50,7 +49,7 @@ class Trainer:
         self.world, self.dp, self.dp_rank = self.run.world, mcore.dp_size(), mcore.dp_rank()
         self.rank0 = dist.get_rank() == 0
         self.device = dev.device()
-        model = Pretraining(cfg.model, heads=functools.partial(self.objective.heads, cfg))
+        model = models.build(cfg.model, heads=functools.partial(self.objective.heads, cfg))
         self.params = C.param_info(model.named_parameters(), mcore.tp_size())
         if self.run.resume:
             self._load_resumed(model)

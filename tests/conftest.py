@@ -118,6 +118,17 @@ def train_data(small, sp_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def t5_data(small, sp_model, tmp_path_factory):
+    """The small slice with the shared tokenizer plus T5's 100 sentinels (`data_prep build --sentinels 100`): what
+    span corruption trains on."""
+    from helpers import quick_build
+
+    out = tmp_path_factory.mktemp("t5_data") / "ds"
+    quick_build([small["path"]], out, tokenizer=sp_model, sentinels=100)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def wordpiece_vocab(corpus, tmp_path_factory):
     """A BERT-style vocab.txt, made by HF tokenizers' WordPiece trainer (the public format)."""
     from tokenizers import BertWordPieceTokenizer

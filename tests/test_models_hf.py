@@ -404,3 +404,19 @@ def test_t5_encoder_decoder_matches_hf(gated):
     for key, value in hf.config.to_diff_dict().items():
         if key not in ("attn_implementation", "_attn_implementation_autoset", "transformers_version", "dtype"):
             assert getattr(again, key) == value, key
+
+
+@pytest.mark.parametrize("preset", ["t5-small", "t5-base", "t5-v1_1-base"])
+def test_t5_presets_count_as_many_parameters_as_hf_builds(preset):
+    """pretrain/cost.py's count of an encoder-decoder (both stacks, cross-attention, two bias tables, one word table)
+    equals T5ForConditionalGeneration's on the meta device (t5-small: 60,506,624, the published size)."""
+    from pretrain import cost
+    from pretrain.config import load
+    from pretrain.families import get
+
+    cfg = load(preset)
+    with torch.device("meta"):
+        hf = transformers.T5ForConditionalGeneration(get("t5").adapter.hf_config(cfg.model, {"pad": 0, "eos": 1}))
+    assert cost.count_parameters(cfg.model) == sum(p.numel() for p in hf.parameters())
+    if preset == "t5-small":
+        assert cost.count_parameters(cfg.model) == 60_506_624

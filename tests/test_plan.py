@@ -59,14 +59,13 @@ def test_the_cost_module_counts_every_preset_as_the_model_built_on_the_meta_devi
     objective adds), on the meta device, has exactly as many."""
     import torch
 
-    from pretrain import cost, objectives
-    from pretrain.models.model import Pretraining
+    from pretrain import cost, models, objectives
     from pretrain.parallel import mcore
 
     cfg = load(preset)
     cfg.model.vocab_size = cfg.model.vocab_size or 30522  # the tiny presets take the dataset's
     with torch.device("meta"):
-        model = Pretraining(cfg.model, heads=objectives.get(cfg.data.objective).heads(cfg), tp=mcore.OneRank())
+        model = models.build(cfg.model, heads=objectives.get(cfg.data.objective).heads(cfg), tp=mcore.OneRank())
     assert cost.count_parameters(cfg.model) + cost.objective_parameters(cfg) == sum(p.numel() for p in model.parameters())
 
 

@@ -1,1 +1,13 @@
-"""Models: one transformer configured as BERT, GPT-2 or ERNIE (`model.Pretraining`)."""
+"""The pretraining models: `build(cfg)` is an encoder-decoder (seq2seq.py) when the config gives the model a decoder
+stack, else the encoder or decoder of model.py."""
+
+
+def build(cfg, heads=None, tp=None):
+    """The model of ModelConfig `cfg` over TP group `tp`, with an objective's `heads`."""
+    if cfg.decoder_layers:
+        from pretrain.models.seq2seq import EncoderDecoder
+
+        return EncoderDecoder(cfg, heads=heads, tp=tp)
+    from pretrain.models.model import Pretraining
+
+    return Pretraining(cfg, heads=heads, tp=tp)

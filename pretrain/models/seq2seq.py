@@ -111,6 +111,11 @@ class EncoderDecoder(nn.Module):
         logits = tied_logits(h, self.embeddings.word, self.tp)
         return logits.masked_fill(self.vocab_padding, torch.finfo(logits.dtype).min)
 
+    @property
+    def blocks(self) -> list[nn.Module]:
+        """Every transformer block, encoder's then decoder's (what `kernels.compile_model` compiles)."""
+        return [*self.encoder.blocks, *self.decoder.blocks]
+
     def external_parameters(self):
         """(module, parameter) pairs where a module reads a parameter another owns (ZeRO-3 must gather it for the
         reader too): the decoder's embeddings and the LM head read the encoder's word table."""
