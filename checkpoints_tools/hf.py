@@ -29,13 +29,11 @@ def hf_config(cfg: ModelConfig, special: dict):
 
 # ---- tokenizers -------------------------------------------------------------------------------------
 
-TEMPLATES = ("bert", "roberta", "none")  # the special-token templates export_tokenizer writes
-
-
 def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int) -> None:
     """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json) with the
-    family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's);
-    the original files are copied too, so `from-hf` brings the same tokenizer back."""
+    family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's; t5:
+    A </s>, with the sentinels <extra_id_k> after the vocabulary); the original files are copied too, so `from-hf`
+    brings the same tokenizer back."""
     import transformers
 
     with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
@@ -46,6 +44,8 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     elif meta["kind"] == "bpe":  # RoBERTa's adds <s> A </s></s> B </s> around the same byte-level BPE
         cls = transformers.RobertaTokenizerFast if template == "roberta" else transformers.GPT2TokenizerFast
         hf = cls.from_pretrained(tok_dir)
+    elif template == "t5":
+        hf = _t5_tokenizer(files[0], meta)
     else:
         inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if template == "bert" else [])
         hf = transformers.PreTrainedTokenizerFast(tokenizer_object=_sentencepiece_to_fast(files[0], template),
@@ -89,6 +89,25 @@ def _sentencepiece_to_fast(model_file: str, template: str):
     return tok
 
 
+def _t5_tokenizer(model_file: str, meta: dict):
+    """T5's: the sentencepiece model, each sequence followed by the end-of-sequence token, and the sentinels after the
+    vocabulary (`<extra_id_0>` the last id, as data_prep numbers them)."""
+    import transformers
+    from tokenizers import processors
+
+    tok = _sentencepiece_to_fast(model_file, "none")
+    sentinels = [f"<extra_id_{k}>" for k in range(meta.get("sentinels", 0))]
+    tok.add_special_tokens(sentinels[::-1])  # appended in order: <extra_id_0> last
+    special = {role: tok.id_to_token(i) for role, i in meta["special_ids"].items() if i is not None}
+    eos = special["eod"]
+    tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B {eos}",
+                                                       special_tokens=[(eos, meta["special_ids"]["eod"])])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=special.get("unk"),
+                                                pad_token=special.get("pad"), eos_token=eos,
+                                                additional_special_tokens=sentinels,
+                                                model_input_names=["input_ids", "attention_mask"])
+
+
 def import_tokenizer(hf_dir: str, out: str) -> None:
     """A ptm tokenizer directory from a Hugging Face model directory."""
     from data_prep.tokenizer import META, load_tokenizer
@@ -124,9 +143,6 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     family = adapter(cfg.arch)
     models = family.models(cfg)
     problems = [p for _, m, _ in models for p in family.problems(m)]
-    if family.tokenizer not in TEMPLATES:
-        problems.append(f"the {family.tokenizer} tokenizer (its sentinels and special tokens) has no export yet "
-                        f"(issue 24); export the weights with checkpoints_tools.hf_keys.to_hf meanwhile")
     if problems:
         raise C.CheckpointError("\n".join(f"{ckpt}: {p}" for p in problems))
     tok_dir = os.path.join(ckpt, "tokenizer")
@@ -217,11 +233,11 @@ def import_weights(family: families.Adapter, cfg: ModelConfig, hf_dir: str, hf_c
 def _new_model(cfg: ModelConfig, shared: tuple[str, ...]) -> dict:
     """A freshly initialised model's own parameters (those in `shared` are another model's), for a directory that
     holds only the first of a family's models."""
-    from pretrain.models.model import Pretraining
+    from pretrain import models
     from pretrain.parallel import mcore
 
     torch.manual_seed(0)
-    return {k: p.detach() for k, p in Pretraining(cfg, tp=mcore.OneRank()).named_parameters() if k not in shared}
+    return {k: p.detach() for k, p in models.build(cfg, tp=mcore.OneRank()).named_parameters() if k not in shared}
 
 
 def _import_weights(family: families.Adapter, cfg: ModelConfig, hf_dir: str, cls: str) -> tuple[dict, list[str]]:
@@ -243,13 +259,13 @@ def _param_names(cfg: ModelConfig) -> list[str]:
 def _tiny(cfg: ModelConfig):
     import dataclasses
 
-    from pretrain.models.model import Pretraining
+    from pretrain import models
     from pretrain.parallel import mcore
 
     embedding = 0 if cfg.embedding_size in (0, cfg.hidden_size) else 4  # a projection where the model has one
-    return Pretraining(dataclasses.replace(cfg, vocab_size=8, vocab_pad_to=8, hidden_size=8, num_heads=1,
-                                           ffn_hidden_size=8, max_position_embeddings=8, embedding_size=embedding),
-                       tp=mcore.OneRank())
+    return models.build(dataclasses.replace(cfg, vocab_size=8, vocab_pad_to=8, hidden_size=8, num_heads=1,
+                                            ffn_hidden_size=8, max_position_embeddings=8, embedding_size=embedding),
+                        tp=mcore.OneRank())
 
 
 def _params(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, dict]:

@@ -9,6 +9,7 @@ import torch
 from conftest import run_cli
 from data_prep.tokenizer import load_tokenizer
 from pretrain import checkpoint as C
+from pretrain import models
 from pretrain.models.config import ModelConfig
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
@@ -25,11 +26,11 @@ def _checkpoint(tmp_path, arch, tok_dir, nfkc=True, **features):
     tok = load_tokenizer(tok_dir)
     cfg = ModelConfig(arch=arch, vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=4,
                       ffn_hidden_size=128 if arch == "gpt" else 64, max_position_embeddings=64,  # GPT's MLP: 4 x hidden
-                      type_vocab_size={"gpt2": 0, "gpt": 0, "roberta": 1}.get(arch, 2),
+                      type_vocab_size={"gpt2": 0, "gpt": 0, "roberta": 1, "t5": 0}.get(arch, 2),
                       layer_norm_eps=1e-5 if arch in ("gpt2", "gpt") else 1e-12, hidden_dropout=0, attention_dropout=0,
                       pad_token_id=tok.special["pad"] if arch == "roberta" else -1, **features)
     torch.manual_seed(0)
-    model = Pretraining(cfg).eval()
+    model = models.build(cfg).eval()
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000007"
     ckpt.mkdir(parents=True)
     C.save_model(str(ckpt), model.state_dict())
@@ -311,3 +312,38 @@ def test_from_hf_without_config_is_one_clear_line(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith(f"checkpoints_tools: error: {src} has no config.json")
     assert "save_pretrained" in lines[0] and not (tmp_path / "ckpt").exists()
+
+
+def test_t5_to_hf_generates_with_its_sentinels_and_comes_back(t5_data, tmp_path):
+    """T5 exports as T5ForConditionalGeneration with a tokenizer that ends each sequence with the end-of-sequence
+    token and holds the 100 sentinels after the vocabulary (<extra_id_0> last, as the dataset numbers them): its ids
+    are data_prep's, HF's logits equal ptm's, `generate` picks ptm's greedy tokens, and from-hf restores the weights
+    bit for bit (the vocabulary's padding rows aside)."""
+    from data_prep.dataset import Corpus
+
+    model, cfg = _checkpoint(tmp_path, "t5", os.path.join(t5_data, "tokenizer"), decoder_layers=2)
+    out = tmp_path / "hf"
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert type(hf).__name__ == "T5ForConditionalGeneration"
+    corpus, ours_tok = Corpus(t5_data), load_tokenizer(t5_data)
+    assert tok.convert_tokens_to_ids([f"<extra_id_{k}>" for k in range(100)]) == corpus.sentinel_ids
+    text = "The function returns the sum of two numbers. 这是一个测试。"
+    enc = tok([text, "A shorter one."], padding=True, return_tensors="pt")
+    ids, _, _, _ = ours_tok.encode([text])
+    assert enc["input_ids"][0].tolist() == ids.tolist() + [corpus.special_ids["eod"]]
+    start = hf.config.decoder_start_token_id
+    assert start == corpus.special_ids["pad"] and hf.config.eos_token_id == corpus.special_ids["eod"]
+    decoder = torch.full((2, 1), start)
+    with torch.no_grad():
+        mine = model(enc["input_ids"], enc["attention_mask"], decoder)["logits"][..., :cfg.vocab_size]
+        torch.testing.assert_close(mine, hf(**enc, decoder_input_ids=decoder).logits, rtol=1e-5, atol=1e-5)
+    greedy = model.greedy(enc["input_ids"], enc["attention_mask"], max_new_tokens=6, start=start,
+                          eos=hf.config.eos_token_id, pad=start)
+    assert torch.equal(hf.generate(**enc, max_new_tokens=6, do_sample=False, num_beams=1), greedy)
+    run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "back")
+    back, mine = C.load_full_model(str(tmp_path / "back")), C.load_full_model(C.resolve(str(tmp_path / "run")))
+    assert back.keys() == mine.keys()
+    assert all(torch.equal(back[k], mine[k][:back[k].shape[0]]) for k in back)
+    assert C.model_config(C.read_meta(str(tmp_path / "back"))).decoder_layers == 2

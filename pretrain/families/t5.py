@@ -58,7 +58,7 @@ class T5Adapter(Adapter):
             relative_attention_max_distance=cfg.relative_max_distance, dropout_rate=cfg.hidden_dropout,
             layer_norm_epsilon=cfg.layer_norm_eps, feed_forward_proj="gated-gelu" if cfg.gated_mlp else "relu",
             tie_word_embeddings=cfg.scaled_logits, pad_token_id=special.get("pad", 0),
-            eos_token_id=special.get("eos", 1), decoder_start_token_id=special.get("pad", 0),
+            eos_token_id=special.get("eod", 1), decoder_start_token_id=special.get("pad", 0),
             architectures=[self.hf_class])
 
     def model_config(self, hf):

@@ -172,10 +172,15 @@ class SelfAttention(nn.Module):
         self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.out_init, bias=cfg.bias,
                                      input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
-    def forward(self, x, mask):
+    def forward(self, x, mask, cache: dict | None = None):
+        """`cache` (incremental decoding): this call's keys and values join those of the earlier calls."""
         b, s, _ = x.shape
         qkv, _ = self.qkv(x)
         q, k, v = qkv.view(b, s, self.heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)  # 3 x [b, heads, s, d]
+        if cache is not None:
+            if cache:
+                k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+            cache.update(k=k, v=v)
         p = self.dropout if self.training else 0.0  # (inline: a graph break one call deeper splits more graphs)
         y = _on_tp_generator(self.core, q, k, v, mask, p) if p else self.core(q, k, v, mask, p)
         return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))  # (output, bias or None)
@@ -200,10 +205,16 @@ class CrossAttention(nn.Module):
         self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.out_init, bias=cfg.bias,
                                      input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
-    def forward(self, x, context, mask):
+    def forward(self, x, context, mask, cache: dict | None = None):
+        """`cache` (incremental decoding): the context's keys and values, computed at the first call."""
         (b, s, _), t = x.shape, context.shape[1]
         q = self.q(x)[0].view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv(context)[0].view(b, t, self.heads, 2, self.head_dim).permute(3, 0, 2, 1, 4)
+        if cache:
+            k, v = cache["k"], cache["v"]
+        else:
+            k, v = self.kv(context)[0].view(b, t, self.heads, 2, self.head_dim).permute(3, 0, 2, 1, 4)
+            if cache is not None:
+                cache.update(k=k, v=v)
         p = self.dropout if self.training else 0.0
         y = _on_tp_generator(self.core, q, k, v, mask, p) if p else self.core(q, k, v, mask, p)
         return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
@@ -224,10 +235,11 @@ class BucketedBias(nn.Module):
         self.weight = nn.Parameter(whole[:, rank * heads:(rank + 1) * heads].clone())
         mtp.set_tensor_model_parallel_attributes(self.weight, is_parallel=True, dim=1, stride=1)
 
-    def forward(self, queries: int, keys: int) -> torch.Tensor:
-        """[1, heads, queries, keys]."""
+    def forward(self, queries: int, keys: int, offset: int = 0) -> torch.Tensor:
+        """[1, heads, queries, keys]; the queries at positions offset, offset + 1, ... (incremental decoding)."""
         device = self.weight.device
-        distance = torch.arange(keys, device=device)[None, :] - torch.arange(queries, device=device)[:, None]
+        query = torch.arange(offset, offset + queries, device=device)
+        distance = torch.arange(keys, device=device)[None, :] - query[:, None]
         return self.weight[relative_bucket(distance, self.bidirectional, self.buckets, self.max_distance)
                            ].permute(2, 0, 1)[None]
 
@@ -317,15 +329,18 @@ class Block(nn.Module):
             self.cross = build_module(submodules.cross_attention, ctx)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
-    def forward(self, x, mask, context=None, context_mask=None):
+    def forward(self, x, mask, context=None, context_mask=None, cache: dict | None = None):
+        """`cache` (incremental decoding): {"self": {}, "cross": {}} that the attentions fill and reuse."""
+        attend = {} if cache is None else {"cache": cache["self"]}
+        crossed = {} if cache is None else {"cache": cache["cross"]}
         if self.pre_ln:
-            x = x + self._out(*self.attn(self.attn_norm(x), mask))
+            x = x + self._out(*self.attn(self.attn_norm(x), mask, **attend))
             if context is not None:
-                x = x + self._out(*self.cross(self.cross_norm(x), context, context_mask))
+                x = x + self._out(*self.cross(self.cross_norm(x), context, context_mask, **crossed))
             return x + self._out(*self.mlp(self.mlp_norm(x)))
-        x = self._post(self.attn(x, mask), self.attn_norm, x)
+        x = self._post(self.attn(x, mask, **attend), self.attn_norm, x)
         if context is not None:
-            x = self._post(self.cross(x, context, context_mask), self.cross_norm, x)
+            x = self._post(self.cross(x, context, context_mask, **crossed), self.cross_norm, x)
         return self._post(self.mlp(x), self.mlp_norm, x)
 
     def _out(self, y, bias):

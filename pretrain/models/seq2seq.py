@@ -39,14 +39,15 @@ class Stack(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout)
         self.checkpointed = _checkpointed_layers(cfg.activation_checkpointing, layers)
 
-    def forward(self, x, attend, context=None, context_mask=None):
-        """`attend`: [b, 1, q, k] True where a query sees a key; the bucketed bias joins it as an additive mask."""
-        mask = attend if self.bias is None else additive(attend, self.bias(*attend.shape[-2:]), x.dtype)
+    def forward(self, x, attend, context=None, context_mask=None, caches: list | None = None, offset: int = 0):
+        """`attend`: [b, 1, q, k] True where a query sees a key; the bucketed bias joins it as an additive mask.
+        Incremental decoding: `caches` (one per block) and the queries' first position `offset`."""
+        mask = attend if self.bias is None else additive(attend, self.bias(*attend.shape[-2:], offset), x.dtype)
         for i, block in enumerate(self.blocks):
             if i in self.checkpointed and self.training:
                 x = checkpoint(lambda x, m, block=block: block(x, m, context, context_mask), x, mask)
             else:
-                x = block(x, mask, context, context_mask)
+                x = block(x, mask, context, context_mask, None if caches is None else caches[i])
         return self.dropout(self.final_norm(x)) if self.final_norm is not None else x
 
 
@@ -105,6 +106,36 @@ class EncoderDecoder(nn.Module):
             return {"logits": self.lm_logits(predicted)}
         return {"lm_loss": K.linear_cross_entropy(predicted.flatten(0, -2), self.embeddings.word.weight, None,
                                                   labels.flatten(), self.cfg.vocab_size)}
+
+    @torch.no_grad()
+    def greedy(self, input_ids, attention_mask=None, *, max_new_tokens: int, start: int, eos: int | None = None,
+               pad: int | None = None, scores: bool = False):
+        """Greedy decoding: the encoder once, then the decoder one token at a time over cached keys and values (its
+        self-attention's, and its cross-attention's of the encoder output). Tokens [b, 1 + new] from `start`; a row
+        that produced `eos` continues with `pad` (default `start`); with `scores` also each step's logits [b, new,
+        vocabulary]. One TP rank: the vocabulary is not split."""
+        if self.tp.size() != 1:
+            raise ValueError("greedy decoding runs on one tensor-parallel rank; consolidate the checkpoint first")
+        context = self.encode(input_ids, attention_mask)
+        context_mask = _padding(attention_mask, context[..., 0])[:, None, None, :]
+        caches = [{"self": {}, "cross": {}} for _ in self.decoder.blocks]
+        b, device = input_ids.shape[0], input_ids.device
+        tokens = torch.full((b, 1), start, dtype=torch.long, device=device)
+        done = torch.zeros(b, dtype=torch.bool, device=device)
+        logits = []
+        for step in range(max_new_tokens):
+            x = self.decoder_embeddings(tokens[:, -1:], position_ids=torch.tensor([step], device=device))
+            attend = torch.ones(b, 1, 1, step + 1, dtype=torch.bool, device=device)
+            h = self.decoder(x, attend, context, context_mask, caches, offset=step)[:, -1]
+            logits.append(self.lm_logits(h * self.cfg.hidden_size ** -0.5 if self.cfg.scaled_logits else h))
+            chosen = logits[-1].argmax(-1)
+            if eos is not None:
+                chosen = chosen.masked_fill(done, start if pad is None else pad)
+                done |= chosen == eos
+            tokens = torch.cat([tokens, chosen[:, None]], 1)
+            if eos is not None and bool(done.all()):
+                break
+        return (tokens, torch.stack(logits, 1)[..., :self.cfg.vocab_size]) if scores else tokens
 
     def lm_logits(self, h):
         """Vocab-parallel logits of (already scaled) decoder states, padding rows masked."""
