@@ -8,6 +8,8 @@ holds its parameter count to the model built on the meta device for every preset
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pretrain import objectives
 from pretrain.families.electra import generator_config
 from pretrain.models.config import (FUSED_CHUNK_BYTES, ModelConfig, embedding_width, normalises_embeddings,
@@ -19,14 +21,37 @@ MOMENT_BYTES = 8
 OFFLOAD_BYTES = 16  # per parameter of a ZeRO-Offload shard in CPU memory: fp32 weights, fp32 gradients, moments
 
 
-def stacks(m: ModelConfig) -> list[ModelConfig]:
-    """The transformer stacks a model runs, each with its own sizes: the model's, and ELECTRA's generator."""
-    return [m, generator_config(m)] if "rtd" in m.heads else [m]
+@dataclass(frozen=True)
+class Stack:
+    """One stack of transformer layers: its sizes (`model`), depth, the tokens per sequence it runs on, and for a
+    decoder of an encoder-decoder the keys per sequence its cross-attention reads (0: none)."""
+
+    model: ModelConfig
+    layers: int
+    seq_len: int
+    context: int = 0
+
+    @property
+    def recomputed(self) -> int:
+        """How many of its layers `model.activation_checkpointing` recomputes (each stack numbers its own)."""
+        setting = self.model.activation_checkpointing
+        return self.layers if setting is True else len({i for i in setting or () if i < self.layers})
+
+
+def stacks(m: ModelConfig, seq_len: int, predicted: int | None = None) -> list[Stack]:
+    """The transformer stacks a model runs on sequences of `seq_len`: the model's, ELECTRA's generator (its own
+    sizes), an encoder-decoder's decoder on the `predicted` target tokens, reading the encoder's output."""
+    if "rtd" in m.heads:
+        g = generator_config(m)
+        return [Stack(m, m.num_layers, seq_len), Stack(g, g.num_layers, seq_len)]
+    if m.decoder_layers:
+        return [Stack(m, m.num_layers, seq_len), Stack(m, m.decoder_layers, predicted or seq_len, seq_len)]
+    return [Stack(m, m.num_layers, seq_len)]
 
 
 def checkpointed(m: ModelConfig) -> int:
-    """How many layers `model.activation_checkpointing` recomputes."""
-    return m.num_layers if m.activation_checkpointing is True else len(set(m.activation_checkpointing or ()))
+    """How many layers `model.activation_checkpointing` recomputes (of the encoder's, in an encoder-decoder)."""
+    return Stack(m, m.num_layers, 0).recomputed
 
 
 # ------------------------------------------------------------------------------------------ parameters
@@ -107,9 +132,12 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
       + 6 * s * (h^2 + h)             with an rtd head (ELECTRA) instead of the LM head: the discriminator head on
                                       every token, plus the generator's FLOPs (this formula, its own sizes)
 
-    For f = 4h and p = s this is Megatron's 72*s*L*h^2 * (1 + s/(6h) + V/(12*L*h)). Embedding lookups, norms,
-    softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
+    For f = 4h and p = s this is Megatron's 72*s*L*h^2 * (1 + s/(6h) + V/(12*L*h)). An encoder-decoder adds its
+    decoder's layers on the p target tokens, each with its cross-attention to the s encoder outputs (`stack_flops`).
+    Embedding lookups, norms, softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
     h, s, p, e = m.hidden_size, seq_len, seq_len if predicted is None else predicted, embedding_width(m)
+    if m.decoder_layers:
+        return float(sum(stack_flops(st) for st in stacks(m, s, p)) + 6 * p * e * padded_vocab_size(m))
     layers = m.num_layers * layer_flops_per_sample(m, s)  # every layer, shared or not
     projection = 6 * s * e * h if e != h else 0  # ALBERT's embedding projection
     if "rtd" in m.heads:
@@ -123,8 +151,21 @@ def layer_flops_per_sample(m: ModelConfig, seq_len: int) -> int:
     """Training FLOPs of one transformer layer on one sequence: its matmuls 6*s*(4h^2 + 2hf) and attention
     12*h*s^2 (doubled with relative positions); see model_flops_per_sample."""
     h, s = m.hidden_size, seq_len
-    return 6 * s * (4 * h * h + 2 * h * m.ffn_hidden_size) + 12 * h * s * s * (
+    return 6 * s * (4 * h * h + (3 if m.gated_mlp else 2) * h * m.ffn_hidden_size) + 12 * h * s * s * (
         2 if m.position_encoding == "relative" else 1)
+
+
+def cross_flops_per_sample(m: ModelConfig, seq_len: int, context: int) -> int:
+    """Training FLOPs of one decoder layer's cross-attention: queries and output on `seq_len` tokens (6*s*2h^2), keys
+    and values of the `context` encoder outputs (6*c*2h^2), scores and weighted sum over s x c (12*h*s*c)."""
+    h = m.hidden_size
+    return 12 * seq_len * h * h + 12 * context * h * h + 12 * h * seq_len * context
+
+
+def stack_flops(stack: Stack) -> int:
+    """Training FLOPs of one sequence through a stack's layers, a decoder's cross-attention included."""
+    cross = cross_flops_per_sample(stack.model, stack.seq_len, stack.context) if stack.context else 0
+    return stack.layers * (layer_flops_per_sample(stack.model, stack.seq_len) + cross)
 
 
 
@@ -164,15 +205,19 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     over this rank's vocabulary; with the fused linear cross-entropy (`Config.lm_loss_fusable`) only what it keeps for
     the backward pass: the input's gradient, the fp32 weight-gradient sum and a chunk of logits (up to
     FUSED_CHUNK_BYTES, or as large as the input, up to 2x, where that is more: `kernels.fused_chunk_rows`)."""
-    m, s, t, b = cfg.model, cfg.data.seq_len, cfg.parallel.tp, micro_batch
+    m, t, b = cfg.model, cfg.parallel.tp, micro_batch
     scale = 2 if cfg.precision == "fp32" else 1
     layers = 0
-    for model in stacks(m):
+    for stack in stacks(m, cfg.data.seq_len, predicted_tokens(cfg)):
+        model, s, c = stack.model, stack.seq_len, stack.context
         h, a = model.hidden_size, model.num_heads
         attention = 5 * a * s * scale if attention_keeps_scores(model) else 4 * a
         layer = s * b * (scale * (10 * h + (8 * h + 4 * model.ffn_hidden_size) // t) + attention // t)
-        recomputed, kept = checkpointed(model), scale * 2 * s * b * h
-        layers += (model.num_layers - recomputed) * layer + recomputed * kept + (layer if recomputed else 0)
+        if c:  # cross-attention: its input and LayerNorm (2h), queries, output and dropout (5h/t), keys and values
+            layer += s * b * (scale * (2 * h + 5 * h // t) + 4 * a // t) + c * b * scale * 4 * h // t
+        recomputed, kept = stack.recomputed, scale * 2 * s * b * h
+        layers += (stack.layers - recomputed) * layer + recomputed * kept + (layer if recomputed else 0)
+        layers += c * b * h * 2 * scale  # the encoder's output, which every decoder layer reads
     rows, v, e = b * predicted_tokens(cfg), padded_vocab_size(m), embedding_width(m)
     act = 2 * scale
     chunk = max(2 * rows * e * act, min(rows * v * act, FUSED_CHUNK_BYTES))  # liger's sizing, or the byte budget

@@ -96,10 +96,6 @@ def _data_parallel_size(cfg: Config, world_size: int) -> int:
                           f"use a multiple of {tp} GPUs or another parallel.tp")
     if cfg.model.vocab_size < 1:
         raise ConfigError("model.vocab_size is 0 (the dataset's); give --vocab-size or set model.vocab_size")
-    if cfg.model.decoder_layers:
-        raise ConfigError(f"model.decoder_layers={cfg.model.decoder_layers}: ptm plan does not count an "
-                          f"encoder-decoder's second stack and cross-attention yet (issue 24); it would understate "
-                          f"memory and time, so it gives no figures")
     probe = copy.deepcopy(cfg)
     probe.data.path = probe.data.path or "unused"
     probe.train.global_batch_size = probe.train.micro_batch_size * (world_size // tp)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, fields, replace
 import yaml
 
 from pretrain.config import PRESETS_DIR, Config, ConfigError
-from pretrain.cost import (checkpointed, count_parameters, layer_flops_per_sample, model_flops_per_sample,
+from pretrain.cost import (checkpointed, count_parameters, model_flops_per_sample, stack_flops,
                            objective_parameters, predicted_tokens, stacks)
 from pretrain.models.config import embedding_width, padded_vocab_size
 
@@ -370,19 +370,25 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
     rate = hw.peak(cfg.precision) * eff.matmul * gemm_shape(cfg)  # achieved matmul FLOP/s
     tp_per_node = min(t, hw.gpus_per_node)
     compute, memory, tp_comm = flops * b / t / rate, 0.0, 0.0
-    for model in stacks(m):
-        h, f, layers, recomputed = model.hidden_size, model.ffn_hidden_size, model.num_layers, checkpointed(model)
-        layer_flops = b * layer_flops_per_sample(model, s)  # forward + backward of one layer
+    for stack in stacks(m, s, predicted_tokens(cfg)):
+        model, q, layers, recomputed = stack.model, stack.seq_len, stack.layers, stack.recomputed
+        h, f = model.hidden_size, model.ffn_hidden_size
+        layer_flops = b * stack_flops(stack) / layers  # forward + backward of one layer
         compute += recomputed * layer_flops / 3 / t / rate  # the recomputed forwards
         rep, per_h, per_f = ELEMENTWISE[kernels]
-        forward = b * s * (rep * h + (per_h * h + per_f * f) / t) * act
+        forward = b * q * (rep * h + (per_h * h + per_f * f) / t) * act
+        if stack.context:  # cross-attention: a sublayer's norm, residual and dropout, and its attention's traffic
+            forward += b * q * (rep * h / 2 + per_h * h / 2 / t) * act
         if model.position_encoding == "relative":
-            forward += b * s * model.num_heads * s * RELATIVE_SCORE_BYTES / 3 / t
+            forward += b * q * model.num_heads * q * RELATIVE_SCORE_BYTES / 3 / t
         layer_memory = (3 * layers + recomputed) * forward / hbm
         layer_compute = (layers + recomputed / 3) * layer_flops / t / rate
-        launches = (layers + recomputed / 3) * KERNELS_PER_LAYER[kernels] * LAUNCH_S
+        launches = (layers + recomputed / 3) * KERNELS_PER_LAYER[kernels] * (1.5 if stack.context else 1) * LAUNCH_S
         memory += max(layer_memory, launches - layer_compute)  # the GPU waits for Python to launch its kernels
-        tp_comm += (4 * layers + 2 * recomputed) * _ring("all-reduce", b * s * h * act, t, tp_per_node, hw, eff)
+        reduces = (4 if not stack.context else 6) * layers + 2 * recomputed  # cross-attention's output: 2 more
+        tp_comm += reduces * _ring("all-reduce", b * q * h * act, t, tp_per_node, hw, eff)
+        if stack.context:  # the gradient of the encoder's output through each layer's keys and values
+            tp_comm += layers * _ring("all-reduce", b * stack.context * h * act, t, tp_per_node, hw, eff)
     if not cfg.lm_loss_fusable():  # on CUDA with ptm[kernels] it runs
         memory += b * predicted_tokens(cfg) * padded_vocab_size(m) / t * LOGIT_BYTES / hbm
     # the embeddings' forward all-reduce (vocabulary-parallel lookup) and the LM head input's backward one
@@ -401,12 +407,16 @@ def gemm_shape(cfg: Config) -> float:
 
     m, t, s, b = cfg.model, cfg.parallel.tp, cfg.data.seq_len, cfg.train.micro_batch_size
     work = []  # (FLOPs, fraction of the rate)
-    for stack in stacks(m):
-        h, f, rows = stack.hidden_size, stack.ffn_hidden_size, b * s
-        for n, k in ((3 * h / t, h), (h, h / t), (f / t, h), (h, f / t)):  # QKV, output, fc1, fc2
-            work.append((stack.num_layers * rows * n * k, g(rows) * g(n) * g(k)))
-        dense = s * (4 * h * h + 2 * h * f)  # layer_flops_per_sample's matmuls, the rest is attention's
-        work.append((stack.num_layers * b * (layer_flops_per_sample(stack, s) / 6 - dense) / t, ATTENTION_RATE))
+    for stack in stacks(m, s, predicted_tokens(cfg)):
+        model, q, c, layers = stack.model, stack.seq_len, stack.context, stack.layers
+        h, f, rows = model.hidden_size, model.ffn_hidden_size, b * stack.seq_len
+        gemms = [(rows, 3 * h / t, h), (rows, h, h / t), (rows, f / t, h), (rows, h, f / t)]  # QKV, output, fc1, fc2
+        gemms += [(rows, f / t, h)] if model.gated_mlp else []  # the gate
+        gemms += [(rows, h / t, h), (b * c, 2 * h / t, h), (rows, h, h / t)] if c else []  # cross: q, kv, output
+        for m_rows, n, k in gemms:
+            work.append((layers * m_rows * n * k, g(m_rows) * g(n) * g(k)))
+        dense = sum(m_rows * n * k for m_rows, n, k in gemms) * t / b  # per sequence, all TP ranks
+        work.append((layers * b * (stack_flops(stack) / layers / 6 - dense) / t, ATTENTION_RATE))
     rows, vocab, width = b * predicted_tokens(cfg), padded_vocab_size(m) / t, embedding_width(m)
     work.append((rows * vocab * width, g(rows) * g(vocab) * g(width)))
     return sum(w for w, _ in work) / sum(w / rate for w, rate in work)
@@ -458,7 +468,7 @@ def _zero3_latency(cfg: Config, hw: Hardware, eff: Efficiency, dp: int) -> float
         return 0.0
     t = min(cfg.parallel.tp, hw.gpus_per_node)
     per_node = max(1, min(hw.gpus_per_node, dp * cfg.parallel.tp) // cfg.parallel.tp)
-    layers = sum(stack.num_layers for stack in stacks(cfg.model))
+    layers = sum(stack.layers for stack in stacks(cfg.model, cfg.data.seq_len, predicted_tokens(cfg)))
     gathers, reductions = _zero3_gathers(cfg) * layers - 1, layers - 1  # the one of each _data_parallel counts
     return (gathers * _ring("all-gather", 0.0, dp, per_node, hw, eff, tp=t)
             + reductions * _ring("reduce-scatter", 0.0, dp, per_node, hw, eff, tp=t))

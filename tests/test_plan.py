@@ -254,3 +254,28 @@ def test_the_parser_and_plan_import_neither_torch_nor_megatron():
             "print(sorted(m for m in ('torch', 'megatron.core', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["t5-1.0", "t5-1.1"])
+def test_encoder_decoder_flops_are_three_times_the_matmuls_of_a_forward_pass(gated):
+    """cost.model_flops_per_sample of T5 (the encoder on data.seq_len, the decoder on the target length, each decoder
+    layer's cross-attention over the encoder's output, gated MLPs, the LM head on every target token) equals three
+    times the matmul FLOPs torch's FlopCounterMode counts in one forward pass (SDPA's math kernel, whose matmuls it
+    counts)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pretrain import cost, models
+    from pretrain.parallel import mcore
+
+    mcore.initialize(tp=1, seed=0)
+    gate = ["model.gated_mlp=true", "model.activation=gelu_tanh"] if gated else []
+    cfg = load("t5-tiny", ["model.vocab_size=500", "model.hidden_dropout=0", "model.attention_dropout=0", *gate])
+    s, t = cfg.data.seq_len, cost.predicted_tokens(cfg)
+    assert t < s  # the target is shorter: the two lengths are told apart
+    model = models.build(cfg.model, tp=mcore.OneRank()).eval()
+    ids, targets = torch.randint(0, 500, (2, s)), torch.randint(0, 500, (2, t))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as flops, torch.no_grad():
+        model(ids, decoder_input_ids=targets)
+    assert cost.model_flops_per_sample(cfg.model, s, t) == 3 * flops.get_total_flops() / 2
