@@ -81,10 +81,12 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
         [(0, norm)] if m.norm == "pre" else [])
     if m.position_encoding == "bucketed":  # T5's bias table of the encoder (split by heads)
         heads.append((m.relative_buckets * m.num_heads, 0))
-    if m.decoder_layers:  # blocks with cross-attention (norm, q, kv, out), the decoder's final norm and bias table
+    if m.decoder_layers:  # blocks with cross-attention (norm, q, kv, out), the decoder's final norm and bias table,
+        # its own position table and embedding LayerNorm (BART's; the word table is the encoder's)
         cross = [(0, norm), (h * h + h * bias, 0), (2 * h * h + 2 * h * bias, 0), (h * h, h * bias)]
         blocks += (norms + attention + mlp + cross) * m.decoder_layers
         heads += [(0, norm)] if m.norm == "pre" else []
+        heads += [(0, positions * e)] + ([(0, 2 * e)] if normalises_embeddings(m) else [])
         heads += [(m.relative_buckets * m.num_heads, 0)] if m.position_encoding == "bucketed" else []
     if "mlm" in m.heads:  # MLM bias (vocab-split), transform dense and LayerNorm; "lm" is the word embeddings
         heads += [(v, 0), (0, h * e + e), (0, 2 * e)]

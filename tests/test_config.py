@@ -44,7 +44,7 @@ def test_base_can_name_a_preset_and_presets_load_by_name(tmp_path):
     path = write(tmp_path / "mine.yaml", "base: bert-tiny\ntrain:\n  steps: 10\n")
     cfg = load(path)
     assert cfg.train.steps == 10 and cfg.model.hidden_size == load("bert-tiny").model.hidden_size == 128
-    with pytest.raises(ConfigError, match="config file nope.yaml not found .*preset: albert-base, albert-tiny, bert-base, bert-large"):
+    with pytest.raises(ConfigError, match="config file nope.yaml not found .*preset: albert-base, albert-tiny, bart-base, bart-tiny, bert-base, bert-large"):
         load("nope.yaml")
 
 
@@ -319,7 +319,7 @@ def test_every_objective_is_one_registered_module():
     from pretrain import objectives
 
     assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie", "electra", "unilm",
-                                                                    "span_corruption")
+                                                                    "span_corruption", "denoising")
     assert all(o.help and C.OBJECTIVES[name] == o.help for name, o in objectives.REGISTRY.items())
     with pytest.raises(ValueError, match="data.objective 'bort' is not one of mlm_nsp | mlm_sop"):
         objectives.get("bort")

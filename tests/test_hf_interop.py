@@ -26,8 +26,8 @@ def _checkpoint(tmp_path, arch, tok_dir, nfkc=True, **features):
     tok = load_tokenizer(tok_dir)
     cfg = ModelConfig(arch=arch, vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=4,
                       ffn_hidden_size=128 if arch == "gpt" else 64, max_position_embeddings=64,  # GPT's MLP: 4 x hidden
-                      type_vocab_size={"gpt2": 0, "gpt": 0, "roberta": 1, "t5": 0}.get(arch, 2),
-                      layer_norm_eps=1e-5 if arch in ("gpt2", "gpt") else 1e-12, hidden_dropout=0, attention_dropout=0,
+                      type_vocab_size={"gpt2": 0, "gpt": 0, "roberta": 1, "t5": 0, "bart": 0}.get(arch, 2),
+                      layer_norm_eps=1e-5 if arch in ("gpt2", "gpt", "bart") else 1e-12, hidden_dropout=0, attention_dropout=0,
                       pad_token_id=tok.special["pad"] if arch == "roberta" else -1, **features)
     torch.manual_seed(0)
     model = models.build(cfg).eval()
@@ -347,3 +347,35 @@ def test_t5_to_hf_generates_with_its_sentinels_and_comes_back(t5_data, tmp_path)
     assert back.keys() == mine.keys()
     assert all(torch.equal(back[k], mine[k][:back[k].shape[0]]) for k in back)
     assert C.model_config(C.read_meta(str(tmp_path / "back"))).decoder_layers == 2
+
+
+def test_bart_to_hf_generates_and_comes_back(sp_model, tmp_path):
+    """BART exports as BartForConditionalGeneration with a tokenizer that wraps a sequence in [CLS] ... [SEP] (BART's
+    <s> ... </s>) and knows the mask token: its ids are data_prep's, HF's logits equal ptm's, `generate` (from </s>,
+    BART's decoder start) picks ptm's greedy tokens, and from-hf restores the weights bit for bit (padding rows
+    aside)."""
+    model, cfg = _checkpoint(tmp_path, "bart", sp_model, decoder_layers=2, position_offset=2)
+    out = tmp_path / "hf"
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert type(hf).__name__ == "BartForConditionalGeneration"
+    special = load_tokenizer(sp_model).special
+    text = "The function returns the sum of two numbers."
+    enc = tok([text + " [MASK] again.", "A shorter one."], padding=True, return_tensors="pt")
+    ids, _, _, _ = load_tokenizer(sp_model).encode([text])
+    assert enc["input_ids"][0, 0] == special["cls"] and enc["input_ids"][0, 1:len(ids) + 1].tolist() == ids.tolist()
+    assert special["mask"] in enc["input_ids"][0].tolist()
+    start = hf.config.decoder_start_token_id
+    assert start == hf.config.eos_token_id == special["eod"] and hf.config.pad_token_id == special["pad"]
+    decoder = torch.full((2, 1), start)
+    with torch.no_grad():
+        mine = model(enc["input_ids"], enc["attention_mask"], decoder)["logits"][..., :cfg.vocab_size]
+        torch.testing.assert_close(mine, hf(**enc, decoder_input_ids=decoder).logits, rtol=1e-5, atol=1e-5)
+    greedy = model.greedy(enc["input_ids"], enc["attention_mask"], max_new_tokens=6, start=start, eos=start,
+                          pad=special["pad"])
+    theirs = hf.generate(**enc, max_new_tokens=6, do_sample=False, num_beams=1, forced_eos_token_id=None)
+    assert torch.equal(theirs, greedy)
+    run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "back")
+    back, mine = C.load_full_model(str(tmp_path / "back")), C.load_full_model(C.resolve(str(tmp_path / "run")))
+    assert back.keys() == mine.keys() and all(torch.equal(back[k], mine[k][:back[k].shape[0]]) for k in back)

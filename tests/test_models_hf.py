@@ -406,17 +406,19 @@ def test_t5_encoder_decoder_matches_hf(gated):
             assert getattr(again, key) == value, key
 
 
-@pytest.mark.parametrize("preset", ["t5-small", "t5-base", "t5-v1_1-base"])
-def test_t5_presets_count_as_many_parameters_as_hf_builds(preset):
-    """pretrain/cost.py's count of an encoder-decoder (both stacks, cross-attention, two bias tables, one word table)
-    equals T5ForConditionalGeneration's on the meta device (t5-small: 60,506,624, the published size)."""
+@pytest.mark.parametrize("preset", ["t5-small", "t5-base", "t5-v1_1-base", "bart-base"])
+def test_encoder_decoder_presets_count_as_many_parameters_as_hf_builds(preset):
+    """pretrain/cost.py's count of an encoder-decoder (both stacks, cross-attention, T5's two bias tables, BART's two
+    position tables and embedding LayerNorms, one word table) equals the HF class's on the meta device, the
+    vocabulary unpadded (t5-small: 60,506,624, the published size)."""
     from pretrain import cost
     from pretrain.config import load
     from pretrain.families import get
 
-    cfg = load(preset)
+    cfg = load(preset, ["model.vocab_pad_to=1"])
+    adapter = get(cfg.model.arch).adapter
     with torch.device("meta"):
-        hf = transformers.T5ForConditionalGeneration(get("t5").adapter.hf_config(cfg.model, {"pad": 0, "eod": 1}))
+        hf = adapter.hf_model_class(adapter.hf_class)(adapter.hf_config(cfg.model, {"pad": 0, "eod": 1, "cls": 2}))
     assert cost.count_parameters(cfg.model) == sum(p.numel() for p in hf.parameters())
     if preset == "t5-small":
         assert cost.count_parameters(cfg.model) == 60_506_624
@@ -445,3 +447,52 @@ def test_t5_greedy_decoding_with_a_kv_cache_gives_hfs_generate_tokens(gated):
     live = torch.cat([torch.ones(B, 1, dtype=torch.bool), (mine[:, 1:-1] != 1).cummin(1).values], 1)  # before eos
     assert torch.equal(full[live], mine[:, 1:][live])
     assert len({tuple(r) for r in mine[:, 1:].tolist()}) > 1  # the rows decode differently: the test can tell
+
+
+def test_bart_encoder_decoder_matches_hf():
+    """BART: post-LN blocks with biases, a LayerNorm on each stack's embeddings, learned positions from row 2 in a
+    table per stack, cross-attention, GELU, tied logits: encoder, decoder and logits within 1e-5 of
+    BartForConditionalGeneration's, with a padded row in each stack; the loss within 1e-6 (relative); HF -> ptm ->
+    HF bit-exact, weights and config values."""
+    from pretrain.families import get
+    from pretrain.models.seq2seq import EncoderDecoder
+
+    torch.manual_seed(0)
+    hf_cfg = transformers.BartConfig(vocab_size=V, d_model=H, encoder_layers=L, decoder_layers=3,
+                                     encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=48, decoder_ffn_dim=48,
+                                     max_position_embeddings=40, dropout=0.0, attention_dropout=0.0,
+                                     activation_dropout=0.0, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                     decoder_start_token_id=2, forced_eos_token_id=2)
+    hf = transformers.BartForConditionalGeneration(hf_cfg)
+    with torch.no_grad():  # random biases and LayerNorms: HF zero-initialises them
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or "layer_norm" in name or "layernorm" in name:
+                p.normal_(mean=1.0 if name.endswith("weight") else 0.0, std=0.1)
+    hf.eval()
+    cfg = ModelConfig(**{**get("bart").adapter.model_config(hf.config), "vocab_pad_to": 128})
+    ours = EncoderDecoder(cfg).eval()
+    state, missing = hf_keys.from_hf("bart", hf.state_dict(), L, HEADS, ours.embeddings.word.weight.shape[0])
+    assert missing == []
+    ours.load_state_dict(state)
+    g = torch.Generator().manual_seed(1)
+    ids, dec = torch.randint(3, V, (B, S), generator=g), torch.randint(3, V, (B, 9), generator=g)
+    mask, dec_mask = torch.ones_like(ids), torch.ones_like(dec)
+    mask[1, 10:], dec_mask[2, 6:] = 0, 0
+    labels = torch.where(dec_mask.bool(), torch.randint(3, V, dec.shape, generator=g), -100)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, decoder_attention_mask=dec_mask,
+                 labels=labels, output_hidden_states=True)
+        hidden = ours(ids, mask, dec, dec_mask, hidden=True)
+        logits = ours(ids, mask, dec, dec_mask)["logits"]
+    torch.testing.assert_close(hidden["encoder_hidden"], ref.encoder_last_hidden_state, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden["hidden"], ref.decoder_hidden_states[-1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[..., :V], ref.logits, rtol=1e-5, atol=1e-5)
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    assert abs(loss.item() - ref.loss.item()) <= 1e-6 * max(1.0, ref.loss.item())
+    back = hf_keys.to_hf("bart", {k: v for k, v in ours.state_dict().items() if torch.is_tensor(v)}, L, HEADS, V)
+    theirs = hf.state_dict()
+    assert back.keys() == theirs.keys() and all(torch.equal(back[k], theirs[k]) for k in theirs)
+    again = get("bart").adapter.hf_config(cfg, {"pad": 1, "cls": 0, "eod": 2})
+    for key, value in hf.config.to_diff_dict().items():
+        if key not in ("transformers_version", "dtype", "init_std"):
+            assert getattr(again, key) == value, key

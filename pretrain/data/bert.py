@@ -23,7 +23,7 @@ from functools import cached_property
 import numpy as np
 
 from data_prep.text import has
-from pretrain.data.indexes import Stream, packed_chunks, pair_chunks, rng, sentence_table, shuffle
+from pretrain.data.indexes import Stream, packed_chunks, pair_chunks, rng, shuffle
 from pretrain.data.source import CorpusSource
 
 PAIR_TASKS = ("nsp", "sop", "next", "none")
@@ -60,12 +60,6 @@ class BertDataset(CorpusSource):
         if pair_task in ("sop", "next") and masker.structure == "sentences":  # a one-sentence run splits at a word
             return "words", "sentence-order prediction" if pair_task == "sop" else "a pair cut inside a sentence"
         return masker.structure, f"{masker.unit} masking"
-
-    @cached_property
-    def sentences(self) -> np.ndarray:
-        """(3, S) int32 [document position, first token, end token] of every sentence, by document."""
-        return self.index("sentences", lambda: sentence_table(*_ragged(self.corpus, "sentence_starts"),
-                                                              self.corpus.doc_lengths(), self.docs))
 
     @cached_property
     def chunks(self) -> np.ndarray:
@@ -171,14 +165,3 @@ def _truncate_pair(g, a, b, max_tokens: int):
     nb = min(lb, max_tokens - na)
     fa, fb = int(g.binomial(la - na, 0.5)), int(g.binomial(lb - nb, 0.5))
     return (da, a0 + fa, a0 + fa + na), (db, b0 + fb, b0 + fb + nb)
-
-
-def _ragged(corpus, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """A list column of every shard as one (offsets per corpus document, values) pair."""
-    offsets, values, base = [np.zeros(1, dtype=np.int64)], [], 0
-    for shard in corpus.shards:
-        off = shard.offsets[column].astype(np.int64)
-        values.append(shard.values[column][off[0]:off[-1]])
-        offsets.append(off[1:] - off[0] + base)
-        base += int(off[-1] - off[0])
-    return np.concatenate(offsets), np.concatenate(values)

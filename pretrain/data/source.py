@@ -14,7 +14,7 @@ import numpy as np
 
 from data_prep.dataset import Corpus
 from data_prep.text import has
-from pretrain.data.indexes import IndexCache
+from pretrain.data.indexes import IndexCache, sentence_table
 
 
 class Lazy:
@@ -47,6 +47,12 @@ class CorpusSource(Lazy):
     def _epochs(self) -> dict:
         return {}
 
+    @cached_property
+    def sentences(self) -> np.ndarray:
+        """(3, S) int32 [document position, first token, end token] of every sentence of this source's documents."""
+        return self.index("sentences", lambda: sentence_table(*ragged(self.corpus, "sentence_starts"),
+                                                              self.corpus.doc_lengths(), self.docs))
+
     def require(self, level: str, what: str) -> None:
         """Refuse a dataset built without the structure `level` (data_prep.text.STRUCTURES) that `what` needs."""
         built = self.corpus.structure
@@ -68,3 +74,14 @@ class CorpusSource(Lazy):
 
     def prepare(self, epoch: int) -> None:
         self.epoch_index(epoch)
+
+
+def ragged(corpus, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """A list column of every shard as one (offsets per corpus document, values) pair."""
+    offsets, values, base = [np.zeros(1, dtype=np.int64)], [], 0
+    for shard in corpus.shards:
+        off = shard.offsets[column].astype(np.int64)
+        values.append(shard.values[column][off[0]:off[-1]])
+        offsets.append(off[1:] - off[0] + base)
+        base += int(off[-1] - off[0])
+    return np.concatenate(offsets), np.concatenate(values)

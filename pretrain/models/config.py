@@ -45,7 +45,9 @@ class ModelConfig:
                                  "cross-attention (encoder-decoder models: T5, BART, MASS); 0: none", range=">= 0")
     num_heads: int = opt(12, "attention heads", range="> 0")
     ffn_hidden_size: int = opt(3072, "inner width of the MLP", range="> 0")
-    max_position_embeddings: int = opt(512, "learned positions: the longest data.seq_len the model takes", range="> 0")
+    max_position_embeddings: int = opt(512, "learned positions: rows of the position table (the longest data.seq_len "
+                                            "the model takes, plus any offset)", range="> 0")
+    position_offset: int = opt(0, "learned positions: the row of position 0 (BART's tables start at 2)", range=">= 0")
     type_vocab_size: int = opt(2, "segment embeddings (BERT, ERNIE); 0 for GPT-2", range=">= 0")
     task_type_vocab_size: int = opt(0, "ERNIE 2.0 task-type embeddings (HF use_task_id); 0: none", range=">= 0")
     max_relative_position: int = opt(64, "position_encoding=relative: attention tells distances apart up to this many "
@@ -98,7 +100,8 @@ class ModelConfig:
                                          "ffn (only those sublayers shared); null: the arch's", choices=SHARING)
 
     def __post_init__(self):
-        for key, value in {**families.COMMON, **ARCH_FEATURES.get(self.arch, {})}.items():  # unknown arch: ConfigError later
+        # an unknown arch: a ConfigError in validation
+        for key, value in {**families.COMMON, **ARCH_FEATURES.get(self.arch, {})}.items():
             if getattr(self, key) is None:
                 setattr(self, key, list(value) if isinstance(value, list) else value)
 
@@ -118,7 +121,7 @@ def embedding_width(cfg: ModelConfig) -> int:
 
 def positions_needed(cfg: ModelConfig, seq_len: int) -> int:
     """Rows of the position table that sequences of `seq_len` use (RoBERTa's start past the padding id)."""
-    return seq_len + (cfg.pad_token_id + 1 if cfg.position_encoding == "roberta" else 0)
+    return seq_len + (cfg.pad_token_id + 1 if cfg.position_encoding == "roberta" else cfg.position_offset)
 
 
 def padded_vocab_size(cfg: ModelConfig) -> int:

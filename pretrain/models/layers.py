@@ -68,14 +68,15 @@ class Embeddings(nn.Module):
         cfg, e = ctx.cfg, embedding_width(ctx.cfg)
         self.word = mtp.VocabParallelEmbedding(padded_vocab_size(cfg), e, init_method=ctx.init, config=ctx.mp,
                                                tp_group=ctx.tp)
-        self.position = nn.Embedding(cfg.max_position_embeddings, e) if cfg.position_encoding in ("learned", "roberta") \
-            else None
+        learned = cfg.position_encoding in ("learned", "roberta")
+        self.position = nn.Embedding(cfg.max_position_embeddings, e) if learned else None
         self.token_type = nn.Embedding(cfg.type_vocab_size, e) if cfg.type_vocab_size else None
         self.task_type = nn.Embedding(cfg.task_type_vocab_size, e) if cfg.task_type_vocab_size else None
         self.norm = nn.LayerNorm(e, eps=cfg.layer_norm_eps) if normalises_embeddings(cfg) else None
         self.dropout = nn.Dropout(cfg.hidden_dropout)
         self.proj = nn.Linear(e, cfg.hidden_size) if e != cfg.hidden_size else None
         self.pad = cfg.pad_token_id if cfg.position_encoding == "roberta" else None
+        self.offset = cfg.position_offset
 
     def share(self, other: "Embeddings", names=("word", "position", "token_type", "task_type", "norm")) -> None:
         """Use `other`'s tables and LayerNorm (ELECTRA's generator reads the discriminator's; a decoder its encoder's
@@ -89,6 +90,8 @@ class Embeddings(nn.Module):
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
         if self.pad is not None:
             position_ids = torch.where(input_ids == self.pad, self.pad, position_ids + self.pad + 1)
+        elif self.offset:
+            position_ids = position_ids + self.offset
         x = self.word(input_ids)
         if self.position is not None:
             x = x + self.position(position_ids)
@@ -229,7 +232,8 @@ class BucketedBias(nn.Module):
     def __init__(self, ctx: Context, bidirectional: bool):
         super().__init__()
         cfg, rank, parts = ctx.cfg, ctx.tp.rank(), ctx.tp.size()
-        self.bidirectional, self.buckets, self.max_distance = bidirectional, cfg.relative_buckets, cfg.relative_max_distance
+        self.bidirectional, self.buckets = bidirectional, cfg.relative_buckets
+        self.max_distance = cfg.relative_max_distance
         whole = ctx.init(torch.empty(cfg.relative_buckets, cfg.num_heads))
         heads = cfg.num_heads // parts
         self.weight = nn.Parameter(whole[:, rank * heads:(rank + 1) * heads].clone())

@@ -41,7 +41,8 @@ def accumulate(opt, clear_lp_grads: bool = False) -> None:
     """BF16_Optimizer.update_hp_grads: each parameter's fp32 gradient += its bf16 gradient, by runs of consecutive
     parameters (their fp32 gradients are consecutive views of one flat buffer per group)."""
     for i, group in enumerate(opt.bf16_groups):
-        hp, flat, has = opt.fp32_groups_gradients[i], opt.fp32_groups_gradients_flat[i], opt.fp32_groups_has_gradients[i]
+        hp, flat = opt.fp32_groups_gradients[i], opt.fp32_groups_gradients_flat[i]
+        has = opt.fp32_groups_has_gradients[i]
         run, start, size = [], 0, 0
         for j, lp in enumerate(group + [None]):
             g = lp.grad if lp is not None else None
