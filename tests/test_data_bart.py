@@ -69,3 +69,31 @@ def test_samples_rebuild_the_original_run_from_permuted_infilled_sentences(sourc
     assert permuted > 5  # sentences moved: the kept tokens are out of the original order
     again = source.sample(0, 7)
     assert all((again[k] == source.sample(0, 7)[k]).all() for k in again)
+
+
+def test_mass_masks_half_of_each_sentence_and_feeds_the_decoder_its_shifted_fragment(train_data):
+    """MASS: in each sentence one contiguous fragment of round(len / 2) tokens is the mask token in the encoder's
+    input and the labels there; the decoder reads the fragment shifted right (the sentence's previous token or <s>
+    first) and the mask token elsewhere; encoder and decoder positions align."""
+    from data_prep.dataset import Corpus
+    from pretrain.data.mass import MassDataset
+
+    special = Corpus(train_data).special_ids
+    source = MassDataset(train_data, 64, seed=5)
+    for i in range(30):
+        s = source.sample(0, i)
+        pieces = source.sentences_of(0, i)
+        tokens = np.concatenate(pieces)
+        n = len(tokens)
+        assert s["attention_mask"].sum() == s["decoder_attention_mask"].sum() == n + 2
+        enc, dec, labels = s["input_ids"][1:n + 1], s["decoder_input_ids"][1:n + 1], s["labels"][1:n + 1]
+        at = 0
+        for piece in pieces:
+            span = np.flatnonzero(labels[at:at + len(piece)] != -100)
+            k = max(1, round(len(piece) / 2))
+            assert len(span) == k and (np.diff(span) == 1).all()  # one contiguous fragment of half the sentence
+            u = at + span[0]
+            assert (labels[u:u + k] == tokens[u:u + k]).all() and (enc[u:u + k] == special["mask"]).all()
+            assert dec[u] == (tokens[u - 1] if u > at else special["cls"]) and (dec[u + 1:u + k] == tokens[u:u + k - 1]).all()
+            at += len(piece)
+        assert ((enc == tokens) | (labels != -100)).all() and ((dec == special["mask"]) | (labels != -100)).all()

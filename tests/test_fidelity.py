@@ -3,8 +3,9 @@ masking, padded samples), ERNIE 2.0 (two tasks of one stage), GPT-2 (unpacked do
 (mlm on full sentences, its positions), ALBERT (shared layers, factorised embeddings, n-gram masking, SOP), MacBERT
 (correction masking), ELECTRA (a generator sampling the tokens a discriminator judges), NEZHA (relative positions
 inside attention), GPT (a post-LN decoder), UniLM (four attention masks, one per sample), T5 (an encoder-decoder:
-span corruption, cross-attention, the bucketed relative bias split by heads; its own dataset, with sentinels) and BART
-(a post-LN encoder-decoder: text infilling and sentence permutation), under TP=2 x DP=2 with
+span corruption, cross-attention, the bucketed relative bias split by heads; its own dataset, with sentinels), BART
+(a post-LN encoder-decoder: text infilling and sentence permutation) and MASS (BART's shape, half of each sentence
+masked and decoded), under TP=2 x DP=2 with
 ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
 
 Every loss is a sum over its elements divided by their count in the whole global batch (pretrain/losses.py); with
@@ -40,6 +41,7 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "t5": (["t5-tiny", "train.grad_clip=0.25"], 2, "lm_loss"),  # encoder-decoder; every target token predicted;
     # its gradients are smaller: clipped at 0.25 so that clipping is part of what agrees
     "bart": (["bart-tiny", "model.max_position_embeddings=34"], 2, "lm_loss"),  # post-LN encoder-decoder, denoising
+    "mass": (["mass-tiny", "model.max_position_embeddings=34"], 2, "lm_loss"),  # half of each sentence, decoded
 }
 OWN_DATA = {"t5": "t5_data"}  # models whose dataset is not train_data
 STAGES = (1, 2, 3)

@@ -83,15 +83,21 @@ class DenoisingDataset(CorpusSource):
         return self.index("bart-shuffle", lambda: shuffle(len(self), Stream.SHUFFLE, self.seed, epoch),
                           seed=self.seed, epoch=epoch, n=len(self))
 
-    def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:
-        g = rng(Stream.SAMPLE, self.seed, epoch, index)
+    def sentences_of(self, epoch: int, index: int) -> list[np.ndarray]:
+        """The tokens of each sentence of sample `index`'s run, the last cut to fit seq_len - 2 (a first one longer
+        than that, alone)."""
         lo, hi, _ = (int(x) for x in self.chunks[self.epoch_index(epoch)[index]])
         doc_pos, first, end = (r[lo:hi] for r in self.sentences)
         tokens = self.corpus.tokens(int(self.docs[doc_pos[0]]))
         pieces, room = [], self.max_tokens
-        for a, b in zip(first, end):  # the run's sentences, the last cut to fit (a first one longer than the room)
+        for a, b in zip(first, end):
             pieces.append(tokens[a:a + min(int(b - a), room)])
             room -= len(pieces[-1])
+        return [p for p in pieces if len(p)]
+
+    def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:
+        g = rng(Stream.SAMPLE, self.seed, epoch, index)
+        pieces = self.sentences_of(epoch, index)
         original = np.concatenate(pieces)
         order = g.permutation(len(pieces)) if self.permute else np.arange(len(pieces))
         corrupted = infill(np.concatenate([pieces[i] for i in order]), g, self.mask, self.ratio, self.mean)
