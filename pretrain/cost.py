@@ -3,7 +3,7 @@ and activations. `ptm plan`, the speed model (pretrain/speed.py) and the trainer
 holds its parameter count to the model built on the meta device for every preset.
 
     n = count_parameters(cfg.model, tp=2)                                   # one TP rank's parameters
-    flops = model_flops_per_sample(cfg.model, cfg.data.seq_len, predicted_tokens(cfg))
+    flops = flops_per_sample(cfg)
     layers, logits = activation_bytes(cfg, micro_batch=8)
 """
 from __future__ import annotations
@@ -38,14 +38,14 @@ class Stack:
         return self.layers if setting is True else len({i for i in setting or () if i < self.layers})
 
 
-def stacks(m: ModelConfig, seq_len: int, predicted: int | None = None) -> list[Stack]:
+def stacks(m: ModelConfig, seq_len: int, decoder: int = 0) -> list[Stack]:
     """The transformer stacks a model runs on sequences of `seq_len`: the model's, ELECTRA's generator (its own
-    sizes), an encoder-decoder's decoder on the `predicted` target tokens, reading the encoder's output."""
+    sizes), an encoder-decoder's decoder on `decoder` tokens (default seq_len), reading the encoder's output."""
     if "rtd" in m.heads:
         g = generator_config(m)
         return [Stack(m, m.num_layers, seq_len), Stack(g, g.num_layers, seq_len)]
     if m.decoder_layers:
-        return [Stack(m, m.num_layers, seq_len), Stack(m, m.decoder_layers, predicted or seq_len, seq_len)]
+        return [Stack(m, m.num_layers, seq_len), Stack(m, m.decoder_layers, decoder or seq_len, seq_len)]
     return [Stack(m, m.num_layers, seq_len)]
 
 
@@ -118,7 +118,18 @@ def predicted_tokens(cfg) -> int:
     return objectives.get(cfg.data.objective).predicted_tokens(cfg.data)
 
 
-def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None = None) -> float:
+def flops_per_sample(cfg) -> float:
+    """`model_flops_per_sample` of a config: its model, sequence length, and its objective's predicted tokens and
+    decoder length."""
+    return model_flops_per_sample(cfg.model, cfg.data.seq_len, predicted_tokens(cfg), decoder_tokens(cfg))
+
+
+def decoder_tokens(cfg) -> int:
+    """Tokens per sequence an encoder-decoder's decoder runs on (0 without a decoder)."""
+    return objectives.get(cfg.data.objective).decoder_tokens(cfg.data)
+
+
+def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None = None, decoder: int = 0) -> float:
     """Training FLOPs of one sequence: forward + backward = 3 x forward (2 FLOPs per multiply-add), activation
     recomputation not counted (model FLOPs, not hardware FLOPs). With s = seq_len, L layers, hidden h, MLP
     width f, padded vocabulary V and p = `predicted` tokens (default s):
@@ -135,11 +146,12 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
                                       every token, plus the generator's FLOPs (this formula, its own sizes)
 
     For f = 4h and p = s this is Megatron's 72*s*L*h^2 * (1 + s/(6h) + V/(12*L*h)). An encoder-decoder adds its
-    decoder's layers on the p target tokens, each with its cross-attention to the s encoder outputs (`stack_flops`).
+    decoder's layers on its `decoder` tokens (default p), each with its cross-attention to the s encoder outputs
+    (`stack_flops`), and the LM head on the p it predicts.
     Embedding lookups, norms, softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
     h, s, p, e = m.hidden_size, seq_len, seq_len if predicted is None else predicted, embedding_width(m)
     if m.decoder_layers:
-        return float(sum(stack_flops(st) for st in stacks(m, s, p)) + 6 * p * e * padded_vocab_size(m))
+        return float(sum(stack_flops(st) for st in stacks(m, s, decoder or p)) + 6 * p * e * padded_vocab_size(m))
     layers = m.num_layers * layer_flops_per_sample(m, s)  # every layer, shared or not
     projection = 6 * s * e * h if e != h else 0  # ALBERT's embedding projection
     if "rtd" in m.heads:
@@ -210,7 +222,7 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     m, t, b = cfg.model, cfg.parallel.tp, micro_batch
     scale = 2 if cfg.precision == "fp32" else 1
     layers = 0
-    for stack in stacks(m, cfg.data.seq_len, predicted_tokens(cfg)):
+    for stack in stacks(m, cfg.data.seq_len, decoder_tokens(cfg)):
         model, s, c = stack.model, stack.seq_len, stack.context
         h, a = model.hidden_size, model.num_heads
         attention = 5 * a * s * scale if attention_keeps_scores(model) else 4 * a

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from data_prep import PrepError
 from pretrain import speed
 from pretrain.config import Config, ConfigError, load
-from pretrain.cost import (STATE_BYTES, activation_bytes, checkpointed, count_parameters, largest_module,
-                           model_flops_per_sample, model_state_bytes, objective_parameters, predicted_tokens)
+from pretrain.cost import (STATE_BYTES, activation_bytes, checkpointed, count_parameters, flops_per_sample,
+                           largest_module, model_state_bytes, objective_parameters)
 
 GIB = 1 << 30
 CUDA_CONTEXT = GIB  # assumed: CUDA context, cuBLAS/NCCL workspaces, allocator slack
@@ -237,7 +237,7 @@ def _gib(nbytes: float) -> str:
 
 def _header(name: str, cfg: Config, plan: Plan, vocab_source: str, world: int) -> str:
     m, z, d = cfg.model, cfg.zero, cfg.data
-    flops = model_flops_per_sample(m, d.seq_len, predicted_tokens(cfg))
+    flops = flops_per_sample(cfg)
     return (f"{name}: {m.arch}, {plan.params / 1e6:.1f}M parameters ({plan.params_per_rank / 1e6:.1f}M per "
             f"TP rank), vocabulary {m.vocab_size} ({vocab_source})\n"
             f"{world} GPUs = tp {plan.tp} x dp {plan.dp}, ZeRO-{z.stage}{' + offload' if z.offload else ''}, "

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field, fields, replace
 import yaml
 
 from pretrain.config import PRESETS_DIR, Config, ConfigError
-from pretrain.cost import (checkpointed, count_parameters, model_flops_per_sample, stack_flops,
-                           objective_parameters, predicted_tokens, stacks)
+from pretrain.cost import (checkpointed, count_parameters, decoder_tokens, flops_per_sample, objective_parameters,
+                           predicted_tokens, stack_flops, stacks)
 from pretrain.models.config import embedding_width, padded_vocab_size
 
 HARDWARE_FILE = os.path.join(PRESETS_DIR, "hardware", "gpus.yaml")
@@ -347,7 +347,7 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
         raise ConfigError(f"train.global_batch_size={global_batch} is not a multiple of micro batch {b} x "
                           f"data-parallel size {dp}; change one of them")
     accumulation = global_batch // (b * dp)
-    flops = model_flops_per_sample(cfg.model, cfg.data.seq_len, predicted_tokens(cfg))
+    flops = flops_per_sample(cfg)
     compute, memory, tp_comm = _micro_batch(cfg, hw, eff, flops)
     n = count_parameters(cfg.model, t) + objective_parameters(cfg)
     overlap = _overlap_comm(cfg) if overlap_reduce is None else overlap_reduce
@@ -370,7 +370,7 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
     rate = hw.peak(cfg.precision) * eff.matmul * gemm_shape(cfg)  # achieved matmul FLOP/s
     tp_per_node = min(t, hw.gpus_per_node)
     compute, memory, tp_comm = flops * b / t / rate, 0.0, 0.0
-    for stack in stacks(m, s, predicted_tokens(cfg)):
+    for stack in stacks(m, s, decoder_tokens(cfg)):
         model, q, layers, recomputed = stack.model, stack.seq_len, stack.layers, stack.recomputed
         h, f = model.hidden_size, model.ffn_hidden_size
         layer_flops = b * stack_flops(stack) / layers  # forward + backward of one layer
@@ -407,8 +407,8 @@ def gemm_shape(cfg: Config) -> float:
 
     m, t, s, b = cfg.model, cfg.parallel.tp, cfg.data.seq_len, cfg.train.micro_batch_size
     work = []  # (FLOPs, fraction of the rate)
-    for stack in stacks(m, s, predicted_tokens(cfg)):
-        model, q, c, layers = stack.model, stack.seq_len, stack.context, stack.layers
+    for stack in stacks(m, s, decoder_tokens(cfg)):
+        model, c, layers = stack.model, stack.context, stack.layers
         h, f, rows = model.hidden_size, model.ffn_hidden_size, b * stack.seq_len
         gemms = [(rows, 3 * h / t, h), (rows, h, h / t), (rows, f / t, h), (rows, h, f / t)]  # QKV, output, fc1, fc2
         gemms += [(rows, f / t, h)] if model.gated_mlp else []  # the gate
@@ -468,7 +468,7 @@ def _zero3_latency(cfg: Config, hw: Hardware, eff: Efficiency, dp: int) -> float
         return 0.0
     t = min(cfg.parallel.tp, hw.gpus_per_node)
     per_node = max(1, min(hw.gpus_per_node, dp * cfg.parallel.tp) // cfg.parallel.tp)
-    layers = sum(stack.layers for stack in stacks(cfg.model, cfg.data.seq_len, predicted_tokens(cfg)))
+    layers = sum(stack.layers for stack in stacks(cfg.model, cfg.data.seq_len, decoder_tokens(cfg)))
     gathers, reductions = _zero3_gathers(cfg) * layers - 1, layers - 1  # the one of each _data_parallel counts
     return (gathers * _ring("all-gather", 0.0, dp, per_node, hw, eff, tp=t)
             + reductions * _ring("reduce-scatter", 0.0, dp, per_node, hw, eff, tp=t))

@@ -61,7 +61,7 @@ class Trainer:
         self.parallel = engine.build(cfg, model, self.optimizer, self.scheduler)
         self.engine, self.model = self.parallel.engine, model
         self.accumulation = self.engine.gradient_accumulation_steps()
-        self.flops_per_sample = cost.model_flops_per_sample(cfg.model, cfg.data.seq_len, cost.predicted_tokens(cfg))
+        self.flops_per_sample = cost.flops_per_sample(cfg)
         self.device_name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
         self.step = self.consumed = 0
         self._stop: bool | None = None  # whether a rank got a stop signal, agreed by the last step (`_agree`)

@@ -256,12 +256,14 @@ def test_the_parser_and_plan_import_neither_torch_nor_megatron():
     assert out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("gated", [False, True], ids=["t5-1.0", "t5-1.1"])
-def test_encoder_decoder_flops_are_three_times_the_matmuls_of_a_forward_pass(gated):
-    """cost.model_flops_per_sample of T5 (the encoder on data.seq_len, the decoder on the target length, each decoder
-    layer's cross-attention over the encoder's output, gated MLPs, the LM head on every target token) equals three
-    times the matmul FLOPs torch's FlopCounterMode counts in one forward pass (SDPA's math kernel, whose matmuls it
-    counts)."""
+@pytest.mark.parametrize("preset, gated", [("t5-tiny", False), ("t5-tiny", True), ("mass-tiny", False)],
+                         ids=["t5-1.0", "t5-1.1", "mass"])
+def test_encoder_decoder_flops_are_three_times_the_matmuls_of_a_forward_pass(preset, gated):
+    """cost.flops_per_sample of T5 (the encoder on data.seq_len, the decoder on the target length, each decoder
+    layer's cross-attention over the encoder's output, gated MLPs, the LM head on every target token) and of MASS
+    (the decoder on seq_len, the LM head on the masked half) equals three times the matmul FLOPs torch's
+    FlopCounterMode counts in one forward pass, the LM head run on the predicted positions (SDPA's math kernel, whose
+    matmuls it counts)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
@@ -271,11 +273,12 @@ def test_encoder_decoder_flops_are_three_times_the_matmuls_of_a_forward_pass(gat
 
     mcore.initialize(tp=1, seed=0)
     gate = ["model.gated_mlp=true", "model.activation=gelu_tanh"] if gated else []
-    cfg = load("t5-tiny", ["model.vocab_size=500", "model.hidden_dropout=0", "model.attention_dropout=0", *gate])
-    s, t = cfg.data.seq_len, cost.predicted_tokens(cfg)
-    assert t < s  # the target is shorter: the two lengths are told apart
+    cfg = load(preset, ["model.vocab_size=500", "model.hidden_dropout=0", "model.attention_dropout=0", *gate])
+    s, t, p = cfg.data.seq_len, cost.decoder_tokens(cfg), cost.predicted_tokens(cfg)
+    assert p < s and (t < s if preset == "t5-tiny" else t == s)  # the lengths are told apart
     model = models.build(cfg.model, tp=mcore.OneRank()).eval()
     ids, targets = torch.randint(0, 500, (2, s)), torch.randint(0, 500, (2, t))
+    positions = torch.arange(2 * t).view(2, t)[:, :p].flatten()  # p predicted tokens per sequence
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as flops, torch.no_grad():
-        model(ids, decoder_input_ids=targets)
-    assert cost.model_flops_per_sample(cfg.model, s, t) == 3 * flops.get_total_flops() / 2
+        model(ids, decoder_input_ids=targets, positions=positions)
+    assert cost.flops_per_sample(cfg) == 3 * flops.get_total_flops() / 2

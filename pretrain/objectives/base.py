@@ -68,6 +68,10 @@ class Objective:
         """Tokens per sequence the LM head runs on (`data`: the config's data section)."""
         return data.max_predictions_per_seq or math.ceil(data.mask_prob * data.seq_len)
 
+    def decoder_tokens(self, data) -> int:
+        """Tokens per sequence an encoder-decoder's decoder runs on (0: the objective trains no decoder)."""
+        return 0
+
     # ---- the schedule ---------------------------------------------------------------------------------------
 
     def phases(self) -> list:

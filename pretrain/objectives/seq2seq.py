@@ -23,6 +23,9 @@ class Seq2Seq(Objective):
                                      f"segment; set model.type_vocab_size=0")
         need(not cfg.data.unpadded, f"data.unpadded=true packs BERT and ERNIE samples, not {self.name}'s; remove it")
 
+    def decoder_tokens(self, data) -> int:
+        return data.seq_len  # the target (BART, MASS: aligned with the input, padded to seq_len)
+
     def select(self, batch, phase=None):
         return {"lm": batch["labels"] != -100}
 

@@ -18,6 +18,9 @@ class SpanCorruption(Seq2Seq):
 
         return lengths(data.seq_len)[1]
 
+    def decoder_tokens(self, data) -> int:
+        return self.predicted_tokens(data)  # the target, every token of it predicted
+
     def source(self, path, corpus, docs, phase, cache_dir=None):
         from pretrain.data.t5 import SpanCorruption as Samples
 
