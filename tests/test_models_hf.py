@@ -1,5 +1,7 @@
 """Parity with Hugging Face (litgpt style): random weights, same inputs, ptm vs transformers forward."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -479,3 +481,26 @@ def test_bart_encoder_decoder_matches_hf():
     assert missing == []
     ours.load_state_dict(state)
     _matches_hf(hf, ours, cfg, {"pad": 1, "cls": 0, "eod": 2})
+
+
+def test_t5_starts_from_t5s_initialisation():
+    """model.init=t5 (the t5 family's): every weight's standard deviation is that of HF's freshly built T5 (Mesh
+    TensorFlow's scales: embeddings 1, queries (d * d_head)^-1/2 inside the fused QKV, keys and values d^-1/2, ...),
+    within what two samples of that size allow; the default init draws all of them at init_std."""
+    from pretrain.families import get
+    from pretrain.models.seq2seq import EncoderDecoder
+
+    torch.manual_seed(0)
+    hf_cfg = transformers.T5Config(vocab_size=500, d_model=64, d_kv=16, d_ff=256, num_layers=2, num_heads=4,
+                                   relative_attention_num_buckets=32, dropout_rate=0.0)
+    theirs = transformers.T5ForConditionalGeneration(hf_cfg).state_dict()
+    cfg = ModelConfig(**{**get("t5").adapter.model_config(hf_cfg), "vocab_pad_to": 1})
+    assert cfg.init == "t5"
+    for init in ("t5", "normal"):
+        model = EncoderDecoder(dataclasses.replace(cfg, init=init))
+        ours = hf_keys.to_hf("t5", {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}, 2, 4, 500)
+        for name, ref in theirs.items():
+            expected = ref.std().item() if init == "t5" else 0.02
+            tolerance = 0.02 + 4 / ref.numel() ** 0.5  # two samples' standard deviations, each off by ~1/sqrt(2n)
+            if "layer_norm" not in name:
+                assert abs(ours[name].std().item() / expected - 1) < tolerance, (init, name, ours[name].std(), expected)

@@ -11,7 +11,8 @@ from typing import Callable
 
 VOCAB_ROWS = ("embeddings.word.weight", "mlm.bias")  # the model's parameters with a row per (padded) vocabulary entry
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # ptm -> HF hidden_act
-COMMON = dict(norm_type="layernorm", bias=True, gated_mlp=False, scaled_attention=True, scaled_logits=False)
+COMMON = dict(norm_type="layernorm", bias=True, gated_mlp=False, scaled_attention=True, scaled_logits=False,
+              init="normal")
 # the model features of a family that does not name them (every family before T5), and what its HF class computes
 
 
@@ -57,7 +58,8 @@ class Adapter:
     def problems(self, cfg) -> list[str]:
         """Why `cfg`'s model is not what the HF class computes (empty: it is): one line per feature, with the fix."""
         out = []
-        for key, allowed in {**{k: (v,) for k, v in COMMON.items()}, **self.computes}.items():
+        common = {k: (v,) for k, v in COMMON.items() if k != "init"}  # how weights start: nothing HF computes
+        for key, allowed in {**common, **self.computes}.items():
             value = getattr(cfg, key)
             ok = value in allowed if not isinstance(value, list) else all(v in allowed for v in value)
             if not ok:

@@ -11,7 +11,7 @@ from pretrain.families.seq2seq import EncoderDecoderAdapter
 ORDER = 110
 FEATURES = dict(norm="pre", norm_type="rmsnorm", bias=False, gated_mlp=False, activation="relu", causal=False,
                 heads=["lm"], scaled_init=False, position_encoding="bucketed", share_layers="none",
-                scaled_attention=False, scaled_logits=True, embedding_norm=False)
+                scaled_attention=False, scaled_logits=True, embedding_norm=False, init="t5")
 COMPUTES = dict(norm=("pre",), norm_type=("rmsnorm",), bias=(False,), gated_mlp=(False, True),
                 activation=("relu", "gelu_tanh"), causal=(False,), heads=("lm",), position_encoding=("bucketed",),
                 share_layers=("none",), scaled_attention=(False,), scaled_logits=(False, True),

@@ -77,6 +77,8 @@ class ModelConfig:
                                        "gated GELU); null: the arch's")
     scaled_attention: bool | None = opt(None, "scale attention scores by 1/sqrt(head_dim) (T5 folds it into the "
                                               "initialisation instead); null: the arch's")
+    init: str | None = opt(None, "normal (every weight N(0, init_std)) | t5 (T5's per-matrix scales: embeddings "
+                                 "N(0, 1), queries (d * d_head)^-1/2, ...); null: the arch's", choices=("normal", "t5"))
     scaled_logits: bool | None = opt(None, "multiply the hidden states by hidden_size**-0.5 before the tied output "
                                            "projection (T5 1.0); null: the arch's")
     embedding_norm: bool | None = opt(None, "LayerNorm on the embeddings (BERT; not GPT's post-LN decoder); null: the "

@@ -39,23 +39,44 @@ class RowParallelLinear(mtp.RowParallelLinear):
 @dataclass
 class Context:
     """What every layer of one model is built with: its config, its TP group, megatron-core's layer settings for that
-    group, and the weight initialisations (residual output projections may be scaled down, GPT-2's scaled_init)."""
+    group, and the weight initialisations by role (`inits`: word, qkv, q, kv, out, fc1, fc2, bias; residual output
+    projections may be scaled down, GPT-2's scaled_init)."""
 
     cfg: object
     tp: object
     mp: object
     init: object
     out_init: object
+    inits: dict
 
     @classmethod
     def of(cls, cfg, tp) -> "Context":
         init = normal(cfg.init_std)
         out_init = normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)) if cfg.scaled_init else init
-        return cls(cfg, tp, mcore.model_parallel_config(tp), init, out_init)
+        inits = dict.fromkeys(("word", "qkv", "q", "kv", "fc1", "bias"), init) | {"out": out_init, "fc2": out_init}
+        if cfg.init == "t5":
+            inits = t5_inits(cfg)
+        return cls(cfg, tp, mcore.model_parallel_config(tp), init, out_init, inits)
 
 
 def normal(std):
     return lambda w: nn.init.normal_(w, mean=0.0, std=std)
+
+
+def t5_inits(cfg) -> dict:
+    """T5's (Mesh TensorFlow's) initialisation: the word embeddings N(0, 1); a query (d * d_head)^-1/2 (it stands in for
+    the attention's missing 1/sqrt(d_head)), keys, values, the MLP's input and the bias tables d^-1/2, the attention
+    output (heads * d_head)^-1/2 and the MLP output f^-1/2, with d the hidden size and f the MLP width. The fused QKV
+    weight is whole when it is drawn (CPU initialisation): its query rows, per head [q, k, v], are scaled."""
+    d, f, head = cfg.hidden_size, cfg.ffn_hidden_size, cfg.hidden_size // cfg.num_heads
+
+    def qkv(w):
+        nn.init.normal_(w, std=d ** -0.5)
+        with torch.no_grad():
+            w.view(-1, 3, head, w.shape[-1])[:, 0] *= head ** -0.5
+        return w
+    return {"word": normal(1.0), "qkv": qkv, "q": normal((d * head) ** -0.5), "kv": normal(d ** -0.5),
+            "out": normal(d ** -0.5), "fc1": normal(d ** -0.5), "fc2": normal(f ** -0.5), "bias": normal(d ** -0.5)}
 
 
 class Embeddings(nn.Module):
@@ -66,7 +87,7 @@ class Embeddings(nn.Module):
     def __init__(self, ctx: Context):
         super().__init__()
         cfg, e = ctx.cfg, embedding_width(ctx.cfg)
-        self.word = mtp.VocabParallelEmbedding(padded_vocab_size(cfg), e, init_method=ctx.init, config=ctx.mp,
+        self.word = mtp.VocabParallelEmbedding(padded_vocab_size(cfg), e, init_method=ctx.inits["word"], config=ctx.mp,
                                                tp_group=ctx.tp)
         learned = cfg.position_encoding in ("learned", "roberta")
         self.position = nn.Embedding(cfg.max_position_embeddings, e) if learned else None
@@ -169,10 +190,10 @@ class SelfAttention(nn.Module):
         self.heads = cfg.num_heads // ctx.tp.size()
         self.head_dim = h // cfg.num_heads
         self.dropout = cfg.attention_dropout
-        self.qkv = mtp.ColumnParallelLinear(h, 3 * h, config=ctx.mp, init_method=ctx.init, bias=cfg.bias,
+        self.qkv = mtp.ColumnParallelLinear(h, 3 * h, config=ctx.mp, init_method=ctx.inits["qkv"], bias=cfg.bias,
                                             gather_output=False, tp_group=ctx.tp)
         self.core = build_module(submodules.core, ctx, self.head_dim, causal)
-        self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.out_init, bias=cfg.bias,
+        self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
                                      input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
     def forward(self, x, mask, cache: dict | None = None):
@@ -200,12 +221,12 @@ class CrossAttention(nn.Module):
         self.heads = cfg.num_heads // ctx.tp.size()
         self.head_dim = h // cfg.num_heads
         self.dropout = cfg.attention_dropout
-        self.q = mtp.ColumnParallelLinear(h, h, config=ctx.mp, init_method=ctx.init, bias=cfg.bias,
+        self.q = mtp.ColumnParallelLinear(h, h, config=ctx.mp, init_method=ctx.inits["q"], bias=cfg.bias,
                                           gather_output=False, tp_group=ctx.tp)
-        self.kv = mtp.ColumnParallelLinear(h, 2 * h, config=ctx.mp, init_method=ctx.init, bias=cfg.bias,
+        self.kv = mtp.ColumnParallelLinear(h, 2 * h, config=ctx.mp, init_method=ctx.inits["kv"], bias=cfg.bias,
                                            gather_output=False, tp_group=ctx.tp)
         self.core = build_module(submodules.core, ctx, self.head_dim, False)
-        self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.out_init, bias=cfg.bias,
+        self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
                                      input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
     def forward(self, x, context, mask, cache: dict | None = None):
@@ -234,7 +255,7 @@ class BucketedBias(nn.Module):
         cfg, rank, parts = ctx.cfg, ctx.tp.rank(), ctx.tp.size()
         self.bidirectional, self.buckets = bidirectional, cfg.relative_buckets
         self.max_distance = cfg.relative_max_distance
-        whole = ctx.init(torch.empty(cfg.relative_buckets, cfg.num_heads))
+        whole = ctx.inits["bias"](torch.empty(cfg.relative_buckets, cfg.num_heads))
         heads = cfg.num_heads // parts
         self.weight = nn.Parameter(whole[:, rank * heads:(rank + 1) * heads].clone())
         mtp.set_tensor_model_parallel_attributes(self.weight, is_parallel=True, dim=1, stride=1)
@@ -283,11 +304,12 @@ class MLP(nn.Module):
         self.activation = cfg.activation
 
         def column():
-            return mtp.ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, config=ctx.mp, init_method=ctx.init,
+            return mtp.ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, config=ctx.mp,
+                                            init_method=ctx.inits["fc1"],
                                             bias=cfg.bias, gather_output=False, skip_bias_add=True, tp_group=ctx.tp)
         self.fc1 = column()
         self.gate = column() if cfg.gated_mlp else None
-        self.fc2 = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, config=ctx.mp, init_method=ctx.out_init,
+        self.fc2 = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, config=ctx.mp, init_method=ctx.inits["fc2"],
                                      bias=cfg.bias, input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
     def forward(self, x):
