@@ -196,8 +196,7 @@ def test_relative_attention_equals_a_float64_computation():
     cfg = ModelConfig(arch="nezha", vocab_size=V, hidden_size=heads * d, num_heads=heads, max_relative_position=m,
                       attention_dropout=0)
     torch.manual_seed(0)
-    init = lambda w: torch.nn.init.normal_(w, std=0.5)  # noqa: E731
-    ctx = Context(cfg, mcore.tp_group(), mcore.model_parallel_config(), init, init)
+    ctx = Context.of(dataclasses.replace(cfg, init_std=0.5), mcore.tp_group())
     attention = build_module(attention_spec(cfg), ctx).double().eval()
     x = torch.randn(2, s, heads * d, dtype=torch.float64)
     keep = torch.ones(2, s, dtype=torch.bool)
