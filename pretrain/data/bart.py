@@ -103,14 +103,15 @@ class DenoisingDataset(CorpusSource):
         corrupted = infill(np.concatenate([pieces[i] for i in order]), g, self.mask, self.ratio, self.mean)
         source = np.concatenate([[self.bos], corrupted[:self.max_tokens], [self.eos]])
         target = np.concatenate([[self.bos], original, [self.eos]])
-        return {"input_ids": _pad(source, self.seq_len, self.pad),
-                "attention_mask": _pad(np.ones_like(source), self.seq_len, 0),
-                "labels": _pad(target, self.seq_len, -100),
-                "decoder_input_ids": _pad(np.concatenate([[self.eos], target[:-1]]), self.seq_len, self.pad),
-                "decoder_attention_mask": _pad(np.ones_like(target), self.seq_len, 0)}
+        return {"input_ids": pad(source, self.seq_len, self.pad),
+                "attention_mask": pad(np.ones_like(source), self.seq_len, 0),
+                "labels": pad(target, self.seq_len, -100),
+                "decoder_input_ids": pad(np.concatenate([[self.eos], target[:-1]]), self.seq_len, self.pad),
+                "decoder_attention_mask": pad(np.ones_like(target), self.seq_len, 0)}
 
 
-def _pad(a: np.ndarray, length: int, value: int) -> np.ndarray:
+def pad(a: np.ndarray, length: int, value: int) -> np.ndarray:
+    """`a` followed by `value` up to `length`, as int64."""
     out = np.full(length, value, dtype=np.int64)
     out[:len(a)] = a
     return out

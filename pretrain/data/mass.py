@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pretrain.data.bart import DenoisingDataset, _pad
+from pretrain.data.bart import DenoisingDataset, pad
 from pretrain.data.indexes import Stream, rng
 
 FRAGMENT = 0.5
@@ -38,8 +38,8 @@ class MassDataset(DenoisingDataset):
 
         def wrapped(middle, edge):
             return np.concatenate([[edge[0]], middle, [edge[1]]])
-        return {"input_ids": _pad(wrapped(encoder, (self.bos, self.eos)), self.seq_len, self.pad),
-                "attention_mask": _pad(np.ones(n, dtype=np.int64), self.seq_len, 0),
-                "labels": _pad(wrapped(labels, (-100, -100)), self.seq_len, -100),
-                "decoder_input_ids": _pad(wrapped(decoder, (self.mask, self.mask)), self.seq_len, self.pad),
-                "decoder_attention_mask": _pad(np.ones(n, dtype=np.int64), self.seq_len, 0)}
+        return {"input_ids": pad(wrapped(encoder, (self.bos, self.eos)), self.seq_len, self.pad),
+                "attention_mask": pad(np.ones(n, dtype=np.int64), self.seq_len, 0),
+                "labels": pad(wrapped(labels, (-100, -100)), self.seq_len, -100),
+                "decoder_input_ids": pad(wrapped(decoder, (self.mask, self.mask)), self.seq_len, self.pad),
+                "decoder_attention_mask": pad(np.ones(n, dtype=np.int64), self.seq_len, 0)}
