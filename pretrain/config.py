@@ -264,8 +264,9 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     plug-in's section and of every family."""
     m, d, t, o, tp = cfg.model, cfg.data, cfg.train, cfg.optimizer, cfg.parallel.tp
     errors = _Problems()
-    errors.need(m.hidden_size % m.num_heads == 0, f"model.hidden_size={m.hidden_size} is not divisible by "
-                                                  f"model.num_heads={m.num_heads}; make it a multiple of the heads")
+    errors.need(m.head_dim or m.hidden_size % m.num_heads == 0,
+                f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; make it a "
+                f"multiple of the heads, or set model.head_dim")
     for k in ("model.hidden_size", "model.ffn_hidden_size", "model.num_heads", "model.vocab_pad_to"):
         errors.need(cfg.get(k) % tp == 0, f"{k}={cfg.get(k)} is not divisible by parallel.tp={tp}; "
                                           f"use a parallel.tp that divides it")

@@ -61,14 +61,14 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
     directly; a shared layer (share_layers) once; `shared_embeddings`: the tables and their LayerNorm belong to
     another model (ELECTRA's generator reads the discriminator's). An encoder-decoder (T5) counts its decoder's
     blocks with their cross-attention, each stack's final norm and bucketed bias, the word table once."""
-    h, f, v, e = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m)
+    h, f, v, e, a = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m), m.attention_width
     bias = 1 if m.bias else 0
     norm = h if m.norm_type == "rmsnorm" else 2 * h  # RMSNorm has no bias
     positions = m.max_position_embeddings if m.position_encoding in ("learned", "roberta") else 0
     tables = [(v * e, 0), (0, positions * e), (0, m.type_vocab_size * e), (0, m.task_type_vocab_size * e)]
     embeddings = ([] if shared_embeddings else tables) + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
     norms = [(0, norm), (0, norm)]
-    attention = [(3 * h * h + 3 * h * bias, 0), (h * h, h * bias)]  # QKV (column), output (row: bias replicated)
+    attention = [(3 * h * a + 3 * a * bias, 0), (a * h, h * bias)]  # QKV (column), output (row: bias replicated)
     mlp = [(f * h + f * bias, 0), (f * h, h * bias)] + ([(f * h + f * bias, 0)] if m.gated_mlp else [])  # fc1, fc2, gate
     if m.share_layers == "all":
         blocks = norms + attention + mlp
@@ -83,7 +83,7 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
         heads.append((m.relative_buckets * m.num_heads, 0))
     if m.decoder_layers:  # blocks with cross-attention (norm, q, kv, out), the decoder's final norm and bias table,
         # its own position table and embedding LayerNorm (BART's; the word table is the encoder's)
-        cross = [(0, norm), (h * h + h * bias, 0), (2 * h * h + 2 * h * bias, 0), (h * h, h * bias)]
+        cross = [(0, norm), (h * a + a * bias, 0), (2 * h * a + 2 * a * bias, 0), (a * h, h * bias)]
         blocks += (norms + attention + mlp + cross) * m.decoder_layers
         heads += [(0, norm)] if m.norm == "pre" else []
         heads += [(0, positions * e)] + ([(0, 2 * e)] if normalises_embeddings(m) else [])
@@ -134,8 +134,9 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
     recomputation not counted (model FLOPs, not hardware FLOPs). With s = seq_len, L layers, hidden h, MLP
     width f, padded vocabulary V and p = `predicted` tokens (default s):
 
-        6 * s * L * (4h^2 + 2hf)      block matmuls: QKV, attention output, MLP
-      + 12 * L * h * s^2              attention scores QK^T and P @ V over the full s x s square
+        6 * s * L * (4h^2 + 2hf)      block matmuls: QKV, attention output, MLP (4ha with an attention width
+                                      a = heads x model.head_dim other than h; 3hf with a gated MLP)
+      + 12 * L * h * s^2              attention scores QK^T and P @ V over the full s x s square (a for h)
                                       (causal masking's halving is not applied, as in Megatron and nanoGPT);
                                       twice that with relative positions (NEZHA: q . a_ij and P . a_ij too)
       + 6 * p * e * V                 LM head logits on the predicted tokens (e: the embedding width, = h
@@ -162,18 +163,19 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
 
 
 def layer_flops_per_sample(m: ModelConfig, seq_len: int) -> int:
-    """Training FLOPs of one transformer layer on one sequence: its matmuls 6*s*(4h^2 + 2hf) and attention
-    12*h*s^2 (doubled with relative positions); see model_flops_per_sample."""
-    h, s = m.hidden_size, seq_len
-    return 6 * s * (4 * h * h + (3 if m.gated_mlp else 2) * h * m.ffn_hidden_size) + 12 * h * s * s * (
+    """Training FLOPs of one transformer layer on one sequence: its matmuls 6*s*(4ha + 2hf) and attention
+    12*a*s^2 (doubled with relative positions), a the attention width (= h unless model.head_dim sets it); see
+    model_flops_per_sample."""
+    h, s, a = m.hidden_size, seq_len, m.attention_width
+    return 6 * s * (4 * h * a + (3 if m.gated_mlp else 2) * h * m.ffn_hidden_size) + 12 * a * s * s * (
         2 if m.position_encoding == "relative" else 1)
 
 
 def cross_flops_per_sample(m: ModelConfig, seq_len: int, context: int) -> int:
-    """Training FLOPs of one decoder layer's cross-attention: queries and output on `seq_len` tokens (6*s*2h^2), keys
-    and values of the `context` encoder outputs (6*c*2h^2), scores and weighted sum over s x c (12*h*s*c)."""
-    h = m.hidden_size
-    return 12 * seq_len * h * h + 12 * context * h * h + 12 * h * seq_len * context
+    """Training FLOPs of one decoder layer's cross-attention: queries and output on `seq_len` tokens (6*s*2ha), keys
+    and values of the `context` encoder outputs (6*c*2ha), scores and weighted sum over s x c (12*a*s*c)."""
+    h, a = m.hidden_size, m.attention_width
+    return 12 * seq_len * h * a + 12 * context * h * a + 12 * a * seq_len * context
 
 
 def stack_flops(stack: Stack) -> int:

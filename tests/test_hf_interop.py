@@ -215,6 +215,22 @@ def test_export_refuses_what_the_family_class_does_not_compute(sp_model, gpt2_vo
     assert "model.norm=post has no HF class" in errors[0] and "model.activation=gelu has no HF class" in errors[1]
 
 
+
+def test_only_t5_exports_heads_of_another_width_than_hidden_over_heads():
+    """model.head_dim (T5 1.1 small's 6 heads of 64 in 512): T5's class takes it as d_kv; BART's and BERT's split the
+    hidden size over the heads, so their export refuses it in one line naming the setting."""
+    from pretrain.families import get
+    from pretrain.models.config import ModelConfig
+
+    sizes = dict(hidden_size=32, num_heads=4, head_dim=12, decoder_layers=1, type_vocab_size=0)
+    assert get("t5").adapter.problems(ModelConfig(arch="t5", **sizes)) == []
+    assert get("t5").adapter.hf_config(ModelConfig(arch="t5", **sizes), {}).d_kv == 12
+    for arch in ("bart", "bert"):
+        errors = get(arch).adapter.problems(ModelConfig(arch=arch, **sizes))
+        assert len(errors) == 1 and errors[0].startswith("model.head_dim=12 has no HF class"), errors
+    assert get("bert").adapter.problems(ModelConfig(arch="bert", **{**sizes, "head_dim": 8})) == []  # = 32 / 4
+
+
 def test_electra_exports_discriminator_and_generator_and_comes_back(sp_model, tmp_path):
     """ELECTRA exports the discriminator as ElectraForPreTraining and the generator as ElectraForMaskedLM in
     generator/, each with the shared embeddings and the same outputs; from-hf of that directory restores every weight

@@ -347,12 +347,13 @@ def test_shared_layers_equal_an_unshared_model_holding_copies(share):
 
 
 def _t5(gated: bool):
-    """A tiny HF T5 (1.0: ReLU, scaled tied logits; 1.1: gated GELU, unscaled) with random RMSNorm weights, and ptm's
-    encoder-decoder holding its weights (float32: HF's T5LayerNorm computes in float32 whatever the input)."""
+    """A tiny HF T5 (1.0: ReLU, scaled tied logits; 1.1: gated GELU, unscaled, heads narrower than hidden / heads as
+    in t5-v1_1-small) with random RMSNorm weights, and ptm's encoder-decoder holding its weights (float32: HF's
+    T5LayerNorm computes in float32 whatever the input)."""
     from pretrain.models.seq2seq import EncoderDecoder
 
     torch.manual_seed(0)
-    hf_cfg = transformers.T5Config(vocab_size=V, d_model=H, d_kv=H // HEADS, d_ff=48, num_layers=L, num_decoder_layers=3,
+    hf_cfg = transformers.T5Config(vocab_size=V, d_model=H, d_kv=12 if gated else H // HEADS, d_ff=48, num_layers=L, num_decoder_layers=3,
                                    num_heads=HEADS, relative_attention_num_buckets=8, relative_attention_max_distance=20,
                                    dropout_rate=0.0, feed_forward_proj="gated-gelu" if gated else "relu",
                                    tie_word_embeddings=not gated, attn_implementation="eager")
@@ -412,7 +413,7 @@ def _matches_hf(hf, ours, cfg, special: dict):
             assert getattr(again, key) == value, key
 
 
-@pytest.mark.parametrize("preset", ["t5-small", "t5-base", "t5-v1_1-base", "bart-base"])
+@pytest.mark.parametrize("preset", ["t5-small", "t5-base", "t5-v1_1-small", "t5-v1_1-base", "bart-base"])
 def test_encoder_decoder_presets_count_as_many_parameters_as_hf_builds(preset):
     """pretrain/cost.py's count of an encoder-decoder (both stacks, cross-attention, T5's two bias tables, BART's two
     position tables and embedding LayerNorms, one word table) equals the HF class's on the meta device, the
@@ -490,7 +491,7 @@ def test_t5_starts_from_t5s_initialisation():
     from pretrain.models.seq2seq import EncoderDecoder
 
     torch.manual_seed(0)
-    hf_cfg = transformers.T5Config(vocab_size=500, d_model=64, d_kv=16, d_ff=256, num_layers=2, num_heads=4,
+    hf_cfg = transformers.T5Config(vocab_size=500, d_model=64, d_kv=12, d_ff=256, num_layers=2, num_heads=4,
                                    relative_attention_num_buckets=32, dropout_rate=0.0)
     theirs = transformers.T5ForConditionalGeneration(hf_cfg).state_dict()
     cfg = ModelConfig(**{**get("t5").adapter.model_config(hf_cfg), "vocab_pad_to": 1})

@@ -44,6 +44,7 @@ class Adapter:
     tied: dict = {}  # HF names that hold another HF name's tensor (tied output projections)
     computes: dict = {}  # model feature -> the values the HF class computes; export refuses others
     tokenizer = "bert"  # special-token template of the exported tokenizer: bert | roberta | none
+    head_widths = False  # the HF class takes heads of any width (T5's d_kv), not only hidden_size / num_heads
 
     # ---- configs ------------------------------------------------------------------------------------------
 
@@ -67,6 +68,9 @@ class Adapter:
                 out.append(f"model.{key}={shown} has no HF class: {self.hf_class} computes {key} = "
                            f"{' | '.join(map(str, allowed))}; keep the model in ptm's format, or train one with a "
                            f"model.{key} that {self.hf_class} computes")
+        if cfg.attention_width != cfg.hidden_size and not self.head_widths:
+            out.append(f"model.head_dim={cfg.head_dim} has no HF class: {self.hf_class} splits hidden_size over the "
+                       f"heads; keep the model in ptm's format, or train one with model.head_dim=0")
         return out
 
     shared: tuple[str, ...] = ()  # a companion model's parameters that are the first model's (ELECTRA's embeddings)

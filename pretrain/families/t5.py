@@ -31,6 +31,7 @@ class T5Adapter(EncoderDecoderAdapter):
     model_type = "t5"
     computes = COMPUTES
     tokenizer = "t5"
+    head_widths = True
     self_attention = "layer.0.SelfAttention.{}"
     cross_attention = "layer.1.EncDecAttention.{}"
     gated_key = ".DenseReluDense.wi_1."
@@ -53,7 +54,7 @@ class T5Adapter(EncoderDecoderAdapter):
             raise ExportError("model.decoder_layers=0: T5ForConditionalGeneration needs a decoder; set "
                               "model.decoder_layers")
         return transformers.T5Config(
-            vocab_size=cfg.vocab_size, d_model=cfg.hidden_size, d_kv=cfg.hidden_size // cfg.num_heads,
+            vocab_size=cfg.vocab_size, d_model=cfg.hidden_size, d_kv=cfg.head_size,
             d_ff=cfg.ffn_hidden_size, num_layers=cfg.num_layers, num_decoder_layers=cfg.decoder_layers,
             num_heads=cfg.num_heads, relative_attention_num_buckets=cfg.relative_buckets,
             relative_attention_max_distance=cfg.relative_max_distance, dropout_rate=cfg.hidden_dropout,
@@ -63,15 +64,12 @@ class T5Adapter(EncoderDecoderAdapter):
             architectures=[self.hf_class])
 
     def model_config(self, hf):
-        if hf.d_kv * hf.num_heads != hf.d_model:
-            raise ExportError(f"d_kv * num_heads = {hf.d_kv * hf.num_heads} differs from d_model = {hf.d_model}: "
-                              f"ptm's attention splits the hidden size over the heads")
         gated = hf.is_gated_act
         if hf.dense_act_fn not in (("gelu_new",) if gated else ("relu",)):
             raise ExportError(f"feed_forward_proj={hf.feed_forward_proj!r}: ptm's T5 has relu or gated-gelu")
         return dict(arch="t5", vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.d_model,
                     num_layers=hf.num_layers, decoder_layers=hf.num_decoder_layers, num_heads=hf.num_heads,
-                    ffn_hidden_size=hf.d_ff, relative_buckets=hf.relative_attention_num_buckets,
+                    head_dim=0 if hf.d_kv * hf.num_heads == hf.d_model else hf.d_kv, ffn_hidden_size=hf.d_ff, relative_buckets=hf.relative_attention_num_buckets,
                     relative_max_distance=hf.relative_attention_max_distance, type_vocab_size=0,
                     task_type_vocab_size=0, layer_norm_eps=hf.layer_norm_epsilon, hidden_dropout=hf.dropout_rate,
                     attention_dropout=hf.dropout_rate, gated_mlp=gated, activation="gelu_tanh" if gated else "relu",

@@ -167,7 +167,7 @@ def attention(cfg, device: torch.device, mask: str = "padding") -> str:
     if m.position_encoding == "relative":
         return "ptm's matmuls + softmax (relative positions)"
     s, dtype = cfg.data.seq_len, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
-    q = torch.zeros(1, m.num_heads // cfg.parallel.tp, s, m.hidden_size // m.num_heads, dtype=dtype, device=device)
+    q = torch.zeros(1, m.num_heads // cfg.parallel.tp, s, m.head_size, dtype=dtype, device=device)
     mask = None if m.causal else "block-diagonal" if cfg.data.unpadded else mask
     bias = None if mask is None else q.new_zeros(1, 1, 1 if mask == "padding" else s, s)  # SDPA's form of a bool mask
     choice = SDPBackend(torch._fused_sdp_choice(q, q, q, bias, m.attention_dropout, m.causal))

@@ -44,6 +44,8 @@ class ModelConfig:
     decoder_layers: int = opt(0, "layers of a decoder stack that attends to the encoder's output through "
                                  "cross-attention (encoder-decoder models: T5, BART, MASS); 0: none", range=">= 0")
     num_heads: int = opt(12, "attention heads", range="> 0")
+    head_dim: int = opt(0, "width of each attention head (Megatron's kv_channels, T5's d_kv); 0: hidden_size / "
+                           "num_heads (T5 1.1 small: 6 heads of 64 in a 512-wide model)", range=">= 0")
     ffn_hidden_size: int = opt(3072, "inner width of the MLP", range="> 0")
     max_position_embeddings: int = opt(512, "learned positions: rows of the position table (the longest data.seq_len "
                                             "the model takes, plus any offset)", range="> 0")
@@ -107,6 +109,16 @@ class ModelConfig:
             if getattr(self, key) is None:
                 setattr(self, key, list(value) if isinstance(value, list) else value)
 
+
+    @property
+    def head_size(self) -> int:
+        """The width of one attention head: `head_dim`, or the hidden size split over the heads."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def attention_width(self) -> int:
+        """The width of the queries, keys, values and the attention output: every head's."""
+        return self.num_heads * self.head_size
 
 
 FEATURES = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.default is None)  # what the model computes

@@ -68,7 +68,7 @@ def t5_inits(cfg) -> dict:
     the attention's missing 1/sqrt(d_head)), keys, values, the MLP's input and the bias tables d^-1/2, the attention
     output (heads * d_head)^-1/2 and the MLP output f^-1/2, with d the hidden size and f the MLP width. The fused QKV
     weight is whole when it is drawn (CPU initialisation): its query rows, per head [q, k, v], are scaled."""
-    d, f, head = cfg.hidden_size, cfg.ffn_hidden_size, cfg.hidden_size // cfg.num_heads
+    d, f, head, width = cfg.hidden_size, cfg.ffn_hidden_size, cfg.head_size, cfg.attention_width
 
     def qkv(w):
         nn.init.normal_(w, std=d ** -0.5)
@@ -76,7 +76,7 @@ def t5_inits(cfg) -> dict:
             w.view(-1, 3, head, w.shape[-1])[:, 0] *= head ** -0.5
         return w
     return {"word": normal(1.0), "qkv": qkv, "q": normal((d * head) ** -0.5), "kv": normal(d ** -0.5),
-            "out": normal(d ** -0.5), "fc1": normal(d ** -0.5), "fc2": normal(f ** -0.5), "bias": normal(d ** -0.5)}
+            "out": normal(width ** -0.5), "fc1": normal(d ** -0.5), "fc2": normal(f ** -0.5), "bias": normal(d ** -0.5)}
 
 
 class Embeddings(nn.Module):
@@ -186,14 +186,14 @@ class SelfAttention(nn.Module):
 
     def __init__(self, ctx: Context, submodules: AttentionSubmodules, causal: bool | None = None):
         super().__init__()
-        cfg, h = ctx.cfg, ctx.cfg.hidden_size
+        cfg, h, a = ctx.cfg, ctx.cfg.hidden_size, ctx.cfg.attention_width
         self.heads = cfg.num_heads // ctx.tp.size()
-        self.head_dim = h // cfg.num_heads
+        self.head_dim = cfg.head_size
         self.dropout = cfg.attention_dropout
-        self.qkv = mtp.ColumnParallelLinear(h, 3 * h, config=ctx.mp, init_method=ctx.inits["qkv"], bias=cfg.bias,
+        self.qkv = mtp.ColumnParallelLinear(h, 3 * a, config=ctx.mp, init_method=ctx.inits["qkv"], bias=cfg.bias,
                                             gather_output=False, tp_group=ctx.tp)
         self.core = build_module(submodules.core, ctx, self.head_dim, causal)
-        self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
+        self.out = RowParallelLinear(a, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
                                      input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
     def forward(self, x, mask, cache: dict | None = None):
@@ -217,16 +217,16 @@ class CrossAttention(nn.Module):
 
     def __init__(self, ctx: Context, submodules: AttentionSubmodules):
         super().__init__()
-        cfg, h = ctx.cfg, ctx.cfg.hidden_size
+        cfg, h, a = ctx.cfg, ctx.cfg.hidden_size, ctx.cfg.attention_width
         self.heads = cfg.num_heads // ctx.tp.size()
-        self.head_dim = h // cfg.num_heads
+        self.head_dim = cfg.head_size
         self.dropout = cfg.attention_dropout
-        self.q = mtp.ColumnParallelLinear(h, h, config=ctx.mp, init_method=ctx.inits["q"], bias=cfg.bias,
+        self.q = mtp.ColumnParallelLinear(h, a, config=ctx.mp, init_method=ctx.inits["q"], bias=cfg.bias,
                                           gather_output=False, tp_group=ctx.tp)
-        self.kv = mtp.ColumnParallelLinear(h, 2 * h, config=ctx.mp, init_method=ctx.inits["kv"], bias=cfg.bias,
+        self.kv = mtp.ColumnParallelLinear(h, 2 * a, config=ctx.mp, init_method=ctx.inits["kv"], bias=cfg.bias,
                                            gather_output=False, tp_group=ctx.tp)
         self.core = build_module(submodules.core, ctx, self.head_dim, False)
-        self.out = RowParallelLinear(h, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
+        self.out = RowParallelLinear(a, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
                                      input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
     def forward(self, x, context, mask, cache: dict | None = None):
