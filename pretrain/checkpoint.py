@@ -287,8 +287,9 @@ def load_model_shard(ckpt: str, tp_rank: int, tp: int, vocab_rows: int | None = 
 
 # ---- the trainer's checkpoints ----------------------------------------------------------------------------
 
-MODEL_SHAPE = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_hidden_size",
-               "max_position_embeddings", "type_vocab_size", "task_type_vocab_size", "embedding_size", "generator_size",
+MODEL_SHAPE = ("arch", "vocab_size", "hidden_size", "num_layers", "decoder_layers", "num_heads", "head_dim",
+               "ffn_hidden_size", "max_position_embeddings", "position_offset", "relative_buckets",
+               "relative_max_distance", "type_vocab_size", "task_type_vocab_size", "embedding_size", "generator_size",
                *FEATURES)
 NOT_IDENTITY = ("activation_checkpointing",)  # model settings that a resume may change (memory, not math)
 
