@@ -112,3 +112,32 @@ def test_sentinels_follow_the_vocabulary_and_no_text_encodes_to_them(t5_data, sp
     assert corpus.sentinel_ids == tok.sentinel_ids() == list(range(base + 99, base - 1, -1))
     assert [tok.piece(i) for i in corpus.sentinel_ids[:2]] == ["<extra_id_0>", "<extra_id_1>"]
     assert max(int(corpus.tokens(i).max()) for i in range(len(corpus))) < base
+
+
+def test_span_accuracy_counts_span_tokens_with_the_markers_left_out_of_the_guess(t5_data):
+    """Held-out `lm_span_acc`: on the span tokens only (sentinel and end targets left out of the count) the model's
+    guess is its best token other than the markers, so a sentinel scored highest does not cost the span token scored
+    next; `lm_span_unigram_acc` counts the most frequent token on the same tokens."""
+    import torch
+
+    from data_prep.dataset import Corpus
+    from pretrain.config import load
+    from pretrain.losses import Term
+    from pretrain.objectives import get
+    from pretrain.parallel import mcore
+
+    mcore.initialize(1, 0)
+    corpus = Corpus(t5_data)
+    objective = get("span_corruption").configured(load("t5-tiny", [f"data.path={t5_data}"]))
+    sentinel, eos, word, other = corpus.sentinel_ids[0], corpus.special_ids["eod"], 7, 9
+    target = torch.tensor([sentinel, word, word, other, eos])
+    logits = torch.zeros(5, corpus.vocab_size)
+    logits[:, sentinel] = 5.0  # the markers' columns lead everywhere
+    logits[[1, 3], [word, other]] = 2.0  # right on two of the three span tokens
+    logits[2, other] = 2.0
+    hits, count = objective.held_out(logits, target)["lm_span_acc"]
+    assert (int(hits), int(count)) == (2, 3)
+    labels = torch.tensor([[sentinel, word, word, other, eos, -100]])
+    terms = {"lm": Term(torch.zeros(()), torch.tensor(5))}
+    hits, count = objective.baselines({"labels": labels}, terms, most_frequent=word)["lm_span_unigram_acc"]
+    assert (int(hits), int(count)) == (2, 3)

@@ -30,6 +30,8 @@ class Seq2Seq(Objective):
         return {"lm": batch["labels"] != -100}
 
     def compute(self, model, batch, phase=None, fused=False):
+        import torch
+
         from pretrain.losses import Term, pick, token_term
 
         where = self.where(batch, phase)["lm"]
@@ -38,7 +40,15 @@ class Seq2Seq(Objective):
         if fused:
             loss, correct = model(**inputs, positions=where, labels=target)["lm_loss"]
             return {"lm": Term(loss, target.new_full((), len(target)), correct)}
-        return {"lm": token_term(model(**inputs, positions=where)["logits"], target)}
+        logits = model(**inputs, positions=where)["logits"]
+        term = token_term(logits, target)
+        if not torch.is_grad_enabled():  # held-out evaluation
+            term.ratios = self.held_out(logits, target)
+        return {"lm": term}
+
+    def held_out(self, logits, target) -> dict | None:
+        """Metrics {name: (hits, count)} of the held-out evaluation from the target tokens' logits."""
+        return None
 
     def baselines(self, batch, terms, most_frequent):
         """Always answering the most frequent token, on the target tokens."""
