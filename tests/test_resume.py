@@ -406,20 +406,32 @@ def test_checkpoint_files_and_directories_reach_the_disk_before_latest_moves(tra
     assert {"trainer.pt", "config.yaml", "rng/rank00000.pt"} <= meta["files"].keys()
 
 
-def test_an_encoder_decoder_resumes_exactly_and_its_tp2_checkpoint_reshards_and_exports(t5_data, tmp_path):
-    """T5 (dropout on) at TP=2 under ZeRO-2: killed after the step-4 checkpoint and restarted with seed 99, it ends
-    bit-identical to a run that never stopped (the decoder's stack, its cross-attention and the bucketed bias tables
-    split by heads included); that run's TP=2 checkpoint resharded to one rank holds the same whole tensors, and its
-    HF export computes ptm's logits."""
-    import transformers
+ENCODER_DECODERS = {  # family: (preset and data fixture, settings): T5 with dropout on; BART without, so that
+    # its runs under two layouts can end alike
+    "t5": ("t5-tiny", "t5_data", ()),
+    "bart": ("bart-tiny", "train_data", ("model.max_position_embeddings=34", "model.hidden_dropout=0",
+                                         "model.attention_dropout=0")),
+}
+
+
+@pytest.mark.parametrize("family", ENCODER_DECODERS)
+def test_an_encoder_decoder_resumes_exactly_and_its_tp2_checkpoint_reshards_and_exports(family, request, tmp_path):
+    """T5 (span corruption, dropout on) and BART (denoising) at TP=2 under ZeRO-2: killed after the step-4 checkpoint
+    and restarted with seed 99, each ends bit-identical to a run that never stopped (the decoder's stack, its
+    cross-attention and T5's bucketed bias tables split by heads included); that run's TP=2 checkpoint, resharded to
+    one rank or consolidated, holds the same whole tensors, and its HF export computes ptm's logits. BART's step-8 checkpoint resumed
+    as TP=1 x DP=2 (seed 99) ends within 1e-5 of the TP=2 run resumed beside it: a layout change on resume."""
+    from safetensors.torch import load_file
 
     from pretrain import models
+    from pretrain.families import get
     from pretrain.parallel import mcore
 
-    run = {"run": ["t5-tiny", f"data.path={t5_data}", "data.num_workers=0", "data.seq_len=32",
+    preset, data, settings = ENCODER_DECODERS[family]
+    run = {"run": [preset, f"data.path={request.getfixturevalue(data)}", "data.num_workers=0", "data.seq_len=32",
                    "train.global_batch_size=8", "train.micro_batch_size=2", "optimizer.warmup_steps=2",
                    "train.eval_interval=0", "data.valid_fraction=0.02", "train.steps=8", "checkpoint.keep=0",
-                   "checkpoint.interval=4", "parallel.tp=2", "zero.stage=2", "train.log_interval=100"]}
+                   "checkpoint.interval=4", "parallel.tp=2", "zero.stage=2", "train.log_interval=100", *settings]}
     launch(tmp_path / "straight", run, nproc=2)
     proc = start(tmp_path / "killed", run, nproc=2)
     kill_when(proc, lambda: latest_step(tmp_path / "killed" / "run") == 4)
@@ -432,15 +444,29 @@ def test_an_encoder_decoder_resumes_exactly_and_its_tp2_checkpoint_reshards_and_
     run_cli("checkpoints_tools", "reshard", straight, "--tp", "1", "--out", tmp_path / "tp1")
     full, one = C.load_full_model(ckpt), C.load_full_model(str(tmp_path / "tp1"))
     assert full.keys() == one.keys() and all(torch.equal(full[k], one[k]) for k in full)
-    assert full["encoder.bias.weight"].shape == (32, 2)  # the bias table whole again: 32 buckets x 2 heads
+    run_cli("checkpoints_tools", "consolidate", ckpt, "--out", tmp_path / "whole")
+    whole = load_file(tmp_path / "whole" / "shards" / "param-tp00-dp000.safetensors")
+    assert whole.keys() == {f"{k}@0" for k in full} and all(torch.equal(whole[f"{k}@0"], v) for k, v in full.items())
+    if family == "t5":
+        assert full["encoder.bias.weight"].shape == (32, 2)  # the bias table whole again: 32 buckets x 2 heads
     run_cli("checkpoints_tools", "to-hf", ckpt, "--out", tmp_path / "hf")
-    hf = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
+    adapter = get(family).adapter
+    hf = adapter.hf_model_class(adapter.hf_class).from_pretrained(tmp_path / "hf").eval()
     mcore.initialize(1, 0)
     cfg = C.model_config(C.read_meta(ckpt))
     ours = models.build(cfg).eval()
     ours.load_state_dict(full, strict=False)
     g = torch.Generator().manual_seed(0)
-    ids, dec = torch.randint(0, cfg.vocab_size, (2, 16), generator=g), torch.randint(0, cfg.vocab_size, (2, 5), generator=g)
+    ids, dec = torch.randint(4, cfg.vocab_size, (2, 16), generator=g), torch.randint(4, cfg.vocab_size, (2, 5), generator=g)
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids, decoder_input_ids=dec).logits,
                                    ours(ids, decoder_input_ids=dec)["logits"][..., :cfg.vocab_size], rtol=1e-5, atol=1e-5)
+    if family == "bart":
+        for name, source in (("tp1", straight), ("tp2", killed)):
+            shutil.copytree(source, tmp_path / "moved" / name)
+        moved = {"tp1": [*run["run"], "train.steps=10", "parallel.tp=1"], "tp2": [*run["run"], "train.steps=10"]}
+        launch(tmp_path / "moved", reseeded(moved), nproc=2)
+        for name, tp in (("tp1", 1), ("tp2", 2)):
+            assert summary(tmp_path / "moved" / name)["resumed_from"]["step"] == 8
+            assert summary(tmp_path / "moved" / name)["layout"]["tp"] == tp
+        assert max_rel_diff(weights(tmp_path / "moved" / "tp1"), weights(tmp_path / "moved" / "tp2")) < 1e-5
