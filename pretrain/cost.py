@@ -69,6 +69,9 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
     embeddings = ([] if shared_embeddings else tables) + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
     norms = [(0, norm), (0, norm)]
     attention = [(3 * h * a + 3 * a * bias, 0), (a * h, h * bias)]  # QKV (column), output (row: bias replicated)
+    if m.position_encoding == "transformer_xl":  # XLNet: q, kv and the position keys' r, no biases; u, v per head, and
+        # with relative segments s and the two segment vectors
+        attention = [(4 * h * a + (5 if m.relative_segments else 2) * a, 0), (a * h, 0)]
     mlp = [(f * h + f * bias, 0), (f * h, h * bias)] + ([(f * h + f * bias, 0)] if m.gated_mlp else [])  # fc1, fc2, gate
     if m.share_layers == "all":
         blocks = norms + attention + mlp
@@ -79,6 +82,8 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
     # the embedding LayerNorm (a shared one belongs to the other model) and the final one (pre-LN)
     heads = ([(0, 2 * e)] if normalises_embeddings(m) and not shared_embeddings else []) + (
         [(0, norm)] if m.norm == "pre" else [])
+    if m.position_encoding == "transformer_xl":  # the LM head's bias (vocab-split), the query stream's start
+        heads += [(v, 0), (0, h)]
     if m.position_encoding == "bucketed":  # T5's bias table of the encoder (split by heads)
         heads.append((m.relative_buckets * m.num_heads, 0))
     if m.decoder_layers:  # blocks with cross-attention (norm, q, kv, out), the decoder's final norm and bias table,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT, free_port
+from pretrain import models
 from pretrain.checkpoint import split_dim
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
@@ -15,8 +16,9 @@ from tp_worker import step, tiny
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "xlnet"])
 def test_tp2_matches_one_process(arch, tmp_path):
+    """XLNet: its per-head parameters (u, v, s, the segment vectors) split by heads, its query stream and memory."""
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "tests"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                            str(free_port()), os.path.join(ROOT, "tests", "tp_worker.py"), arch, "2", str(tmp_path)],
@@ -25,7 +27,7 @@ def test_tp2_matches_one_process(arch, tmp_path):
     shards = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
 
     mcore.initialize(tp=1, seed=0)
-    ref = Pretraining(tiny(arch))
+    ref = models.build(tiny(arch))
     ref_logits, ref_loss = step(ref, arch)
 
     dims = {name: split_dim(p) for name, p in ref.named_parameters()}

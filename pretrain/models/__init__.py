@@ -1,9 +1,14 @@
-"""The pretraining models: `build(cfg)` is an encoder-decoder (seq2seq.py) when the config gives the model a decoder
-stack, else the encoder or decoder of model.py."""
+"""The pretraining models: `build(cfg)` is XLNet / Transformer-XL (xlnet.py) with their relative positions, an
+encoder-decoder (seq2seq.py) when the config gives the model a decoder stack, else the encoder or decoder of
+model.py."""
 
 
 def build(cfg, heads=None, tp=None):
     """The model of ModelConfig `cfg` over TP group `tp`, with an objective's `heads`."""
+    if cfg.position_encoding == "transformer_xl":
+        from pretrain.models.xlnet import XLNet
+
+        return XLNet(cfg, heads=heads, tp=tp)
     if cfg.decoder_layers:
         from pretrain.models.seq2seq import EncoderDecoder
 

@@ -21,9 +21,10 @@ NORM_TYPES = ("layernorm", "rmsnorm")  # LayerNorm with a bias; T5's: scale only
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 HEADS = ("lm", "mlm", "rtd", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; ELECTRA's
 # replaced-token detection (a per-token 1-way head, with a generator); pooler + 2-way head
-POSITIONS = ("learned", "roberta", "relative", "bucketed")  # absolute; RoBERTa's: from pad_token_id + 1, padding at pad_token_id;
+POSITIONS = ("learned", "roberta", "relative", "bucketed", "transformer_xl")  # absolute; RoBERTa's: from pad_token_id + 1, padding at pad_token_id;
 # NEZHA's functional relative positions: sinusoids of the clipped distance inside attention, no position table;
-# T5's bucketed relative position bias: a learned scalar per head and distance bucket, added to the attention scores
+# T5's bucketed relative position bias: a learned scalar per head and distance bucket, added to the attention scores;
+# Transformer-XL's (XLNet's): sinusoids of the distance projected per layer, with learned content and position biases
 SHARING = ("none", "all", "attention", "ffn")  # ALBERT's cross-layer parameter sharing
 ARCH_FEATURES = families.ARCH_FEATURES
 ARCHS = families.names()
@@ -58,6 +59,9 @@ class ModelConfig:
                                     "(half per direction in the encoder)", range="> 0")
     relative_max_distance: int = opt(128, "position_encoding=bucketed: distances from this on share the last "
                                           "bucket (T5: 128)", range="> 0")
+    clamp_len: int = opt(-1, "position_encoding=transformer_xl: distances beyond this are clamped to it; -1: none")
+    mem_len: int = opt(0, "Transformer-XL / XLNet memory: each layer also attends to the last mem_len inputs it had "
+                          "(the previous segments of the same stream, detached); 0: none", range=">= 0")
     generator_size: float = opt(0.0, "ELECTRA (heads [rtd]): the generator's width (hidden size, heads, MLP) as a "
                                      "fraction of the model's; it shares the model's embeddings (the paper: 1/4 to 1/2)",
                                 range="[0, 1]")
@@ -98,8 +102,12 @@ class ModelConfig:
                                               "functional relative positions: fixed sinusoids of the clipped distance "
                                               "added to keys and values inside attention, no position table) | "
                                               "bucketed (T5's learned bias per head and distance bucket, bidirectional "
-                                              "in an encoder, causal in a decoder); null: the arch's",
+                                              "in an encoder, causal in a decoder) | transformer_xl (XLNet's: "
+                                              "sinusoids of the distance projected per layer, content and position "
+                                              "biases u and v; two-stream attention and a memory); null: the arch's",
                                   choices=POSITIONS)
+    relative_segments: bool | None = opt(None, "XLNet's segment term in attention (same segment or not, learned per "
+                                               "head) instead of segment embeddings; null: the arch's")
     share_layers: str | None = opt(None, "none | all (one layer's parameters for every layer, ALBERT) | attention | "
                                          "ffn (only those sublayers shared); null: the arch's", choices=SHARING)
 

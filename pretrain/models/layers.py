@@ -206,7 +206,7 @@ class SelfAttention(nn.Module):
                 k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
             cache.update(k=k, v=v)
         p = self.dropout if self.training else 0.0  # (inline: a graph break one call deeper splits more graphs)
-        y = _on_tp_generator(self.core, q, k, v, mask, p) if p else self.core(q, k, v, mask, p)
+        y = on_tp_generator(self.core, q, k, v, mask, p) if p else self.core(q, k, v, mask, p)
         return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))  # (output, bias or None)
 
 
@@ -240,7 +240,7 @@ class CrossAttention(nn.Module):
             if cache is not None:
                 cache.update(k=k, v=v)
         p = self.dropout if self.training else 0.0
-        y = _on_tp_generator(self.core, q, k, v, mask, p) if p else self.core(q, k, v, mask, p)
+        y = on_tp_generator(self.core, q, k, v, mask, p) if p else self.core(q, k, v, mask, p)
         return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
 
@@ -284,7 +284,7 @@ def relative_bucket(distance, bidirectional: bool, buckets: int, max_distance: i
 
 
 @torch.compiler.disable
-def _on_tp_generator(fn, *args):
+def on_tp_generator(fn, *args):
     """fn(*args) drawing its dropout from this rank's tensor-parallel generator (the RNG tracker's fork: dropout on
     this rank's heads). Eager even inside a compiled block, so that no compiled graph switches generators
     (`model.checkpoint` says why that matters)."""

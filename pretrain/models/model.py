@@ -250,7 +250,7 @@ def _checkpointed_layers(setting, num_layers) -> set[int]:
     return set(setting or ())
 
 
-def checkpoint(block, x, mask):
+def checkpoint(block, *args):
     """Activation checkpointing whose recomputation draws the dropout masks of the forward, eager or compiled, on
     CPU or CUDA, by construction: each of the two generators dropout draws from is set back to its state at the
     forward before the block runs again.
@@ -259,21 +259,21 @@ def checkpoint(block, x, mask):
     * The TP RNG tracker (attention dropout on this rank's heads; megatron's CudaRNGStatesTracker on CUDA, ptm's
       CpuRNGStatesTracker on CPU): its states are taken here and set again around the recomputation. They are
       tensors that each fork replaces, never changes in place (megatron's tracker without CUDA-graph-safe RNG, as
-      ptm seeds it). Its fork runs eager even in a compiled block (`layers._on_tp_generator`), so no compiled graph
+      ptm seeds it). Its fork runs eager even in a compiled block (`layers.on_tp_generator`), so no compiled graph
       holds a generator switch or a generator state: a graph draws from the default generator as it finds it, like
       an eager kernel, and the recomputation runs the same graphs (same shapes and grad mode) in the same order."""
     states = mcore.rng_tracker().get_states()
     ran = []
 
-    def run(x, mask):
+    def run(*args):
         if not ran:
             ran.append(True)
-            return block(x, mask)
+            return block(*args)
         current = mcore.rng_tracker().get_states()
         mcore.rng_tracker().set_states(states)
         try:
-            return block(x, mask)
+            return block(*args)
         finally:
             mcore.rng_tracker().set_states(current)
 
-    return torch_checkpoint(run, x, mask, use_reentrant=False)
+    return torch_checkpoint(run, *args, use_reentrant=False)

@@ -1,0 +1,185 @@
+"""XLNet and Transformer-XL (pretrain/models/xlnet.py) against Hugging Face's XLNetLMHeadModel on random weights:
+both streams with XLNet's permutation mask and target positions, relative segments, a padded row, the memory of a
+previous call, the causal (attn_type uni) variant, the loss on labels, and HF -> ptm -> HF bit for bit."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pretrain.families import get
+from pretrain.models.config import ModelConfig
+from pretrain.models.xlnet import XLNet
+from pretrain.parallel import mcore
+
+transformers = pytest.importorskip("transformers")
+V, H, L, HEADS, S, B, MEM = 99, 32, 2, 4, 12, 3, 7
+
+
+def _xlnet(causal: bool):
+    """A tiny HF XLNet (memory of 7, random LayerNorm weights and biases) and ptm's XLNet holding its weights."""
+    mcore.initialize(1, 0)
+    torch.manual_seed(0)
+    hf_cfg = transformers.XLNetConfig(vocab_size=V, d_model=H, n_layer=L, n_head=HEADS, d_inner=48, dropout=0.0,
+                                      mem_len=MEM, attn_type="uni" if causal else "bi")
+    hf = transformers.XLNetLMHeadModel(hf_cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "layer_norm" in name or name.endswith("bias"):
+                p.normal_(mean=1.0 if name.endswith("layer_norm.weight") else 0.0, std=0.1)
+    adapter = get("xlnet").adapter
+    cfg = ModelConfig(**{**adapter.model_config(hf.config), "vocab_pad_to": 128})
+    ours = XLNet(cfg).eval()
+    state, missing = adapter.from_hf(hf.state_dict(), L, HEADS, ours.embeddings.word.weight.shape[0])
+    assert missing == []
+    ours.load_state_dict(state, strict=False)  # megatron's _extra_state entries aside
+    assert {k for k in ours.state_dict() if not k.endswith("_extra_state")} == set(state)
+    return hf, ours, cfg
+
+
+def _close(ours, theirs):
+    assert (ours[..., :V] - theirs).abs().max() <= 1e-5 * max(1.0, theirs.abs().max().item())
+
+
+def test_xlnet_two_streams_segments_padding_and_memory_match_hf():
+    """The content stream alone (relative segments, a padded row); both streams under a permutation mask with the
+    query stream at target positions (HF's one-hot target_mapping); then a second segment attending to the first's
+    memory, with and without a permutation: logits within 1e-5, the memory HF returns equal; and the loss on labels
+    at the target positions within 1e-6 of HF's."""
+    hf, ours, cfg = _xlnet(causal=False)
+    g = torch.Generator().manual_seed(1)
+    ids, segments = torch.randint(0, V, (B, S), generator=g), torch.randint(0, 2, (B, S), generator=g)
+    mask = torch.ones(B, S)
+    mask[1, 9:] = 0
+    perm = torch.rand(B, S, S, generator=g) < 0.5
+    targets = torch.stack([torch.randperm(S, generator=g)[:4] for _ in range(B)])
+    labels = torch.randint(0, V, targets.shape, generator=g)
+    more, more_segments = torch.randint(0, V, (B, 5), generator=g), torch.randint(0, 2, (B, 5), generator=g)
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask, token_type_ids=segments, use_mems=True)
+        mine = ours(ids, mask, segments)
+        _close(mine["logits"], ref.logits)
+        assert len(mine["memory"]) == L
+        for theirs, kept in zip(ref.mems, mine["memory"]):  # each layer's input, the last MEM positions
+            torch.testing.assert_close(kept, theirs.transpose(0, 1)[:, -MEM:], rtol=1e-5, atol=1e-5)
+        ref2 = hf(ids, attention_mask=mask, token_type_ids=segments, perm_mask=perm.float(),
+                  target_mapping=F.one_hot(targets, S).float(), labels=labels)
+        mine2 = ours(ids, mask, segments, perm_mask=perm, targets=targets)
+        _close(mine2["logits"], ref2.logits)
+        loss = F.cross_entropy(mine2["logits"].flatten(0, 1), labels.flatten())
+        assert abs(loss.item() - ref2.loss.item()) <= 1e-6 * max(1.0, ref2.loss.item())
+        ref3 = hf(more, token_type_ids=more_segments, mems=ref.mems, use_mems=True)
+        _close(ours(more, None, more_segments, memory=mine["memory"])["logits"], ref3.logits)
+        few = targets[:, :2] % 5
+        ref4 = hf(more, token_type_ids=more_segments, mems=ref.mems, perm_mask=perm[:, :5, :5].float(),
+                  target_mapping=F.one_hot(few, 5).float())
+        _close(ours(more, None, more_segments, perm_mask=perm[:, :5, :5], targets=few, memory=mine["memory"])["logits"],
+               ref4.logits)
+
+
+def test_transformer_xl_style_causal_xlnet_with_memory_matches_hf():
+    """model.causal (HF attn_type uni): each token sees the memory and the tokens before it; with and without a
+    previous segment's memory. (HF's uni attention breaks on a padding or permutation mask: not compared.)"""
+    hf, ours, cfg = _xlnet(causal=True)
+    assert cfg.causal
+    g = torch.Generator().manual_seed(2)
+    ids, more = torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, 5), generator=g)
+    with torch.no_grad():
+        ref = hf(ids, use_mems=True)
+        mine = ours(ids)
+        _close(mine["logits"], ref.logits)
+        _close(ours(more, memory=mine["memory"])["logits"], hf(more, mems=ref.mems).logits)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["xlnet", "transformer-xl"])
+def test_xlnet_round_trip_is_bit_exact_with_its_config(causal):
+    """HF -> ptm -> HF: every weight bit for bit (the [hidden, heads, head_dim] projections, the tied LM head), and
+    the config HF would write again; XLNetModel's weights import with only the LM head's bias missing."""
+    hf, ours, cfg = _xlnet(causal)
+    adapter = get("xlnet").adapter
+    back = adapter.to_hf({k: v for k, v in ours.state_dict().items() if torch.is_tensor(v)}, L, HEADS, V)
+    theirs = hf.state_dict()
+    assert back.keys() == theirs.keys() and all(torch.equal(back[k], theirs[k]) for k in theirs)
+    again = adapter.hf_config(cfg, {"pad": 5, "cls": 1, "sep": 2})
+    for key, value in hf.config.to_diff_dict().items():
+        if key not in ("attn_implementation", "_attn_implementation_autoset", "transformers_version", "dtype"):
+            assert getattr(again, key) == value, key
+    base = {k[len("transformer."):]: v for k, v in theirs.items() if k.startswith("transformer.")}
+    state, missing = adapter.from_hf(base, L, HEADS, 128)
+    assert missing == ["lm_bias"] and all(torch.equal(state[k], v) for k, v in
+                                          adapter.from_hf(theirs, L, HEADS, 128)[0].items() if k != "lm_bias")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_cost_module_counts_xlnet_as_built_and_as_hf_does(tp):
+    """pretrain/cost.py's count (q, kv, r and the output without biases, u, v, s and the segment vectors per head, the
+    query stream's start, the LM head's bias) equals the model's on one rank of `tp` (split: what megatron marks) and,
+    the vocabulary unpadded, XLNetLMHeadModel's on the meta device."""
+    from pretrain import cost
+
+    class Rank:  # one rank of a TP group of `tp` (the model is built on the meta device: no communication)
+        def size(self):
+            return tp
+
+        def rank(self):
+            return 0
+
+    hf, _, cfg = _xlnet(causal=False)
+    with torch.device("meta"):
+        model = XLNet(cfg, tp=Rank() if tp > 1 else mcore.OneRank())
+    assert cost.count_parameters(cfg, tp=tp) == sum(p.numel() for p in model.parameters())
+    assert cost.count_parameters(ModelConfig(**{**vars(cfg), "vocab_pad_to": 1})) == sum(
+        p.numel() for p in hf.parameters())
+
+
+# ---- the permutation objective's draws (pretrain/data/xlnet.py) --------------------------------------------------
+
+def _xlnet_local_perm(is_masked, functional, index):
+    """The released code's `_local_perm` (TensorFlow), line for line in numpy, given its shuffled `index`."""
+    non_func = ~functional
+    non_mask = ~is_masked & non_func
+    masked_or_func = ~non_mask
+    rev_index = np.where(non_mask, -1, index)
+    target_tokens = masked_or_func & non_func
+    self_rev_index = np.where(target_tokens, rev_index, rev_index + 1)
+    return (self_rev_index[:, None] <= rev_index[None, :]) & masked_or_func
+
+
+def test_the_factorisation_is_xlnets_local_permutation():
+    """perm_mask equals the released `_local_perm`'s for the same order (random predicted and functional tokens,
+    two blocks of perm_size); in it every unpredicted token is seen by all, a target sees exactly the targets ranked
+    before it, and the order is one permutation of perm_size applied to each block."""
+    from pretrain.data import xlnet
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        s, perm_size = 16, 8
+        is_masked, functional = rng.random(s) < 0.3, rng.random(s) < 0.1
+        order = xlnet.local_order(s, perm_size, rng)
+        assert sorted(order) == list(range(s)) and (order[8:] - order[:8] == 8).all()
+        targets = is_masked & ~functional
+        perm = xlnet.factorisation(targets, functional, order)
+        assert (perm == _xlnet_local_perm(is_masked, functional, order)).all()
+        plain = ~is_masked & ~functional
+        assert not perm[:, plain].any()
+        for i in np.flatnonzero(targets):
+            seen = np.flatnonzero(~perm[i] & targets)
+            assert set(seen) == {j for j in np.flatnonzero(targets) if order[j] < order[i]}
+
+
+def test_span_mask_predicts_the_goal_in_whole_word_ngrams():
+    """Exactly `goal` tokens (85 of 512, as XLNet's num_predict), a function of the generator alone; with words of
+    two tokens, nearly all of them in runs of whole words (the rest single tokens that top up the goal); a goal of
+    every token is met."""
+    from pretrain.data import xlnet
+
+    word_start = np.tile([1, 0], 256).astype(np.uint8)
+    whole = total = 0
+    for seed in range(10):
+        mask = xlnet.span_mask(word_start, 85, np.random.default_rng(seed))
+        assert mask.sum() == 85 and (mask == xlnet.span_mask(word_start, 85, np.random.default_rng(seed))).all()
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(int), [0]])))
+        for begin, end in zip(edges[::2], edges[1::2]):
+            total += end - begin
+            whole += (end - begin) * (word_start[begin] == 1 and (end == len(mask) or word_start[end] == 1))
+    assert whole / total > 0.8
+    assert xlnet.span_mask(word_start, 512, np.random.default_rng(0)).all()
