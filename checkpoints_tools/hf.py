@@ -32,8 +32,8 @@ def hf_config(cfg: ModelConfig, special: dict):
 def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int) -> None:
     """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json) with the
     family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's; t5:
-    A </s>, with the sentinels <extra_id_k> after the vocabulary); the original files are copied too, so `from-hf`
-    brings the same tokenizer back."""
+    A </s>, with the sentinels <extra_id_k> after the vocabulary; xlnet: A [SEP] B [SEP] [CLS], padded on the left);
+    the original files are copied too, so `from-hf` brings the same tokenizer back."""
     import transformers
 
     with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
@@ -46,6 +46,8 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
         hf = cls.from_pretrained(tok_dir)
     elif template == "t5":
         hf = _t5_tokenizer(files[0], meta)
+    elif template == "xlnet":
+        hf = _xlnet_tokenizer(files[0], meta)
     else:
         inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if template == "bert" else [])
         hf = transformers.PreTrainedTokenizerFast(tokenizer_object=_sentencepiece_to_fast(files[0], template),
@@ -106,6 +108,24 @@ def _t5_tokenizer(model_file: str, meta: dict):
                                                 pad_token=special.get("pad"), eos_token=eos,
                                                 additional_special_tokens=sentinels,
                                                 model_input_names=["input_ids", "attention_mask"])
+
+
+def _xlnet_tokenizer(model_file: str, meta: dict):
+    """XLNet's: A [SEP] [CLS], a pair A [SEP] B [SEP] [CLS] (segments 0, 1 and the [CLS]'s 2), padded on the left
+    (the last token, [CLS], stays where XLNet pretrained it)."""
+    import transformers
+    from tokenizers import processors
+
+    tok = _sentencepiece_to_fast(model_file, "none")
+    ids = meta["special_ids"]
+    special = {role: tok.id_to_token(i) for role, i in ids.items() if i is not None}
+    sep, cls = special["sep"], special["cls"]
+    tok.post_processor = processors.TemplateProcessing(single=f"$A {sep} {cls}:2", pair=f"$A {sep} $B:1 {sep}:1 {cls}:2",
+                                                       special_tokens=[(sep, ids["sep"]), (cls, ids["cls"])])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=special.get("unk"),
+                                                pad_token=special.get("pad"), sep_token=sep, cls_token=cls,
+                                                mask_token=special.get("mask"), padding_side="left",
+                                                model_input_names=["input_ids", "token_type_ids", "attention_mask"])
 
 
 def import_tokenizer(hf_dir: str, out: str) -> None:

@@ -30,6 +30,7 @@ class Stack:
     layers: int
     seq_len: int
     context: int = 0
+    queries: int = 0  # XLNet's query stream: the tokens it runs on (the predicted ones)
 
     @property
     def recomputed(self) -> int:
@@ -38,15 +39,16 @@ class Stack:
         return self.layers if setting is True else len({i for i in setting or () if i < self.layers})
 
 
-def stacks(m: ModelConfig, seq_len: int, decoder: int = 0) -> list[Stack]:
-    """The transformer stacks a model runs on sequences of `seq_len`: the model's, ELECTRA's generator (its own
-    sizes), an encoder-decoder's decoder on `decoder` tokens (default seq_len), reading the encoder's output."""
+def stacks(m: ModelConfig, seq_len: int, decoder: int = 0, queries: int = 0) -> list[Stack]:
+    """The transformer stacks a model runs on sequences of `seq_len`: the model's (with XLNet's query stream on
+    `queries` tokens), ELECTRA's generator (its own sizes), an encoder-decoder's decoder on `decoder` tokens (default
+    seq_len), reading the encoder's output."""
     if "rtd" in m.heads:
         g = generator_config(m)
         return [Stack(m, m.num_layers, seq_len), Stack(g, g.num_layers, seq_len)]
     if m.decoder_layers:
         return [Stack(m, m.num_layers, seq_len), Stack(m, m.decoder_layers, decoder or seq_len, seq_len)]
-    return [Stack(m, m.num_layers, seq_len)]
+    return [Stack(m, m.num_layers, seq_len, queries=queries)]
 
 
 def checkpointed(m: ModelConfig) -> int:
@@ -134,6 +136,16 @@ def decoder_tokens(cfg) -> int:
     return objectives.get(cfg.data.objective).decoder_tokens(cfg.data)
 
 
+def query_tokens(cfg) -> int:
+    """Tokens per sequence XLNet's query stream runs on: the predicted ones (0 for other models, and for a causal
+    Transformer-XL, which predicts from its content stream)."""
+    return predicted_tokens(cfg) if query_stream(cfg.model) else 0
+
+
+def query_stream(m: ModelConfig) -> bool:
+    return m.position_encoding == "transformer_xl" and not m.causal
+
+
 def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None = None, decoder: int = 0) -> float:
     """Training FLOPs of one sequence: forward + backward = 3 x forward (2 FLOPs per multiply-add), activation
     recomputation not counted (model FLOPs, not hardware FLOPs). With s = seq_len, L layers, hidden h, MLP
@@ -158,6 +170,9 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
     h, s, p, e = m.hidden_size, seq_len, seq_len if predicted is None else predicted, embedding_width(m)
     if m.decoder_layers:
         return float(sum(stack_flops(st) for st in stacks(m, s, decoder or p)) + 6 * p * e * padded_vocab_size(m))
+    if m.position_encoding == "transformer_xl":
+        stack = stacks(m, s, queries=p if query_stream(m) else 0)[0]
+        return float(stack_flops(stack) + 6 * p * e * padded_vocab_size(m))
     layers = m.num_layers * layer_flops_per_sample(m, s)  # every layer, shared or not
     projection = 6 * s * e * h if e != h else 0  # ALBERT's embedding projection
     if "rtd" in m.heads:
@@ -183,8 +198,25 @@ def cross_flops_per_sample(m: ModelConfig, seq_len: int, context: int) -> int:
     return 12 * seq_len * h * a + 12 * context * h * a + 12 * a * seq_len * context
 
 
+def xl_layer_flops(m: ModelConfig, seq_len: int, queries: int) -> int:
+    """Training FLOPs of one XLNet / Transformer-XL layer on one sequence of s tokens, with k = s + mem_len keys and
+    R = k + s relative positions: per query token of either stream (the content stream's s, the query stream's
+    `queries`) its query, output and MLP matmuls (2ha + 2hf), scores and weighted sum over the keys (2ka), the position
+    term over R (Ra) and, where the samples have segments (XLNet's, which run the query stream), the segment term
+    (2a); per sequence the keys and values (2kha). The position keys' projection (Rha) runs once per micro-batch,
+    whatever its size: left out."""
+    h, f, a = m.hidden_size, m.ffn_hidden_size, m.attention_width
+    k = seq_len + m.mem_len
+    r = k + seq_len
+    segments = 2 if m.relative_segments and queries else 0
+    per_query = 2 * h * a + (3 if m.gated_mlp else 2) * h * f + (2 * k + r + segments) * a
+    return 6 * ((seq_len + queries) * per_query + 2 * k * h * a)
+
+
 def stack_flops(stack: Stack) -> int:
     """Training FLOPs of one sequence through a stack's layers, a decoder's cross-attention included."""
+    if stack.model.position_encoding == "transformer_xl":
+        return stack.layers * xl_layer_flops(stack.model, stack.seq_len, stack.queries)
     cross = cross_flops_per_sample(stack.model, stack.seq_len, stack.context) if stack.context else 0
     return stack.layers * (layer_flops_per_sample(stack.model, stack.seq_len) + cross)
 
@@ -229,7 +261,7 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     m, t, b = cfg.model, cfg.parallel.tp, micro_batch
     scale = 2 if cfg.precision == "fp32" else 1
     layers = 0
-    for stack in stacks(m, cfg.data.seq_len, decoder_tokens(cfg)):
+    for stack in stacks(m, cfg.data.seq_len, decoder_tokens(cfg), query_tokens(cfg)):
         model, s, c = stack.model, stack.seq_len, stack.context
         h, a = model.hidden_size, model.num_heads
         attention = 5 * a * s * scale if attention_keeps_scores(model) else 4 * a

@@ -26,7 +26,7 @@ def _checkpoint(tmp_path, arch, tok_dir, nfkc=True, **features):
     tok = load_tokenizer(tok_dir)
     cfg = ModelConfig(arch=arch, vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=4,
                       ffn_hidden_size=128 if arch == "gpt" else 64, max_position_embeddings=64,  # GPT's MLP: 4 x hidden
-                      type_vocab_size={"gpt2": 0, "gpt": 0, "roberta": 1, "t5": 0, "bart": 0}.get(arch, 2),
+                      type_vocab_size={"gpt2": 0, "gpt": 0, "roberta": 1, "t5": 0, "bart": 0, "xlnet": 0}.get(arch, 2),
                       layer_norm_eps=1e-5 if arch in ("gpt2", "gpt", "bart") else 1e-12, hidden_dropout=0, attention_dropout=0,
                       pad_token_id=tok.special["pad"] if arch == "roberta" else -1, **features)
     torch.manual_seed(0)
@@ -363,6 +363,32 @@ def test_t5_to_hf_generates_with_its_sentinels_and_comes_back(t5_data, tmp_path)
     assert back.keys() == mine.keys()
     assert all(torch.equal(back[k], mine[k][:back[k].shape[0]]) for k in back)
     assert C.model_config(C.read_meta(str(tmp_path / "back"))).decoder_layers == 2
+
+
+def test_xlnet_to_hf_with_its_tokenizer_and_back(sp_model, tmp_path):
+    """XLNet exports as XLNetLMHeadModel with a tokenizer that lays out A [SEP] B [SEP] [CLS] (segments 0, 1, 2) and
+    pads on the left: its ids are data_prep's, HF's logits equal ptm's (padding and segments included), and from-hf
+    restores the weights bit for bit (padding rows aside)."""
+    model, cfg = _checkpoint(tmp_path, "xlnet", sp_model)
+    out = tmp_path / "hf"
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert type(hf).__name__ == "XLNetLMHeadModel"
+    special, ours_tok = load_tokenizer(sp_model).special, load_tokenizer(sp_model)
+    first, second = "The function returns the sum of two numbers.", "Short."
+    enc = tok([first, "A b."], [second, second], padding=True, return_tensors="pt")
+    a, _, _, _ = ours_tok.encode([first])
+    b, _, _, _ = ours_tok.encode([second])
+    assert enc["input_ids"][0].tolist() == [*a.tolist(), special["sep"], *b.tolist(), special["sep"], special["cls"]]
+    assert enc["token_type_ids"][0].tolist() == [0] * (len(a) + 1) + [1] * (len(b) + 1) + [2]
+    assert enc["attention_mask"][1, 0] == 0 and enc["input_ids"][1, -1] == special["cls"]  # padded on the left
+    with torch.no_grad():
+        mine = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])["logits"][..., :cfg.vocab_size]
+        torch.testing.assert_close(mine, hf(**enc).logits, rtol=1e-5, atol=1e-5)
+    run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "back")
+    back, mine = C.load_full_model(str(tmp_path / "back")), C.load_full_model(C.resolve(str(tmp_path / "run")))
+    assert back.keys() == mine.keys() and all(torch.equal(back[k], mine[k][:back[k].shape[0]]) for k in back)
 
 
 def test_bart_to_hf_generates_and_comes_back(sp_model, tmp_path):

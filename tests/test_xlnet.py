@@ -183,3 +183,59 @@ def test_span_mask_predicts_the_goal_in_whole_word_ngrams():
             whole += (end - begin) * (word_start[begin] == 1 and (end == len(mask) or word_start[end] == 1))
     assert whole / total > 0.8
     assert xlnet.span_mask(word_start, 512, np.random.default_rng(0)).all()
+
+
+@pytest.mark.parametrize("preset", ["xlnet-tiny", "transfo-xl-tiny"])
+def test_xlnet_flops_are_three_times_the_matmuls_of_a_forward_pass(preset):
+    """cost.flops_per_sample of XLNet (both streams, the position keys over k + s distances, the segment term, the LM
+    head on the predicted tokens) and of the causal Transformer-XL style (the content stream, the LM head on every
+    token) equals three times the matmul FLOPs torch's FlopCounterMode counts in one forward pass, less the position
+    keys' projection (once per micro-batch, not per sequence: left out)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pretrain import cost, models
+    from pretrain.config import load
+
+    mcore.initialize(tp=1, seed=0)
+    cfg = load(preset, ["model.vocab_size=500"])
+    s, p = cfg.data.seq_len, cost.predicted_tokens(cfg)
+    model = models.build(cfg.model, tp=mcore.OneRank()).eval()
+    ids = torch.randint(0, 500, (2, s))
+    kwargs = {}
+    if preset == "xlnet-tiny":
+        assert cost.query_tokens(cfg) == p < s
+        kwargs = dict(token_type_ids=torch.zeros_like(ids), perm_mask=torch.zeros(2, s, s, dtype=torch.bool),
+                      targets=torch.arange(p).expand(2, p))
+    with FlopCounterMode(display=False) as flops, torch.no_grad():
+        model(ids, **kwargs)
+    counts = flops.get_flop_counts()
+    positions = sum(sum(counts[f"XLNet.blocks.{i}.attn.r"].values()) for i in range(cfg.model.num_layers))
+    assert positions > 0 and cost.flops_per_sample(cfg) == 3 * (flops.get_total_flops() - positions) / 2
+
+
+def test_permutation_samples_are_a_sep_b_sep_cls_with_their_targets_in_an_order(train_data):
+    """Each sample: A [SEP] B [SEP] [CLS] (segments 0, 1, 2) of seq_len tokens, B the rest of A's window about half
+    the time; num_predict targets, ascending, never a functional token, labelled with their own tokens; perm_mask
+    the factorisation of those targets; the same sample whenever it is read."""
+    from data_prep.dataset import Corpus
+    from pretrain.data.xlnet import PermutationSamples
+
+    corpus = Corpus(train_data)
+    sep, cls = corpus.special_ids["sep"], corpus.special_ids["cls"]
+    source = PermutationSamples(train_data, 32, 5, 16, seed=3)
+    consecutive = 0
+    for i in range(40):
+        s = source.sample(0, i)
+        ids, seg = s["input_ids"], s["token_type_ids"]
+        cut = int((seg == 0).sum()) - 1
+        assert ids[cut] == sep and ids[-2] == sep and ids[-1] == cls and len(ids) == 32
+        assert (seg == np.concatenate([np.zeros(cut + 1), np.ones(31 - cut - 1), [2]])).all()
+        assert len(s["targets"]) == 5 and (np.diff(s["targets"]) > 0).all()
+        assert not np.isin(s["targets"], [cut, 30, 31]).any() and (s["labels"] == ids[s["targets"]]).all()
+        perm = s["perm_mask"]
+        assert perm[s["targets"], s["targets"]].all() and not perm[:, ~np.isin(np.arange(32), [*s["targets"], cut, 30, 31])].any()
+        window = source.packed(0, i, corpus.tokens, source.eod)[:29]
+        consecutive += (np.concatenate([ids[:cut], ids[cut + 1:30]]) == window).all()
+        again = source.sample(0, i)
+        assert all((again[k] == v).all() for k, v in s.items())
+    assert 10 < consecutive < 30

@@ -67,10 +67,10 @@ class GPTDataset(CorpusSource):
                                    seed=self.seed, epoch=epoch, n=len(self)))
 
     def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:
-        e = self.epoch_index(epoch)
-        pos, offset = (int(x) for x in e.windows[e.shuffle[index]])
-        out = np.empty(self.seq_len + 1, dtype=np.int64)
         if not self.pack:
+            e = self.epoch_index(epoch)
+            pos, offset = (int(x) for x in e.windows[e.shuffle[index]])
+            out = np.empty(self.seq_len + 1, dtype=np.int64)
             tokens = self.corpus.tokens(int(self.docs[e.order[pos]]))[offset:offset + len(out)]
             out[:len(tokens)] = tokens
             out[len(tokens):] = self.pad
@@ -79,13 +79,22 @@ class GPTDataset(CorpusSource):
             labels = out[1:].copy()
             labels[len(tokens):] = -100  # after the end-of-document token
             return {"input_ids": out[:-1], "labels": labels}
+        out = self.packed(epoch, index, self.corpus.tokens, self.eod)
+        return {"input_ids": out[:-1], "labels": out[1:]}
+
+    def packed(self, epoch: int, index: int, read, separator: int) -> np.ndarray:
+        """A packed window's seq_len + 1 values of a per-token column (`read(document)`: its tokens, or e.g. its word
+        starts), with `separator` at each end of a document (where the end-of-document token stands)."""
+        e = self.epoch_index(epoch)
+        pos, offset = (int(x) for x in e.windows[e.shuffle[index]])
+        out = np.empty(self.seq_len + 1, dtype=np.int64)
         filled = 0
         while filled < len(out):
-            tokens = self.corpus.tokens(int(self.docs[e.order[pos]]))[offset:offset + len(out) - filled]
-            out[filled:filled + len(tokens)] = tokens
-            filled += len(tokens)
+            values = read(int(self.docs[e.order[pos]]))[offset:offset + len(out) - filled]
+            out[filled:filled + len(values)] = values
+            filled += len(values)
             if filled < len(out):
-                out[filled] = self.eod
+                out[filled] = separator
                 filled += 1
             pos, offset = pos + 1, 0
-        return {"input_ids": out[:-1], "labels": out[1:]}
+        return out

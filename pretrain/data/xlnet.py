@@ -9,11 +9,15 @@
   target. The predicted and functional tokens follow in `order`'s ranking; a target sees the targets ranked before it,
   never itself; a functional token also sees itself. `perm_mask[i, j]`: True where i may not see j (HF's convention).
 - `local_order(length, perm_size, rng)`: XLNet's ranking: one random permutation of perm_size positions, applied to
-  each block of perm_size (so the order is local to a block, and the same in every block).
+  each block of perm_size (so the order is local to a block, and the same in every block);
+- `PermutationSamples`: the sample source.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from pretrain.data.gpt import GPTDataset
+from pretrain.data.indexes import Stream, rng
 
 MAX_GRAM, ALPHA, BETA = 5, 6, 1
 
@@ -61,3 +65,50 @@ def factorisation(targets: np.ndarray, functional: np.ndarray, order: np.ndarray
     rank = np.where(visible_to_all, -1, order)
     own = np.where(targets, rank, rank + 1)  # a target may not see itself, a functional token may
     return (own[:, None] <= rank[None, :]) & ~visible_to_all[None, :]
+
+
+class PermutationSamples(GPTDataset):
+    """XLNet's samples over documents `docs` of the dataset at `path`, each from its own generator
+    (`indexes.rng(SAMPLE, seed, epoch, index)`): a window of seq_len - 3 tokens of the packed document stream cut at a
+    word start into A and B; half the time B is the rest of the window, else the start of another window (XLNet's
+    50% consecutive); laid out A [SEP] B [SEP] [CLS] with segments 0, 1 and 2; `num_predict` tokens of A and B chosen
+    by `span_mask` and put in a factorisation order (`local_order` over blocks of `perm_size`). Fields: input_ids,
+    token_type_ids, perm_mask [seq_len, seq_len] (True: may not see), targets [num_predict] (positions, ascending)
+    and labels (their tokens)."""
+
+    def __init__(self, path: str, seq_len: int, num_predict: int, perm_size: int, *, seed: int = 1234, docs=None,
+                 cache_dir: str | None = None):
+        super().__init__(path, seq_len - 3, seed=seed, docs=docs, cache_dir=cache_dir, pack=True)
+        self.length, self.num_predict, self.perm_size = seq_len, num_predict, perm_size
+        special = self.corpus.special_ids
+        self.sep, self.cls = special["sep"], special["cls"]
+
+    def _word_start(self, doc: int) -> np.ndarray:
+        starts = self.corpus.word_start(doc)
+        return starts if len(starts) else np.ones(len(self.corpus.tokens(doc)), np.uint8)  # no word structure
+
+    def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:
+        g = rng(Stream.SAMPLE, self.seed, epoch, index)
+        n = self.seq_len  # A and B together
+        tokens = self.packed(epoch, index, self.corpus.tokens, self.eod)[:n]
+        starts = self.packed(epoch, index, self._word_start, 1)[:n].astype(bool)
+        inner = np.flatnonzero(starts[1:]) + 1
+        cut = int(g.choice(inner)) if len(inner) else n // 2
+        if g.random() >= 0.5:  # B from another window
+            other = int(g.integers(len(self)))
+            tokens[cut:] = self.packed(epoch, other, self.corpus.tokens, self.eod)[:n - cut]
+            starts[cut:] = self.packed(epoch, other, self._word_start, 1)[:n - cut].astype(bool)
+        starts[cut] = True
+        predicted = span_mask(starts, self.num_predict, g)
+        layout = np.concatenate([np.arange(cut), np.arange(cut, n) + 1])  # where A's and B's tokens go
+        input_ids = np.empty(self.length, np.int64)
+        input_ids[layout], input_ids[[cut, n + 1, n + 2]] = tokens, [self.sep, self.sep, self.cls]
+        segments = np.concatenate([np.zeros(cut + 1), np.ones(n - cut + 1), [2]]).astype(np.int64)
+        functional = np.zeros(self.length, bool)
+        functional[[cut, n + 1, n + 2]] = True
+        targets = np.zeros(self.length, bool)
+        targets[layout[predicted]] = True
+        perm_mask = factorisation(targets, functional, local_order(self.length, self.perm_size, g))
+        where = np.flatnonzero(targets)
+        return {"input_ids": input_ids, "token_type_ids": segments, "perm_mask": perm_mask, "targets": where,
+                "labels": input_ids[where]}

@@ -181,6 +181,23 @@ class Adapter:
         return out
 
 
+def take(hf: dict, key_map: dict, vocab_rows: int) -> tuple[dict, list[str]]:
+    """The ptm tensors of `key_map` (ptm name -> HF name) from HF state dict `hf`, vocabulary rows padded to
+    `vocab_rows`; and the ptm names `hf` lacks."""
+    import torch
+
+    out, missing = {}, []
+    for ours, theirs in key_map.items():
+        if theirs not in hf:
+            missing.append(ours)
+            continue
+        t = hf[theirs]
+        if ours in VOCAB_ROWS and t.shape[0] < vocab_rows:
+            t = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], *t.shape[1:])])
+        out[ours] = t.contiguous()
+    return out, missing
+
+
 def interleave_qkv(q, k, v, heads: int):
     """[q; k; v] (each [hidden, ...]) -> Megatron's per-head layout [heads][3][head_dim, ...]."""
     import torch

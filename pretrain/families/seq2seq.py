@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from pretrain.families.base import VOCAB_ROWS, Adapter, interleave_qkv, split_qkv
+from pretrain.families.base import VOCAB_ROWS, Adapter, interleave_qkv, split_qkv, take
 
 STACKS = ("encoder", "decoder")
 
@@ -35,19 +35,9 @@ class EncoderDecoderAdapter(Adapter):
 
     def from_hf(self, hf: dict, num_layers: int, num_heads: int, vocab_rows: int,
                 task_types: bool = False) -> tuple[dict, list[str]]:
-        import torch
-
         layers = count_blocks(hf, self.block)
         gated = bool(self.gated_key) and any(self.gated_key in k for k in hf)
-        out, missing = {}, []
-        for ours, theirs in self.key_map(layers, gated).items():
-            if theirs not in hf:
-                missing.append(ours)
-                continue
-            t = hf[theirs]
-            if ours in VOCAB_ROWS and t.shape[0] < vocab_rows:
-                t = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], *t.shape[1:])])
-            out[ours] = t.contiguous()
+        out, missing = take(hf, self.key_map(layers, gated), vocab_rows)
         for stack in STACKS:
             for i in range(layers[stack]):
                 at = self.block.format(stack=stack, i=i)

@@ -4,7 +4,7 @@ Transformer-XL style (causal, with memory, no permutation; no adaptive softmax) 
 `model.causal: true`. Exports as XLNetLMHeadModel (attn_type bi, or uni when causal) and imports it and XLNetModel."""
 from __future__ import annotations
 
-from pretrain.families.base import VOCAB_ROWS, Adapter, ExportError, Family
+from pretrain.families.base import VOCAB_ROWS, Adapter, ExportError, Family, take
 from pretrain.families.seq2seq import interleave_kv, split_kv
 
 ORDER = 120
@@ -29,7 +29,7 @@ class XLNetAdapter(Adapter):
     hf_class = "XLNetLMHeadModel"
     model_type = "xlnet"
     computes = COMPUTES
-    tokenizer = "none"  # (XLNet's <sep> <cls> template and left padding come with its objective)
+    tokenizer = "xlnet"  # A [SEP] B [SEP] [CLS], padded on the left
     keys = {"embeddings.word.weight": "transformer.word_embedding.weight", "lm_bias": "lm_loss.bias"}
 
     def hf_config(self, cfg, special):
@@ -63,18 +63,8 @@ class XLNetAdapter(Adapter):
         return self.hf_class  # XLNetModel's weights load into it, the LM head's bias initialised
 
     def from_hf(self, hf, num_layers, num_heads, vocab_rows, task_types=False):
-        import torch
-
         hf = {k if k.startswith(("transformer.", "lm_loss.")) else f"transformer.{k}": v for k, v in hf.items()}
-        out, missing = {}, []
-        for ours, theirs in self.key_map(num_layers).items():
-            if theirs not in hf:
-                missing.append(ours)
-                continue
-            t = hf[theirs]
-            if ours in VOCAB_ROWS and t.shape[0] < vocab_rows:
-                t = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], *t.shape[1:])])
-            out[ours] = t.contiguous()
+        out, missing = take(hf, self.key_map(num_layers), vocab_rows)
         out["query_start"] = hf["transformer.mask_emb"].flatten().contiguous()
         for i in range(num_layers):
             at, mine = LAYER.format(i=i) + "rel_attn.", f"blocks.{i}.attn."

@@ -184,7 +184,7 @@ class XLNet(nn.Module):
             pick = targets[..., None].expand(-1, -1, k)
             streams["g"] = ((s - targets)[..., None] + torch.arange(k, device=device), ~blocked.gather(1, pick)
                             if masked else None, None if different is None else different.gather(1, pick))
-            g = self.dropout(self.query_start.expand(b, targets.shape[1], -1))
+            g = self.dropout(self.query_start.expand(b, targets.shape[1], -1).contiguous())
         following = []
         for i, block in enumerate(self.blocks):
             if cfg.mem_len:

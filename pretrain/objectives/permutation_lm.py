@@ -1,0 +1,82 @@
+"""XLNet's permutation language modelling (samples: pretrain/data/xlnet.py): each sample's predicted tokens are read by
+the query stream at their positions, each seeing the unpredicted tokens and the predicted ones before it in a sampled
+factorisation order, never its own token. One term, `lm`, over the predicted tokens (num_predict per sample)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pretrain.objectives.base import Objective, Section
+from pretrain.schema import opt
+
+ORDER = 120
+
+
+@dataclass
+class XLNetConfig:
+    num_predict: int = opt(0, "tokens predicted per sample; 0: seq_len x 85/512 (XLNet's 85 of 512)", range=">= 0")
+    perm_size: int = opt(0, "the factorisation order is one permutation of this many positions applied to each "
+                            "block of them; must divide data.seq_len; 0: data.seq_len", range=">= 0")
+
+
+def num_predict(cfg) -> int:
+    return cfg.xlnet.num_predict or round(cfg.data.seq_len * 85 / 512)
+
+
+def check_section(cfg, need, objective) -> None:
+    if objective.name != PermutationLM.name:
+        return
+    s, size = cfg.data.seq_len, cfg.xlnet.perm_size or cfg.data.seq_len
+    need(s % size == 0, f"xlnet.perm_size={size} does not divide data.seq_len={s}; pick a divisor (0: seq_len)")
+    need(0 < num_predict(cfg) <= s - 3, f"xlnet.num_predict={num_predict(cfg)} must be between 1 and data.seq_len - 3 "
+                                        f"= {s - 3} (the tokens of A and B)")
+
+
+class PermutationLM(Objective):
+    name = "plm"
+    help = "XLNet's permutation LM: spans of whole words predicted in a sampled factorisation order, two streams"
+    section = Section("xlnet", XLNetConfig, check_section)
+    headline = ("lm_loss", "lm_acc")
+
+    def check(self, cfg, need) -> None:
+        m = cfg.model
+        need(m.position_encoding == "transformer_xl" and not m.causal,
+             f"data.objective=plm trains XLNet's two-stream attention, but model.position_encoding="
+             f"{m.position_encoding}, model.causal={m.causal}; set model.arch=xlnet")
+        need(not cfg.data.unpadded, "data.unpadded=true packs BERT and ERNIE samples, not XLNet's; remove it")
+
+    def predicted_tokens(self, data) -> int:
+        return num_predict(self.cfg) if self.cfg is not None else round(data.seq_len * 85 / 512)
+
+    def source(self, path, corpus, docs, phase, cache_dir=None):
+        from pretrain.data.xlnet import PermutationSamples
+
+        c = self.cfg
+        return PermutationSamples(path, c.data.seq_len, num_predict(c), c.xlnet.perm_size or c.data.seq_len,
+                                  seed=c.seed, docs=docs, cache_dir=cache_dir)
+
+    def select(self, batch, phase=None):
+        return {"lm": batch["labels"] != -100}
+
+    def compute(self, model, batch, phase=None, fused=False):
+        from pretrain.losses import Term, pick, token_term
+
+        where = self.where(batch, phase)["lm"]
+        target = pick(batch["labels"], where, 2)
+        inputs = dict(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                      perm_mask=batch["perm_mask"], targets=batch["targets"])
+        if fused:
+            loss, correct = model(**inputs, labels=target)["lm_loss"]
+            return {"lm": Term(loss, target.new_full((), len(target)), correct)}
+        logits = model(**inputs)["logits"]
+        return {"lm": token_term(pick(logits, where, 2), target)}
+
+    def baselines(self, batch, terms, most_frequent):
+        return {"lm_unigram_acc": ((batch["labels"] == most_frequent).sum(), terms["lm"].count)}
+
+    def evaluation(self, metrics):
+        import math
+
+        return {"ppl": math.exp(min(metrics["lm_loss"], 50))} if "lm_loss" in metrics else {}
+
+
+OBJECTIVES = (PermutationLM(),)
