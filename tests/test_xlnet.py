@@ -214,8 +214,8 @@ def test_xlnet_flops_are_three_times_the_matmuls_of_a_forward_pass(preset):
 
 
 def test_permutation_samples_are_a_sep_b_sep_cls_with_their_targets_in_an_order(train_data):
-    """Each sample: A [SEP] B [SEP] [CLS] (segments 0, 1, 2) of seq_len tokens, B the rest of A's window about half
-    the time; num_predict targets, ascending, never a functional token, labelled with their own tokens; perm_mask
+    """Each sample: A [SEP] B [SEP] [CLS] (segments 0, 1, 2) of seq_len tokens, A ending at a sentence end where its
+    window has one, B the rest of A's window about half the time; num_predict targets, ascending, never a functional token, labelled with their own tokens; perm_mask
     the factorisation of those targets; the same sample whenever it is read."""
     from data_prep.dataset import Corpus
     from pretrain.data.xlnet import PermutationSamples
@@ -223,7 +223,12 @@ def test_permutation_samples_are_a_sep_b_sep_cls_with_their_targets_in_an_order(
     corpus = Corpus(train_data)
     sep, cls = corpus.special_ids["sep"], corpus.special_ids["cls"]
     source = PermutationSamples(train_data, 32, 5, 16, seed=3)
-    consecutive = 0
+    consecutive = cut_at_sentence = 0
+
+    def sentence_flags(doc):
+        flags = np.zeros(len(corpus.tokens(doc)), np.uint8)
+        flags[corpus.sentence_starts(doc)] = 1
+        return flags
     for i in range(40):
         s = source.sample(0, i)
         ids, seg = s["input_ids"], s["token_type_ids"]
@@ -236,6 +241,9 @@ def test_permutation_samples_are_a_sep_b_sep_cls_with_their_targets_in_an_order(
         assert perm[s["targets"], s["targets"]].all() and not perm[:, ~np.isin(np.arange(32), [*s["targets"], cut, 30, 31])].any()
         window = source.packed(0, i, corpus.tokens, source.eod)[:29]
         consecutive += (np.concatenate([ids[:cut], ids[cut + 1:30]]) == window).all()
+        sentences = np.flatnonzero(source.packed(0, i, sentence_flags, 0)[1:29]) + 1
+        assert cut in sentences or not len(sentences)  # A ends where a sentence does, where the window holds one
+        cut_at_sentence += len(sentences) > 0
         again = source.sample(0, i)
         assert all((again[k] == v).all() for k, v in s.items())
-    assert 10 < consecutive < 30
+    assert 10 < consecutive < 30 and cut_at_sentence > 20

@@ -69,12 +69,13 @@ def factorisation(targets: np.ndarray, functional: np.ndarray, order: np.ndarray
 
 class PermutationSamples(GPTDataset):
     """XLNet's samples over documents `docs` of the dataset at `path`, each from its own generator
-    (`indexes.rng(SAMPLE, seed, epoch, index)`): a window of seq_len - 3 tokens of the packed document stream cut at a
-    word start into A and B; half the time B is the rest of the window, else the start of another window (XLNet's
+    (`indexes.rng(SAMPLE, seed, epoch, index)`): a window of seq_len - 3 tokens of the packed document stream cut into
+    A and B; half the time B is the rest of the window, else the start of another window (XLNet's
     50% consecutive); laid out A [SEP] B [SEP] [CLS] with segments 0, 1 and 2; `num_predict` tokens of A and B chosen
     by `span_mask` and put in a factorisation order (`local_order` over blocks of `perm_size`). Fields: input_ids,
     token_type_ids, perm_mask [seq_len, seq_len] (True: may not see), targets [num_predict] (positions, ascending)
-    and labels (their tokens)."""
+    and labels (their tokens). A and B meet at a sentence start where the window holds one (as XLNet's
+    `_split_a_and_b`), else at a word start."""
 
     def __init__(self, path: str, seq_len: int, num_predict: int, perm_size: int, *, seed: int = 1234, docs=None,
                  cache_dir: str | None = None):
@@ -87,13 +88,20 @@ class PermutationSamples(GPTDataset):
         starts = self.corpus.word_start(doc)
         return starts if len(starts) else np.ones(len(self.corpus.tokens(doc)), np.uint8)  # no word structure
 
+    def _sentence_start(self, doc: int) -> np.ndarray:
+        flags = np.zeros(len(self.corpus.tokens(doc)), np.uint8)
+        flags[self.corpus.sentence_starts(doc)] = 1  # none without sentence structure
+        return flags
+
     def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:
         g = rng(Stream.SAMPLE, self.seed, epoch, index)
         n = self.seq_len  # A and B together
         tokens = self.packed(epoch, index, self.corpus.tokens, self.eod)[:n]
         starts = self.packed(epoch, index, self._word_start, 1)[:n].astype(bool)
-        inner = np.flatnonzero(starts[1:]) + 1
-        cut = int(g.choice(inner)) if len(inner) else n // 2
+        sentences = np.flatnonzero(self.packed(epoch, index, self._sentence_start, 0)[1:n]) + 1
+        words = np.flatnonzero(starts[1:]) + 1
+        cuts = sentences if len(sentences) else words  # XLNet cuts between sentences; else between words
+        cut = int(g.choice(cuts)) if len(cuts) else n // 2
         if g.random() >= 0.5:  # B from another window
             other = int(g.integers(len(self)))
             tokens[cut:] = self.packed(epoch, other, self.corpus.tokens, self.eod)[:n - cut]
