@@ -59,9 +59,6 @@ class XLNetAdapter(Adapter):
                     task_type_vocab_size=0, layer_norm_eps=hf.layer_norm_eps, hidden_dropout=hf.dropout,
                     attention_dropout=hf.dropout, init_std=hf.initializer_range)
 
-    def import_class(self, hf) -> str:
-        return self.hf_class  # XLNetModel's weights load into it, the LM head's bias initialised
-
     def from_hf(self, hf, num_layers, num_heads, vocab_rows, task_types=False):
         hf = {k if k.startswith(("transformer.", "lm_loss.")) else f"transformer.{k}": v for k, v in hf.items()}
         out, missing = take(hf, self.key_map(num_layers), vocab_rows)

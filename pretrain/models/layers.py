@@ -45,8 +45,6 @@ class Context:
     cfg: object
     tp: object
     mp: object
-    init: object
-    out_init: object
     inits: dict
 
     @classmethod
@@ -56,7 +54,7 @@ class Context:
         inits = dict.fromkeys(("word", "qkv", "q", "kv", "fc1", "bias"), init) | {"out": out_init, "fc2": out_init}
         if cfg.init == "t5":
             inits = t5_inits(cfg)
-        return cls(cfg, tp, mcore.model_parallel_config(tp), init, out_init, inits)
+        return cls(cfg, tp, mcore.model_parallel_config(tp), inits)
 
 
 def normal(std):
@@ -244,21 +242,29 @@ class CrossAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
 
 
+def per_head(ctx: Context, *shape: int, heads_dim: int = 0) -> nn.Parameter:
+    """A parameter with a slice per head (dimension `heads_dim` of `shape` counts every head), drawn whole and cut to
+    this TP rank's heads, so that any split starts from the same values."""
+    whole = ctx.inits["bias"](torch.empty(*shape))
+    parts, rank = ctx.tp.size(), ctx.tp.rank()
+    mine = whole.narrow(heads_dim, rank * shape[heads_dim] // parts, shape[heads_dim] // parts).clone()
+    p = nn.Parameter(mine)
+    mtp.set_tensor_model_parallel_attributes(p, is_parallel=True, dim=heads_dim, stride=1)
+    return p
+
+
 class BucketedBias(nn.Module):
     """T5's relative position bias: a learned scalar per head and distance bucket, added to the attention scores of
     every layer of a stack (one table per stack). Buckets: exact distances below half of them, logarithmic up to
     `relative_max_distance`; an encoder's split by direction, a decoder's only look back. Each TP rank holds its own
-    heads' columns, drawn from the whole table so that any split starts from the same values."""
+    heads' columns (`per_head`)."""
 
     def __init__(self, ctx: Context, bidirectional: bool):
         super().__init__()
-        cfg, rank, parts = ctx.cfg, ctx.tp.rank(), ctx.tp.size()
+        cfg = ctx.cfg
         self.bidirectional, self.buckets = bidirectional, cfg.relative_buckets
         self.max_distance = cfg.relative_max_distance
-        whole = ctx.inits["bias"](torch.empty(cfg.relative_buckets, cfg.num_heads))
-        heads = cfg.num_heads // parts
-        self.weight = nn.Parameter(whole[:, rank * heads:(rank + 1) * heads].clone())
-        mtp.set_tensor_model_parallel_attributes(self.weight, is_parallel=True, dim=1, stride=1)
+        self.weight = per_head(ctx, cfg.relative_buckets, cfg.num_heads, heads_dim=1)
 
     def forward(self, queries: int, keys: int, offset: int = 0) -> torch.Tensor:
         """[1, heads, queries, keys]; the queries at positions offset, offset + 1, ... (incremental decoding)."""

@@ -24,7 +24,7 @@ from torch import nn
 
 from pretrain import kernels as K
 from pretrain.models.config import padded_vocab_size
-from pretrain.models.layers import MLP, Context, Embeddings, RowParallelLinear, on_tp_generator
+from pretrain.models.layers import MLP, Context, Embeddings, RowParallelLinear, on_tp_generator, per_head
 from pretrain.models.model import _checkpointed_layers, checkpoint, init_replicated, tied_logits
 from pretrain.parallel import mcore
 
@@ -34,17 +34,6 @@ def sinusoids(positions: torch.Tensor, width: int) -> torch.Tensor:
     inverse = 1 / torch.pow(10000, torch.arange(0, width, 2, device=positions.device).float() / width)
     angle = positions.float()[:, None] * inverse
     return torch.cat([angle.sin(), angle.cos()], -1)
-
-
-def per_head(ctx: Context, *shape: int, heads_dim: int = 0) -> nn.Parameter:
-    """A parameter with a slice per head (dimension `heads_dim` of `shape` counts every head), drawn whole and cut to
-    this TP rank's heads, so that any split starts from the same values."""
-    whole = ctx.inits["bias"](torch.empty(*shape))
-    parts, rank = ctx.tp.size(), ctx.tp.rank()
-    mine = whole.narrow(heads_dim, rank * shape[heads_dim] // parts, shape[heads_dim] // parts).clone()
-    p = nn.Parameter(mine)
-    mtp.set_tensor_model_parallel_attributes(p, is_parallel=True, dim=heads_dim, stride=1)
-    return p
 
 
 class TwoStreamAttention(nn.Module):
