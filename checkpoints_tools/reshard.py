@@ -8,6 +8,7 @@ import shutil
 
 from pretrain import checkpoint as C
 from pretrain.models.config import padded_vocab_size
+from pretrain.models.memory import DIRECTORY as MEMORY
 
 
 def reshard(src: str, out: str, tp: int = 1, weights_only: bool = False) -> str:
@@ -30,9 +31,9 @@ def reshard(src: str, out: str, tp: int = 1, weights_only: bool = False) -> str:
     for kind in kinds:
         for rank in range(tp):
             C.write_pieces(tmp, kind, rank, 0, {f"{name}@0": pieces.shard(kind, name, rank, tp) for name in pieces.params})
-    for item in ("trainer.pt", "config.yaml", "tokenizer"):
+    for item in ("trainer.pt", "config.yaml", "tokenizer", MEMORY):  # a memory file holds whole streams: any layout
         path = os.path.join(ckpt, item)
-        if os.path.isdir(path):
+        if os.path.isdir(path) and (item != MEMORY or not weights_only):
             shutil.copytree(path, os.path.join(tmp, item))
         elif os.path.isfile(path) and (item != "trainer.pt" or not weights_only):
             shutil.copy2(path, tmp)

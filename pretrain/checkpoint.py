@@ -10,6 +10,8 @@ the manager that saves, finds, checks, restores and prunes them for the trainer.
         shards/{kind}-tpTT-dpDDD.safetensors   pieces of fp32 tensors, kind = param | exp_avg | exp_avg_sq
         trainer.pt                             LR schedule, loss scaler, step, data position (when training)
         rng/rankRRRRR.pt                       each process's RNG states (when training)
+        memory/dpDDD.safetensors               a recurrent model's memory of the streams of each data-parallel rank
+                                               (model.mem_len: pretrain/models/memory.py)
         config.yaml                            the resolved training config
         tokenizer/                             the dataset's tokenizer (ptm_tokenizer.json + files)
 
@@ -449,11 +451,11 @@ class Checkpoints:
     # ---- saving ------------------------------------------------------------------------------------------
 
     def save(self, step: int, trainer_state: dict, run, optimizer, *, tp_rank: int, dp_rank: int, meta: dict,
-             config_yaml: str, tokenizer_dir: str) -> str:
-        """Write step_N: each process its own pieces (no gathering) and RNG states, rank 0 the rest; renamed
-        into place when every file is on disk, then `latest` is pointed at it and old ones are pruned. `run`: the
-        engine and the layout of its optimizer's tensors (`engine.Parallelized`); `meta`: write_meta's keyword
-        arguments (model, params, tp, dp, step, extra)."""
+             config_yaml: str, tokenizer_dir: str, rank_files: dict | None = None) -> str:
+        """Write step_N: each process its own pieces (no gathering), RNG states and `rank_files` ({relative path:
+        {name: tensor}}, safetensors), rank 0 the rest; renamed into place when every file is on disk, then `latest`
+        is pointed at it and old ones are pruned. `run`: the engine and the layout of its optimizer's tensors
+        (`engine.Parallelized`); `meta`: write_meta's keyword arguments (model, params, tp, dp, step, extra)."""
         from pretrain.parallel.layout import engine_counters, loss_scale_state
 
         name = f"step_{step:08d}"
@@ -472,6 +474,12 @@ class Checkpoints:
                           for s in segments}
                 if pieces:
                     written.append(write_pieces(tmp, kind, tp_rank, dp_rank if layout.partitioned else 0, pieces))
+        for relative, tensors in (rank_files or {}).items():
+            path = os.path.join(tmp, relative)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            save_file({k: v.contiguous() for k, v in tensors.items()}, path)
+            _fsync(path)
+            written.append(path)
         rng = os.path.join(tmp, "rng", f"rank{dist.get_rank():05d}.pt")
         torch.save(_rng_states(), rng)
         every = [None] * dist.get_world_size()

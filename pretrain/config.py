@@ -350,6 +350,10 @@ def _objective_errors(cfg: Config, need) -> None:
     need(d.pack_documents or o.packs_documents,
          "data.pack_documents=false applies to data.objective=" + ", ".join(
              p.name for p in objectives.REGISTRY.values() if p.packs_documents) + f", not {o.name}; remove it")
+    need(not m.mem_len or (o.recurrent and len(d.paths) == 1 and d.pack_documents),
+         f"model.mem_len={m.mem_len} carries a memory along streams of one dataset's packed documents: it needs "
+         f"data.objective " + " or ".join(p.name for p in objectives.REGISTRY.values() if p.recurrent)
+         + f" (not {o.name}), one data.path (not {len(d.paths)}) and data.pack_documents=true; or set model.mem_len=0")
     need(cfg.fused_lm_loss != "on" or o.one_lm_head,
          f"fused_lm_loss=on replaces the one LM head, and data.objective={o.name} has several heads; "
          "set fused_lm_loss=auto (on where it applies) or off")

@@ -244,8 +244,8 @@ def attention_keeps_scores(m: ModelConfig) -> bool:
     """Whether a layer's attention keeps its s x s probabilities for the backward pass. On a GPU ptm's attention is
     torch SDPA, which picks flash or memory-efficient attention for every mask ptm gives (none, padding, block-diagonal,
     per-token spans) in fp16, bf16 and fp32: they keep the output and a logsumexp per head and token, and recompute the
-    probabilities backwards. NEZHA's relative positions run in plain matmuls and keep them."""
-    return m.position_encoding == "relative"
+    probabilities backwards. NEZHA's and XLNet's relative positions run in plain matmuls and keep them."""
+    return m.position_encoding in ("relative", "transformer_xl")
 
 
 def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
@@ -257,18 +257,26 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     input (2*s*b*h), and one layer's full activations live again during its recomputation. LM head: the fp32 logits
     over this rank's vocabulary; with the fused linear cross-entropy (`Config.lm_loss_fusable`) only what it keeps for
     the backward pass: the input's gradient, the fp32 weight-gradient sum and a chunk of logits (up to
-    FUSED_CHUNK_BYTES, or as large as the input, up to 2x, where that is more: `kernels.fused_chunk_rows`)."""
+    FUSED_CHUNK_BYTES, or as large as the input, up to 2x, where that is more: `kernels.fused_chunk_rows`).
+    A memory (XLNet, Transformer-XL: mem_len) adds its keys to every query's (probabilities of s x (s + mem_len)), and
+    each layer keeps the memory it read and its keys and values (mem_len*b*(2h + 4h/t)); XLNet's query stream runs
+    the same layer on the predicted tokens."""
     m, t, b = cfg.model, cfg.parallel.tp, micro_batch
     scale = 2 if cfg.precision == "fp32" else 1
     layers = 0
     for stack in stacks(m, cfg.data.seq_len, decoder_tokens(cfg), query_tokens(cfg)):
-        model, s, c = stack.model, stack.seq_len, stack.context
+        model, c, mem = stack.model, stack.context, stack.model.mem_len
         h, a = model.hidden_size, model.num_heads
-        attention = 5 * a * s * scale if attention_keeps_scores(model) else 4 * a
-        layer = s * b * (scale * (10 * h + (8 * h + 4 * model.ffn_hidden_size) // t) + attention // t)
+
+        s = stack.seq_len
+
+        def layer_of(tokens: int) -> int:  # one stream's queries on `tokens` tokens
+            attention = 5 * a * (s + mem) * scale if attention_keeps_scores(model) else 4 * a
+            return tokens * b * (scale * (10 * h + (8 * h + 4 * model.ffn_hidden_size) // t) + attention // t)
+        layer = layer_of(s) + (layer_of(stack.queries) if stack.queries else 0) + mem * b * scale * (2 * h + 4 * h // t)
         if c:  # cross-attention: its input and LayerNorm (2h), queries, output and dropout (5h/t), keys and values
             layer += s * b * (scale * (2 * h + 5 * h // t) + 4 * a // t) + c * b * scale * 4 * h // t
-        recomputed, kept = stack.recomputed, scale * 2 * s * b * h
+        recomputed, kept = stack.recomputed, scale * 2 * (s + stack.queries) * b * h
         layers += (stack.layers - recomputed) * layer + recomputed * kept + (layer if recomputed else 0)
         layers += c * b * h * 2 * scale  # the encoder's output, which every decoder layer reads
     rows, v, e = b * predicted_tokens(cfg), padded_vocab_size(m), embedding_width(m)
@@ -276,6 +284,17 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     chunk = max(2 * rows * e * act, min(rows * v * act, FUSED_CHUNK_BYTES))  # liger's sizing, or the byte budget
     logits = rows * e * act + chunk + 4 * v * e if cfg.lm_loss_fusable() else 4 * rows * v // t
     return layers, logits
+
+
+def stream_memory_bytes(cfg, dp: int) -> int:
+    """The memory a recurrent model carries from step to step (model.mem_len; pretrain/models/memory.py), per GPU:
+    mem_len states per layer for each of its data-parallel rank's streams (global batch / dp), in the model's dtype,
+    with their mask and stamps."""
+    m = cfg.model
+    if not m.mem_len:
+        return 0
+    streams = cfg.train.global_batch_size // dp
+    return streams * (m.num_layers * m.mem_len * m.hidden_size * (4 if cfg.precision == "fp32" else 2) + m.mem_len + 24)
 
 
 def objective_parameters(cfg) -> int:

@@ -23,7 +23,7 @@ from data_prep import PrepError
 from pretrain import speed
 from pretrain.config import Config, ConfigError, load
 from pretrain.cost import (STATE_BYTES, activation_bytes, checkpointed, count_parameters, flops_per_sample,
-                           largest_module, model_state_bytes, objective_parameters)
+                           largest_module, model_state_bytes, objective_parameters, stream_memory_bytes)
 
 GIB = 1 << 30
 CUDA_CONTEXT = GIB  # assumed: CUDA context, cuBLAS/NCCL workspaces, allocator slack
@@ -36,7 +36,7 @@ SHA256_GBPS = 1.0  # each writer hashes its files after writing them (meta.json 
 
 COMPONENTS = {"weights": "weights", "gradients": "gradients", "optimizer_states": "optimizer states",
               "zero3_gathered": "ZeRO-3 gathered module", "activations": "activations", "logits": "logits",
-              "buffers": "CUDA context + reduce bucket"}  # Plan's GPU fields and their row labels
+              "stream_memory": "memory of the streams", "buffers": "CUDA context + reduce bucket"}  # Plan's GPU fields and their row labels
 
 
 @dataclass
@@ -52,6 +52,7 @@ class Plan:
     zero3_gathered: int  # ZeRO-3: the largest module's full weights and gradients
     activations: int  # transformer layers, kept for the backward pass
     logits: int  # fp32 LM-head logits
+    stream_memory: int  # a recurrent model's memory of its streams, kept between steps (model.mem_len)
     buffers: int  # CUDA context and the gradient reduce bucket
     cpu_offload: int  # CPU memory per GPU process (ZeRO-Offload)
     gpu_memory: int | None = None  # capacity checked against
@@ -78,6 +79,7 @@ def estimate(cfg: Config, world_size: int, gpu_memory_gib: float | None = None) 
     activations, logits = activation_bytes(cfg, cfg.train.micro_batch_size)
     plan = Plan(params=count_parameters(m) + objective_parameters(cfg), params_per_rank=n, tp=tp, dp=dp, weights=weights, gradients=gradients,
                 optimizer_states=optimizer, zero3_gathered=gathered, activations=activations, logits=logits,
+                stream_memory=stream_memory_bytes(cfg, dp),
                 buffers=CUDA_CONTEXT + REDUCE_BUCKET * grad, cpu_offload=cpu)
     if gpu_memory_gib is not None:
         plan.gpu_memory = int(gpu_memory_gib * GIB)
@@ -249,7 +251,8 @@ def _header(name: str, cfg: Config, plan: Plan, vocab_source: str, world: int) -
 def _table(plans: dict[str, Plan]) -> str:
     """One row per component, one column per plan, in GiB per GPU."""
     rows = [("", *plans)]
-    rows += [(label, *(_gib(getattr(p, name)) for p in plans.values())) for name, label in COMPONENTS.items()]
+    rows += [(label, *(_gib(getattr(p, name)) for p in plans.values())) for name, label in COMPONENTS.items()
+             if name != "stream_memory" or any(p.stream_memory for p in plans.values())]  # shown where there is one
     rows.append(("total", *(_gib(p.total) for p in plans.values())))
     if any(p.cpu_offload for p in plans.values()):
         rows.append(("CPU memory per GPU (offload)", *(_gib(p.cpu_offload) for p in plans.values())))
@@ -277,9 +280,13 @@ def _verdict(cfg: Config, plan: Plan, world_size: int) -> str:
 
 def checkpoint_bytes(cfg: Config, plan: Plan) -> tuple[float, int]:
     """(bytes one writing process writes, processes that write): fp32 weights and two moments of its TP shard, split
-    over the data-parallel ranks under ZeRO, written by data-parallel rank 0 alone without it (pretrain/checkpoint.py)."""
+    over the data-parallel ranks under ZeRO, written by data-parallel rank 0 alone without it (pretrain/checkpoint.py),
+    and the memory of its streams where the model carries one (every data-parallel rank's TP rank 0 writes it: counted
+    for each writer, an upper bound under TP)."""
     per_shard = CHECKPOINT_BYTES * plan.params_per_rank
-    return (per_shard / plan.dp, plan.tp * plan.dp) if cfg.zero.stage else (per_shard, plan.tp)
+    if cfg.zero.stage:
+        return per_shard / plan.dp + plan.stream_memory, plan.tp * plan.dp
+    return per_shard + plan.stream_memory, plan.tp * (plan.dp if plan.stream_memory else 1)
 
 
 def _checkpoint_time(cfg: Config, plan: Plan, world_size: int, gpus_per_node: int, write_gbps: float) -> str:

@@ -96,6 +96,7 @@ class Trainer:
         trainer = self.run.checkpoints.restore(self.run.resume, self.parallel, self.optimizer, self.scheduler,
                                                tp_rank=mcore.tp_rank(), tp=mcore.tp_size(), same_layout=same)
         self.step, self.consumed = trainer["step"], trainer["consumed"]
+        self.objective.load_state(self.run.resume, self.device)  # e.g. a recurrent model's memory
         self.resumed_from = {"step": self.step, "samples": self.consumed, "checkpoint": self.run.resume}
         if not trainer.get("rng_restored"):
             mcore.seed_everything(self.cfg.seed + self.step)
@@ -129,7 +130,8 @@ class Trainer:
         return self.run.checkpoints.save(self.step, {"scheduler": self.scheduler.state_dict(), "step": self.step,
                                                      "consumed": self.consumed}, self.parallel, self.optimizer,
                                          tp_rank=mcore.tp_rank(), dp_rank=self.dp_rank, meta=meta,
-                                         config_yaml=cfg.to_yaml(), tokenizer_dir=os.path.join(corpus.path, "tokenizer"))
+                                         config_yaml=cfg.to_yaml(), tokenizer_dir=os.path.join(corpus.path, "tokenizer"),
+                                         rank_files=self.objective.state_files())
 
     # ---- steps ---------------------------------------------------------------------------------------
 

@@ -46,7 +46,12 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     # clipping, with eps 1e-8, at ZeRO-3, or with LAMB the same runs agree within 2.2e-6 (issue 24's note)
     "bart": (["bart-tiny", "model.max_position_embeddings=34"], 2, "lm_loss"),  # post-LN encoder-decoder, denoising
     "mass": (["mass-tiny", "model.max_position_embeddings=34"], 2, "lm_loss"),  # half of each sentence, decoded
-    "xlnet": (["xlnet-tiny"], 2, "lm_loss"),  # two streams, a permutation mask and segments drawn per sample
+    "xlnet": (["xlnet-tiny", "model.mem_len=0", "model.reuse_len=0", "xlnet.perm_size=16"], 2, "lm_loss"),  # two streams, a permutation mask and segments drawn per sample
+}
+RECURRENT = {  # a memory carried along streams from step to step (model.mem_len > 0): each stream's samples must
+    # reach the same memory under every split of the batch
+    "xlnet-mem": (["xlnet-tiny", "model.mem_len=24", "model.reuse_len=16", "xlnet.perm_size=0"], 2, "lm_loss"),
+    "transfo-xl": (["transfo-xl-tiny", "model.mem_len=32"], 2, "lm_loss"),  # causal, every position kept
 }
 OWN_DATA = {"t5": "t5_data"}  # models whose dataset is not train_data
 STAGES = (1, 2, 3)
@@ -56,7 +61,7 @@ OPTIMIZERS = ("lamb", "adamw")
 
 def run(model: str, data: str | dict, *overrides: str) -> list:
     """`data`: the dataset, or {fixture name: dataset} with train_data's and those OWN_DATA names."""
-    preset, *settings = MODELS[model][0]
+    preset, *settings = {**MODELS, **RECURRENT}[model][0]
     path = data[OWN_DATA.get(model, "train_data")] if isinstance(data, dict) else data
     return [preset, f"data.path={path}", *COMMON, *settings, *overrides]
 
@@ -88,9 +93,13 @@ def trained(datasets, tmp_path_factory):
                 for m in ("bert", "gpt2")})
     one.update({f"{m}-noclip-{name}": run(m, data, "optimizer.name=lamb", "zero.stage=1", "train.grad_clip=0",
                                           *more) for m in MODELS for name, more in NOCLIP.items()})
+    one.update({f"{m}-{name}": run(m, data, "optimizer.name=lamb", "zero.stage=1", *more) for m in RECURRENT
+                for name, more in (("ref", ()), ("mb8", ("train.micro_batch_size=8",)),
+                                   ("mem8", ("model.mem_len=8",)))})
     launch(out, one, nproc=1)
     two = {f"{m}-dp2": run(m, data, "optimizer.name=lamb", "zero.stage=1") for m in MODELS}
     two["bert-dp2-z2-fused-loss"] = run("bert", data, "optimizer.name=lamb", "zero.stage=2", "fused_lm_loss=on")
+    two.update({f"{m}-dp2": run(m, data, "optimizer.name=lamb", "zero.stage=1") for m in RECURRENT})
     launch(out, two, nproc=2)
     four = {f"{m}-{opt}-z{stage}": run(m, data, f"optimizer.name={opt}", "parallel.tp=2", f"zero.stage={stage}")
             for m in MODELS for opt in OPTIMIZERS for stage in STAGES}
@@ -108,12 +117,14 @@ def trained(datasets, tmp_path_factory):
     four.update({f"{m}-noclip-z2": run(m, data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2",
                                        "train.grad_clip=0") for m in MODELS})
     four["gpt2-lamb-z2-naive"] = run("gpt2", data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2")
+    four.update({f"{m}-z2": run(m, data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2") for m in RECURRENT})
     launch(out, four, nproc=4)
     return out
 
 
 def diff(trained, model: str, a: str, b: str) -> float:
-    d = max_rel_diff(weights(trained / f"{model}-{a}"), weights(trained / f"{model}-{b}"), MODELS[model][1])
+    heads = {**MODELS, **RECURRENT}[model][1]
+    d = max_rel_diff(weights(trained / f"{model}-{a}"), weights(trained / f"{model}-{b}"), heads)
     print(f"{model}: {a} vs {b}: max relative weight difference {d:.2e}")
     return d
 
@@ -183,6 +194,18 @@ def test_the_unclipped_gradient_norm_is_the_same_on_every_layout(trained, model)
         got = losses_by_step(trained / f"{model}-noclip-{other}", "grad_norm")
         assert got.keys() == ref.keys() and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in ref), (other, got, ref)
     assert diff(trained, model, "noclip-z2", "noclip-ref") < 1e-5
+
+
+@pytest.mark.parametrize("model", RECURRENT)
+def test_a_memory_carried_along_streams_trains_the_same_weights_on_every_split(trained, model):
+    """XLNet (reuse_len 16 of 32, memory 24) and Transformer-XL (causal, memory 32): micro batch 8 vs 4 x 2, DP=2 vs
+    DP=1, TP=2 x DP=2 under ZeRO-2; the memory is used (the same run without one ends elsewhere) and every step's
+    loss agrees. The memory is read: with 8 slots instead of 24 (32) the same data trains other weights."""
+    for other in ("mb8", "dp2", "z2"):
+        assert diff(trained, model, other, "ref") < 1e-5
+        ref, got = (losses_by_step(trained / f"{model}-{name}", "lm_loss") for name in ("ref", other))
+        assert got.keys() == ref.keys() and all(got[s] == pytest.approx(ref[s], rel=1e-5) for s in ref), other
+    assert diff(trained, model, "mem8", "ref") > 1e-3
 
 
 def test_gpt2_zero0_offload_and_a_partition_unaware_lamb(trained):

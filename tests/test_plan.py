@@ -13,7 +13,7 @@ from conftest import ROOT, run_cli
 from pretrain.config import load
 from pretrain.models.config import FUSED_CHUNK_BYTES, ModelConfig, padded_vocab_size
 from pretrain.cost import activation_bytes, count_parameters, largest_module, model_flops_per_sample
-from pretrain.plan import checkpoint_bytes, estimate
+from pretrain.plan import COMPONENTS, checkpoint_bytes, estimate
 from pretrain.speed import mfu, peak_flops
 
 GPT2_SMALL = ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
@@ -282,3 +282,32 @@ def test_encoder_decoder_flops_are_three_times_the_matmuls_of_a_forward_pass(pre
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as flops, torch.no_grad():
         model(ids, decoder_input_ids=targets, positions=positions)
     assert cost.flops_per_sample(cfg) == 3 * flops.get_total_flops() / 2
+
+
+def test_a_memory_is_planned_as_its_attention_and_the_state_kept_between_steps():
+    """XLNet large with model.mem_len 384 (XLNet's recipe; reuse_len 256): each layer's probabilities over s + 384 keys
+    for both streams (the content stream's s tokens, the query stream's 85 predicted ones), the memory it reads with
+    its keys and values; and between steps the memory of the rank's streams (global batch / dp of them, every layer,
+    bf16): what `ptm plan` shows as its own row, and what each data-parallel rank adds to the checkpoint."""
+    from pretrain.cost import stream_memory_bytes
+
+    base = ["model.activation_checkpointing=false", "train.micro_batch_size=4", "train.global_batch_size=256"]
+    cfg = load("xlnet-large", [*base, "model.mem_len=0", "model.reuse_len=0"])
+    mem = load("xlnet-large", base)
+    assert (mem.model.mem_len, mem.model.reuse_len) == (384, 256)
+    s, m, b, h, a, f, L, k = 512, 85, 4, 1024, 16, 4096, 24, 384
+
+    def stream(tokens, keys):
+        return tokens * b * (10 * h + 8 * h + 4 * f + 5 * a * keys)
+    assert activation_bytes(cfg, b)[0] == L * (stream(s, s) + stream(m, s))
+    assert activation_bytes(mem, b)[0] == L * (stream(s, s + k) + stream(m, s + k) + k * b * 6 * h)
+    assert stream_memory_bytes(cfg, 8) == 0
+    assert stream_memory_bytes(mem, 8) == 256 // 8 * (L * k * h * 2 + k + 24)
+    plan = estimate(mem, world_size=8, gpu_memory_gib=80)
+    assert plan.stream_memory == stream_memory_bytes(mem, 8) and plan.total == sum(
+        getattr(plan, c) for c in COMPONENTS)
+    assert mem.zero.stage == 1 and checkpoint_bytes(mem, plan) == (12 * plan.params_per_rank / 8 + plan.stream_memory, 8)
+    assert "memory of the streams" in run_cli("pretrain", "plan", "--config", "xlnet-large", "--gpus", "8").stdout
+    out = run_cli("pretrain", "plan", "--config", "xlnet-large", "--gpus", "8", "--set", "model.mem_len=0",
+                  "model.reuse_len=0")
+    assert "memory of the streams" not in out.stdout

@@ -40,6 +40,18 @@ def reseeded(runs: dict) -> dict:
     return {name: [*run, "seed=99"] for name, run in runs.items()}
 
 
+def killed_at_step_4_and_resumed(tmp_path, run: dict) -> tuple:
+    """`run` ({"run": overrides}) straight through and, on 2 processes, SIGKILLed after its step-4 checkpoint then
+    restarted with seed 99; returns the two run directories (the restart resumed at step 4)."""
+    launch(tmp_path / "straight", run, nproc=2)
+    proc = start(tmp_path / "killed", run, nproc=2)
+    kill_when(proc, lambda: latest_step(tmp_path / "killed" / "run") == 4)
+    launch(tmp_path / "killed", reseeded(run), nproc=2)
+    straight, killed = tmp_path / "straight" / "run", tmp_path / "killed" / "run"
+    assert summary(killed)["resumed_from"]["step"] == 4
+    return straight, killed
+
+
 # ---- resumes that would fail if the checkpoint were ignored -------------------------------------------------
 
 def test_sigkill_between_checkpoints_then_resume_with_another_seed_is_exact(train_data, tmp_path):
@@ -406,6 +418,30 @@ def test_checkpoint_files_and_directories_reach_the_disk_before_latest_moves(tra
     assert {"trainer.pt", "config.yaml", "rng/rank00000.pt"} <= meta["files"].keys()
 
 
+def test_a_memory_resumes_exactly_and_re_splits_for_another_layout(train_data, tmp_path):
+    """XLNet with a memory carried along streams (reuse_len 16 of 32, mem_len 24) at DP=2: killed after the step-4
+    checkpoint and restarted with seed 99, it ends bit-identical to a run that never stopped: the checkpoint holds each
+    stream's memory (memory/dpDDD.safetensors; a restart without it would attend to none at step 5). The step-8
+    checkpoints resumed as TP=2 x DP=1 (the streams of two files on one data-parallel rank) and as DP=2 end within
+    1e-5 of each other."""
+    run = {"run": ["xlnet-tiny", f"data.path={train_data}", "data.num_workers=0", "data.seq_len=32",
+                   "model.mem_len=24", "model.reuse_len=16", "xlnet.perm_size=0", "model.hidden_dropout=0",
+                   "model.attention_dropout=0", "train.global_batch_size=8", "train.micro_batch_size=2",
+                   "optimizer.warmup_steps=2", "train.eval_interval=0", "data.valid_fraction=0.02", "train.steps=8",
+                   "checkpoint.keep=0", "checkpoint.interval=4", "train.log_interval=100"]}
+    straight, killed = killed_at_step_4_and_resumed(tmp_path, run)
+    assert sorted(os.listdir(os.path.join(C.resolve(str(killed)), "memory"))) == ["dp000.safetensors",
+                                                                                  "dp001.safetensors"]
+    assert losses_by_step(straight, "lm_loss") == losses_by_step(killed, "lm_loss")
+    assert_same_checkpoints(straight, killed)
+    for name, source in (("tp2", straight), ("dp2", killed)):
+        shutil.copytree(source, tmp_path / "moved" / name)
+    moved = {"tp2": [*run["run"], "train.steps=10", "parallel.tp=2"], "dp2": [*run["run"], "train.steps=10"]}
+    launch(tmp_path / "moved", reseeded(moved), nproc=2)
+    assert summary(tmp_path / "moved" / "tp2")["layout"]["dp"] == 1
+    assert max_rel_diff(weights(tmp_path / "moved" / "tp2"), weights(tmp_path / "moved" / "dp2"), 2) < 1e-5
+
+
 ENCODER_DECODERS = {  # family: (preset and data fixture, settings): T5 with dropout on; BART without, so that
     # its runs under two layouts can end alike
     "t5": ("t5-tiny", "t5_data", ()),
@@ -432,12 +468,7 @@ def test_an_encoder_decoder_resumes_exactly_and_its_tp2_checkpoint_reshards_and_
                    "train.global_batch_size=8", "train.micro_batch_size=2", "optimizer.warmup_steps=2",
                    "train.eval_interval=0", "data.valid_fraction=0.02", "train.steps=8", "checkpoint.keep=0",
                    "checkpoint.interval=4", "parallel.tp=2", "zero.stage=2", "train.log_interval=100", *settings]}
-    launch(tmp_path / "straight", run, nproc=2)
-    proc = start(tmp_path / "killed", run, nproc=2)
-    kill_when(proc, lambda: latest_step(tmp_path / "killed" / "run") == 4)
-    launch(tmp_path / "killed", reseeded(run), nproc=2)
-    straight, killed = tmp_path / "straight" / "run", tmp_path / "killed" / "run"
-    assert summary(killed)["resumed_from"]["step"] == 4
+    straight, killed = killed_at_step_4_and_resumed(tmp_path, run)
     assert losses_by_step(straight, "lm_loss") == losses_by_step(killed, "lm_loss")
     assert_same_checkpoints(straight, killed)
     ckpt = C.resolve(str(straight))

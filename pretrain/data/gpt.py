@@ -5,6 +5,10 @@ Packed (default): each epoch puts the documents in a seeded order, follows each 
 token and cuts the stream into windows of seq_len + 1 tokens that overlap by one (window i starts at token
 i * seq_len); the windows are then read in a seeded shuffled order. Sample: input_ids = window[:-1],
 labels = window[1:].
+Streams (`streams=B`, a recurrent model's memory: Transformer-XL, XLNet): the windows are not shuffled but read as B
+streams, each a contiguous run of them (`indexes.stream_order`), so that step t of a global batch of B holds window t
+of every stream; samples carry `stream`, `stream_step` and `epoch`. `stride` spaces windows other than seq_len apart
+(XLNet's reuse_len: consecutive samples of a stream share all but reuse_len tokens).
 Unpacked (`pack=False`): a window never crosses a document's end: a document and its end-of-document token
 are cut into windows that start every seq_len tokens, the last one padded ([PAD] inputs, labels -100), so
 samples carry different numbers of predicted tokens.
@@ -16,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pretrain.data.indexes import Stream, document_windows, shuffle, windows
+from pretrain.data.indexes import Stream, document_windows, shuffle, stream_order, windows
 from pretrain.data.source import CorpusSource
 
 
@@ -28,18 +32,26 @@ class GPTEpoch(NamedTuple):
 
 class GPTDataset(CorpusSource):
     """Windows of seq_len + 1 tokens over documents `docs` (default: all) of the dataset at `path`; packed
-    across documents unless `pack` is False."""
+    across documents unless `pack` is False; starting every `stride` tokens (default seq_len), read as `streams`
+    streams when that is given."""
 
     def __init__(self, path: str, seq_len: int, *, seed: int = 1234, docs=None, cache_dir: str | None = None,
-                 pack: bool = True):
+                 pack: bool = True, stride: int | None = None, streams: int = 0):
         super().__init__(path, seed=seed, docs=docs, cache_dir=cache_dir)
-        self.seq_len, self.pack = seq_len, pack
+        self.seq_len, self.pack, self.stride, self.streams = seq_len, pack, stride or seq_len, streams
+        if streams and not pack:
+            raise ValueError("streams of windows (a recurrent model's memory) need packed documents")
         self.eod, self.pad = self.corpus.special_ids["eod"], self.corpus.special_ids["pad"]
         stream = int(self._lengths().sum()) + len(self.docs)
-        self._len = (stream - 1) // seq_len if pack else len(self._documents)
+        self._len = (stream - seq_len - 1) // self.stride + 1 if pack else len(self._documents)
         if self._len < 1:
             raise ValueError(f"{path}: {stream} tokens (with end-of-document tokens) do not fill one window "
                              f"of {seq_len + 1}")
+        if streams:
+            if self._len < streams:
+                raise ValueError(f"{path}: {self._len} windows of {seq_len + 1} tokens do not give each of "
+                                 f"{streams} streams (train.global_batch_size, with model.mem_len > 0) one")
+            self._len -= self._len % streams
 
     def __len__(self) -> int:
         return self._len
@@ -60,11 +72,21 @@ class GPTDataset(CorpusSource):
                                        seed=self.seed, epoch=epoch, n=len(self)))
         order = self.index("gpt-order", lambda: shuffle(len(self.docs), Stream.DOC_ORDER, self.seed, epoch),
                            seed=self.seed, epoch=epoch)
-        return GPTEpoch(order,
-                        self.index("gpt-windows", lambda: windows(self._lengths()[order], self.seq_len),
-                                   seed=self.seed, epoch=epoch, seq_len=self.seq_len),
+        found = self.index("gpt-windows", lambda: windows(self._lengths()[order], self.seq_len, self.stride),
+                           seed=self.seed, epoch=epoch, seq_len=self.seq_len,
+                           **({"stride": self.stride} if self.stride != self.seq_len else {}))
+        if self.streams:
+            return GPTEpoch(order, found, stream_order(len(found), self.streams))
+        return GPTEpoch(order, found,
                         self.index("gpt-shuffle", lambda: shuffle(len(self), Stream.SHUFFLE, self.seed, epoch),
                                    seed=self.seed, epoch=epoch, n=len(self)))
+
+    def position(self, epoch: int, index: int) -> dict[str, np.ndarray]:
+        """A streamed sample's place: its stream, the step of the stream it is, its epoch (none without streams)."""
+        if not self.streams:
+            return {}
+        return {"stream": np.int64(index % self.streams), "stream_step": np.int64(index // self.streams),
+                "epoch": np.int64(epoch)}
 
     def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:
         if not self.pack:
@@ -80,7 +102,7 @@ class GPTDataset(CorpusSource):
             labels[len(tokens):] = -100  # after the end-of-document token
             return {"input_ids": out[:-1], "labels": labels}
         out = self.packed(epoch, index, self.corpus.tokens, self.eod)
-        return {"input_ids": out[:-1], "labels": out[1:]}
+        return {"input_ids": out[:-1], "labels": out[1:], **self.position(epoch, index)}
 
     def packed(self, epoch: int, index: int, read, separator: int) -> np.ndarray:
         """A packed window's seq_len + 1 values of a per-token column (`read(document)`: its tokens, or e.g. its word

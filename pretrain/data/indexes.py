@@ -97,6 +97,16 @@ def shuffle(n: int, stream: Stream, seed: int, epoch: int) -> np.ndarray:
     return rng(stream, seed, epoch).permutation(n).astype(_index_dtype(n))
 
 
+def stream_order(windows: int, streams: int) -> np.ndarray:
+    """Sample i -> window for `streams` streams that each walk a contiguous run of the windows: sample i is step
+    i // streams of stream i % streams, window (i % streams) * T + i // streams, T = windows // streams (the
+    remainder is left out). A recurrent model's memory (Transformer-XL, XLNet) carries stream k's state from one
+    step to its next window."""
+    steps = windows // streams
+    i = np.arange(steps * streams, dtype=np.int64)
+    return ((i % streams) * steps + i // streams).astype(_index_dtype(max(windows, 1)))
+
+
 def split_documents(num_docs: int, valid_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, valid) document ids: a document is held out when a seeded 64-bit hash of its index falls
     below `valid_fraction`, so the split never depends on the other documents (appending keeps it)."""
@@ -113,14 +123,16 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def windows(lengths: np.ndarray, seq_len: int) -> np.ndarray:
+def windows(lengths: np.ndarray, seq_len: int, stride: int | None = None) -> np.ndarray:
     """GPT sample index: documents of these lengths, in this order, each followed by an end-of-document
-    token form one stream; window i is its tokens [i * seq_len, i * seq_len + seq_len + 1). Returns
-    (n, 2) int64 [document position, offset in the document] of each window's first token."""
+    token form one stream; window i is its tokens [i * stride, i * stride + seq_len + 1) (stride: seq_len unless
+    given), as many as fit. Returns (n, 2) int64 [document position, offset in the document] of each window's first
+    token."""
+    stride = stride or seq_len
     lengths = np.asarray(lengths, dtype=np.int64)
     ends = np.cumsum(lengths + 1)
-    n = (int(ends[-1]) - 1) // seq_len if len(ends) else 0
-    first = np.arange(n, dtype=np.int64) * seq_len
+    n = max(0, (int(ends[-1]) - seq_len - 1) // stride + 1) if len(ends) else 0
+    first = np.arange(n, dtype=np.int64) * stride
     doc = np.searchsorted(ends, first, side="right")
     return np.stack([doc, first - (ends[doc] - lengths[doc] - 1)], axis=1)
 

@@ -75,12 +75,18 @@ class PermutationSamples(GPTDataset):
     by `span_mask` and put in a factorisation order (`local_order` over blocks of `perm_size`). Fields: input_ids,
     token_type_ids, perm_mask [seq_len, seq_len] (True: may not see), targets [num_predict] (positions, ascending)
     and labels (their tokens). A and B meet at a sentence start where the window holds one (as XLNet's
-    `_split_a_and_b`), else at a word start."""
+    `_split_a_and_b`), else at a word start.
 
-    def __init__(self, path: str, seq_len: int, num_predict: int, perm_size: int, *, seed: int = 1234, docs=None,
-                 cache_dir: str | None = None):
-        super().__init__(path, seq_len - 3, seed=seed, docs=docs, cache_dir=cache_dir, pack=True)
-        self.length, self.num_predict, self.perm_size = seq_len, num_predict, perm_size
+    With `reuse_len` R (XLNet's memory): the window's first R tokens come before A, in segment 0; windows start every
+    R tokens, so that the next window of a stream (`streams`) begins where this one's reused part ends, and the
+    memory keeps the reused part's states. The reused part is a factorisation of its own (half the predicted tokens,
+    XLNet's split), blind to the rest; the rest sees all of it."""
+
+    def __init__(self, path: str, seq_len: int, num_predict: int, perm_size: int, *, reuse_len: int = 0,
+                 streams: int = 0, seed: int = 1234, docs=None, cache_dir: str | None = None):
+        super().__init__(path, seq_len - 3, seed=seed, docs=docs, cache_dir=cache_dir, pack=True,
+                         stride=reuse_len or None, streams=streams)
+        self.length, self.num_predict, self.perm_size, self.reuse = seq_len, num_predict, perm_size, reuse_len
         special = self.corpus.special_ids
         self.sep, self.cls = special["sep"], special["cls"]
 
@@ -95,19 +101,23 @@ class PermutationSamples(GPTDataset):
 
     def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:
         g = rng(Stream.SAMPLE, self.seed, epoch, index)
-        n = self.seq_len  # A and B together
+        n, r = self.seq_len, self.reuse  # the reused part, A and B together; the reused part
         tokens = self.packed(epoch, index, self.corpus.tokens, self.eod)[:n]
         starts = self.packed(epoch, index, self._word_start, 1)[:n].astype(bool)
-        sentences = np.flatnonzero(self.packed(epoch, index, self._sentence_start, 0)[1:n]) + 1
-        words = np.flatnonzero(starts[1:]) + 1
+        sentences = np.flatnonzero(self.packed(epoch, index, self._sentence_start, 0)[r + 1:n]) + r + 1
+        words = np.flatnonzero(starts[r + 1:]) + r + 1
         cuts = sentences if len(sentences) else words  # XLNet cuts between sentences; else between words
-        cut = int(g.choice(cuts)) if len(cuts) else n // 2
+        cut = int(g.choice(cuts)) if len(cuts) else (r + n) // 2
         if g.random() >= 0.5:  # B from another window
             other = int(g.integers(len(self)))
             tokens[cut:] = self.packed(epoch, other, self.corpus.tokens, self.eod)[:n - cut]
             starts[cut:] = self.packed(epoch, other, self._word_start, 1)[:n - cut].astype(bool)
-        starts[cut] = True
-        predicted = span_mask(starts, self.num_predict, g)
+        starts[[r, cut]] = True
+        if r:  # XLNet's split of the predictions: the larger half in the reused part
+            predicted = np.concatenate([span_mask(starts[:r], self.num_predict - self.num_predict // 2, g),
+                                        span_mask(starts[r:], self.num_predict // 2, g)])
+        else:
+            predicted = span_mask(starts, self.num_predict, g)
         layout = np.concatenate([np.arange(cut), np.arange(cut, n) + 1])  # where A's and B's tokens go
         input_ids = np.empty(self.length, np.int64)
         input_ids[layout], input_ids[[cut, n + 1, n + 2]] = tokens, [self.sep, self.sep, self.cls]
@@ -116,7 +126,12 @@ class PermutationSamples(GPTDataset):
         functional[[cut, n + 1, n + 2]] = True
         targets = np.zeros(self.length, bool)
         targets[layout[predicted]] = True
-        perm_mask = factorisation(targets, functional, local_order(self.length, self.perm_size, g))
+        perm_mask = np.zeros((self.length, self.length), bool)
+        perm_mask[:r, r:] = True  # the reused part is blind to the rest, which sees all of it
+        for part in (slice(0, r), slice(r, None)) if r else (slice(None),):
+            size = len(targets[part])
+            order = local_order(size, self.perm_size or size, g)
+            perm_mask[part, part] = factorisation(targets[part], functional[part], order)
         where = np.flatnonzero(targets)
         return {"input_ids": input_ids, "token_type_ids": segments, "perm_mask": perm_mask, "targets": where,
-                "labels": input_ids[where]}
+                "labels": input_ids[where], **self.position(epoch, index)}

@@ -42,7 +42,7 @@ class XLNetAdapter(Adapter):
             vocab_size=cfg.vocab_size, d_model=cfg.hidden_size, n_layer=cfg.num_layers, n_head=cfg.num_heads,
             d_inner=cfg.ffn_hidden_size, ff_activation=ACTIVATIONS[cfg.activation],
             attn_type="uni" if cfg.causal else "bi", initializer_range=cfg.init_std, layer_norm_eps=cfg.layer_norm_eps,
-            dropout=cfg.hidden_dropout, mem_len=cfg.mem_len or None, clamp_len=cfg.clamp_len, bi_data=False,
+            dropout=cfg.hidden_dropout, mem_len=cfg.mem_len or None, reuse_len=cfg.reuse_len or None, clamp_len=cfg.clamp_len, bi_data=False,
             same_length=False, pad_token_id=special.get("pad", 5), bos_token_id=special.get("cls", 1),
             eos_token_id=special.get("sep", 2), architectures=[self.hf_class])
 
@@ -55,7 +55,7 @@ class XLNetAdapter(Adapter):
             raise ExportError(f"ff_activation={hf.ff_activation!r}: ptm's XLNet has {', '.join(ACTIVATIONS.values())}")
         return dict(arch="xlnet", vocab_size=hf.vocab_size, vocab_pad_to=1, hidden_size=hf.d_model,
                     num_layers=hf.n_layer, num_heads=hf.n_head, ffn_hidden_size=hf.d_inner, activation=activation,
-                    causal=hf.attn_type == "uni", mem_len=hf.mem_len or 0, clamp_len=hf.clamp_len, type_vocab_size=0,
+                    causal=hf.attn_type == "uni", mem_len=hf.mem_len or 0, reuse_len=hf.reuse_len or 0, clamp_len=hf.clamp_len, type_vocab_size=0,
                     task_type_vocab_size=0, layer_norm_eps=hf.layer_norm_eps, hidden_dropout=hf.dropout,
                     attention_dropout=hf.dropout, init_std=hf.initializer_range)
 
@@ -94,13 +94,17 @@ class XLNetAdapter(Adapter):
 
 
 def check(cfg, need) -> None:
-    """XLNet's segments are relative (no segment table); the memory needs the data order that carries it."""
+    """XLNet's segments are relative (no segment table); a memory and its reuse are XLNet's and Transformer-XL's."""
     m = cfg.model
     need(m.position_encoding != "transformer_xl" or m.type_vocab_size == 0,
          f"model.type_vocab_size={m.type_vocab_size}: XLNet's segments enter attention (model.relative_segments), "
          f"not as embeddings; set model.type_vocab_size=0")
-    need(m.mem_len == 0, f"model.mem_len={m.mem_len}: carrying the memory from one training step to the next needs "
-                         f"XLNet's stream data order, which is not built yet (issue 25); set model.mem_len=0")
+    need(not m.mem_len or m.position_encoding == "transformer_xl",
+         f"model.mem_len={m.mem_len}: a memory of earlier segments is XLNet's and Transformer-XL's (model.arch=xlnet); "
+         f"set model.mem_len=0")
+    need(not m.reuse_len or (m.position_encoding == "transformer_xl" and not m.causal),
+         f"model.reuse_len={m.reuse_len} is XLNet's (permutation LM) reuse; a causal model keeps every position: set "
+         f"model.reuse_len=0")
 
 
 FAMILY = Family("xlnet", "XLNet / Transformer-XL: two-stream relative attention with memory, permutation LM",

@@ -62,6 +62,8 @@ class ModelConfig:
     clamp_len: int = opt(-1, "position_encoding=transformer_xl: distances beyond this are clamped to it; -1: none")
     mem_len: int = opt(0, "Transformer-XL / XLNet memory: each layer also attends to the last mem_len inputs it had "
                           "(the previous segments of the same stream, detached); 0: none", range=">= 0")
+    reuse_len: int = opt(0, "XLNet memory: each sample's first reuse_len tokens continue its stream and are what the "
+                            "memory keeps (the rest is A and B; XLNet: 256 of 512); 0: every token", range=">= 0")
     generator_size: float = opt(0.0, "ELECTRA (heads [rtd]): the generator's width (hidden size, heads, MLP) as a "
                                      "fraction of the model's; it shares the model's embeddings (the paper: 1/4 to 1/2)",
                                 range="[0, 1]")

@@ -5,7 +5,8 @@ blocks of two-stream relative attention and an MLP, a memory of the previous seg
                        (clamped at `clamp_len`) and scores (q + u) k + (q + v) r, u and v learned per head
     relative_segments  XLNet's segment term: (q + s) e_same or e_different, learned per head
     causal             attend to the memory and earlier tokens only (Transformer-XL); XLNet: both directions
-    mem_len            each layer also attends to the last mem_len inputs it had (the previous segments', detached)
+    mem_len            each layer also attends to the last mem_len inputs it had (the previous segments', detached;
+                       reuse_len: only the first reuse_len positions of each segment are kept, XLNet's)
 
 Two streams: the content stream `h` starts from the word embeddings and sees its own token; the query stream `g`
 starts from one learned vector at each predicted position (`targets`) and sees only what `perm_mask` lets the
@@ -140,12 +141,17 @@ class XLNet(nn.Module):
             self.add_module(name, head)
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, perm_mask=None, targets=None,
-               memory=None):
+               memory=None, memory_mask=None):
         """(content stream [b, s, hidden], query stream at `targets` [b, m, hidden] or None, the next memory: per
-        layer its input, appended to `memory` (per layer [b, mem, hidden]) and cut to mem_len, detached).
-        `perm_mask` [b, s, s]: True where position i may not see position j (XLNet's factorisation order);
-        `targets` [b, m]: the positions the query stream predicts; `attention_mask` [b, s]: 1 at real tokens."""
+        layer its input (the first reuse_len positions, or all), appended to `memory` (per layer [b, mem, hidden])
+        and cut to mem_len, detached, and its mask). `perm_mask` [b, s, s]: True where position i may not see
+        position j (XLNet's factorisation order); `targets` [b, m]: the positions the query stream predicts;
+        `attention_mask` [b, s]: 1 at real tokens; `memory_mask` [b, mem]: True at memory positions that hold a
+        state (a memory of fixed size filling up: `memory` None is zeros of that size)."""
         cfg, (b, s) = self.cfg, input_ids.shape
+        if memory is None and memory_mask is not None:
+            memory = input_ids.new_zeros(()).to(self.embeddings.word.weight.dtype).expand(
+                cfg.num_layers, b, memory_mask.shape[1], cfg.hidden_size)
         mem = 0 if memory is None else memory[0].shape[1]
         k, device = mem + s, input_ids.device
         distance = torch.arange(k, -s, -1, device=device)  # position key r: the distance k - r
@@ -159,9 +165,11 @@ class XLNet(nn.Module):
             blocked[..., mem:] |= ~attention_mask.bool()[:, None, :]
         if perm_mask is not None:
             blocked[..., mem:] |= perm_mask.bool()
+        if memory_mask is not None:
+            blocked[..., :mem] |= ~memory_mask[:, None, :]
         rows = torch.arange(s, device=device)
         own = torch.arange(k, device=device) == (rows + mem)[:, None]  # the content stream sees its own token
-        masked = cfg.causal or attention_mask is not None or perm_mask is not None
+        masked = cfg.causal or attention_mask is not None or perm_mask is not None or memory_mask is not None
         different = None
         if cfg.relative_segments and token_type_ids is not None:
             keys = token_type_ids if not mem else F.pad(token_type_ids, (mem, 0))
@@ -174,25 +182,28 @@ class XLNet(nn.Module):
             streams["g"] = ((s - targets)[..., None] + torch.arange(k, device=device), ~blocked.gather(1, pick)
                             if masked else None, None if different is None else different.gather(1, pick))
             g = self.dropout(self.query_start.expand(b, targets.shape[1], -1).contiguous())
-        following = []
+        following, kept = [], slice(None, cfg.reuse_len or None)
         for i, block in enumerate(self.blocks):
             if cfg.mem_len:
-                kept = h if memory is None else torch.cat([memory[i], h], 1)
-                following.append(kept[:, -cfg.mem_len:].detach())
+                new = h[:, kept] if memory is None else torch.cat([memory[i], h[:, kept]], 1)
+                following.append(new[:, -cfg.mem_len:].detach())
             layer_memory = None if memory is None else memory[i]
             if i in self.checkpointed and self.training:
                 h, g = checkpoint(block, h, g, layer_memory, positions, streams)
             else:
                 h, g = block(h, g, layer_memory, positions, streams)
-        return h, g, following or None
+        following_mask = None if memory_mask is None or not cfg.mem_len else torch.cat(
+            [memory_mask, memory_mask.new_ones(b, h[:, kept].shape[1])], 1)[:, -cfg.mem_len:]
+        return h, g, following or None, following_mask
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, *, perm_mask=None, targets=None,
-                memory=None, positions=None, labels=None, hidden=False):
+                memory=None, memory_mask=None, positions=None, labels=None, hidden=False):
         """{"logits"} (vocab-parallel) of the query stream, or of the content stream at `positions` (flat indices)
-        where there is none, and "memory"; with `labels` {"lm_loss": (summed loss, correct)} from the fused linear
-        cross-entropy; with `hidden` the streams' states."""
-        h, g, following = self.encode(input_ids, attention_mask, token_type_ids, perm_mask, targets, memory)
-        out = {"memory": following}
+        where there is none, and "memory" and "memory_mask" (`encode`'s); with `labels` {"lm_loss": (summed loss,
+        correct)} from the fused linear cross-entropy; with `hidden` the streams' states."""
+        h, g, following, following_mask = self.encode(input_ids, attention_mask, token_type_ids, perm_mask, targets,
+                                                      memory, memory_mask)
+        out = {"memory": following, "memory_mask": following_mask}
         if hidden:
             return {**out, "hidden": h, "query_hidden": g}
         predicted = g if g is not None else h if positions is None else h.flatten(0, 1)[positions.flatten()]

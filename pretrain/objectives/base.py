@@ -46,15 +46,17 @@ class Objective:
     pairs = False  # samples hold two segments: the model needs segment embeddings
     one_lm_head = True  # every prediction comes from the model's own LM head (fused_lm_loss can replace it)
     packs_documents = False  # reads data.pack_documents (documents concatenated into windows)
+    recurrent = False  # its samples can be read as streams that carry a model's memory (model.mem_len)
     attention_mask = "padding"  # the mask a bidirectional model attends under: [b, s] padding, or per-token spans
     section: Section | None = None  # its config section
     headline = ()  # metrics the progress bar shows after `loss`
     cfg = None  # the config of a `configured` objective
+    _recurrence = None
 
     def configured(self, cfg) -> "Objective":
         """This objective bound to a resolved config: its settings, schedule and data come from `cfg`."""
         bound = object.__new__(type(self))
-        bound.__dict__.update(self.__dict__, cfg=cfg)
+        bound.__dict__.update(self.__dict__, cfg=cfg, _recurrence=None)
         return bound
 
     # ---- the config -----------------------------------------------------------------------------------------
@@ -109,6 +111,41 @@ class Objective:
     def head_parameters(self, cfg) -> int:
         """Parameters of `heads(cfg)`, counted without building them (pretrain/cost.py)."""
         return 0
+
+    def streams(self) -> int:
+        """The streams the samples are read as (pretrain/data/gpt.py): the global batch where the model carries a
+        memory from step to step (model.mem_len > 0), else 0 (shuffled)."""
+        return self.cfg.train.global_batch_size if self.cfg.model.mem_len else 0
+
+    # ---- a recurrent model's memory (pretrain/models/memory.py) ----------------------------------------------
+
+    def recurrence(self):
+        """The memories a recurrent model carries across steps, or None (model.mem_len 0)."""
+        if self._recurrence is None and self.cfg is not None and self.cfg.model.mem_len:
+            from pretrain.models.memory import Recurrence
+
+            self._recurrence = Recurrence(self.streams(), self.cfg.model.mem_len)
+        return self._recurrence
+
+    def memory_inputs(self, model, batch: dict) -> dict:
+        """The model's memory arguments for `batch` ({} without a memory)."""
+        recurrence = self.recurrence()
+        return recurrence.inputs(model, batch) if recurrence else {}
+
+    def remember(self, model, batch: dict, out: dict) -> None:
+        """Keep the model's next memory (its output `out`) for the streams of `batch`."""
+        if self.recurrence():
+            self.recurrence().update(model, batch, out)
+
+    def state_files(self) -> dict:
+        """This rank's training state beyond the model and optimizer, {checkpoint-relative path: {name: tensor}}
+        (a recurrent model's memory)."""
+        return self.recurrence().files() if self.recurrence() else {}
+
+    def load_state(self, ckpt: str, device) -> None:
+        """Restore what `state_files` wrote, from a checkpoint of any layout."""
+        if self.recurrence():
+            self.recurrence().load(ckpt, device)
 
     # ---- loss terms -----------------------------------------------------------------------------------------
 

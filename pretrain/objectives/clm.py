@@ -14,6 +14,7 @@ class CausalLM(Objective):
     help = "causal LM on packed documents (GPT-2)"
     causal = True
     packs_documents = True
+    recurrent = True
     headline = ("lm_loss",)
 
     def check(self, cfg, need) -> None:
@@ -31,7 +32,8 @@ class CausalLM(Objective):
         from pretrain.data.gpt import GPTDataset
 
         d = self.cfg.data
-        return GPTDataset(path, d.seq_len, seed=self.cfg.seed, docs=docs, cache_dir=cache_dir, pack=d.pack_documents)
+        return GPTDataset(path, d.seq_len, seed=self.cfg.seed, docs=docs, cache_dir=cache_dir, pack=d.pack_documents,
+                          streams=self.streams())
 
     def select(self, batch, phase=None):
         return {"lm": batch["labels"] != -100}
@@ -44,11 +46,12 @@ class CausalLM(Objective):
         from pretrain.losses import Term
 
         count = self.select(batch)["lm"].sum()
+        out = model(batch["input_ids"], **self.memory_inputs(model, batch),
+                    **({"labels": batch["labels"]} if fused else {}))
+        self.remember(model, batch, out)
         if fused:
-            loss, _ = model(batch["input_ids"], labels=batch["labels"])["lm_loss"]
-            return {"lm": Term(loss, count)}
-        logits = model(batch["input_ids"])["logits"]
-        return {"lm": Term(K.cross_entropy(logits, batch["labels"]).sum(), count)}
+            return {"lm": Term(out["lm_loss"][0], count)}
+        return {"lm": Term(K.cross_entropy(out["logits"], batch["labels"]).sum(), count)}
 
     def evaluation(self, metrics):
         return {"ppl": math.exp(min(metrics["lm_loss"], 50))} if "lm_loss" in metrics else {}

@@ -15,7 +15,8 @@ ORDER = 120
 class XLNetConfig:
     num_predict: int = opt(0, "tokens predicted per sample; 0: seq_len x 85/512 (XLNet's 85 of 512)", range=">= 0")
     perm_size: int = opt(0, "the factorisation order is one permutation of this many positions applied to each "
-                            "block of them; must divide data.seq_len; 0: data.seq_len", range=">= 0")
+                            "block of them; must divide data.seq_len (with model.reuse_len: the reused part and the "
+                            "rest); 0: one permutation of all (of each part)", range=">= 0")
 
 
 def num_predict(cfg) -> int:
@@ -25,10 +26,20 @@ def num_predict(cfg) -> int:
 def check_section(cfg, need, objective) -> None:
     if objective.name != PermutationLM.name:
         return
-    s, size = cfg.data.seq_len, cfg.xlnet.perm_size or cfg.data.seq_len
-    need(s % size == 0, f"xlnet.perm_size={size} does not divide data.seq_len={s}; pick a divisor (0: seq_len)")
-    need(0 < num_predict(cfg) <= s - 3, f"xlnet.num_predict={num_predict(cfg)} must be between 1 and data.seq_len - 3 "
-                                        f"= {s - 3} (the tokens of A and B)")
+    s, r, size, m = cfg.data.seq_len, cfg.model.reuse_len, cfg.xlnet.perm_size, cfg.model
+    parts = (r, s - r) if r else (s,)
+    need(r < s - 4, f"model.reuse_len={r} leaves no room for A and B in data.seq_len={s}; XLNet reuses half "
+                    f"(lower it; 0: no reuse)")
+    need(not size or all(p % size == 0 for p in parts),
+         f"xlnet.perm_size={size} does not divide " + (f"model.reuse_len={r} and the rest, {s - r}" if r else
+                                                       f"data.seq_len={s}") + "; pick a divisor (0: each whole)")
+    n = num_predict(cfg)
+    need(0 < n <= s - 3 and (not r or (n - n // 2 <= r and n // 2 <= s - r - 3)),
+         f"xlnet.num_predict={n} must be between 1 and data.seq_len - 3 = {s - 3} (the tokens of A and B)"
+         + (f", its larger half at most model.reuse_len={r} and its smaller half at most {s - r - 3}" if r else ""))
+    need(not m.mem_len or m.causal or r > 0,
+         f"model.mem_len={m.mem_len} carries XLNet's memory, which keeps each sample's reused part: set "
+         f"model.reuse_len (XLNet: 256 of data.seq_len 512)")
 
 
 class PermutationLM(Objective):
@@ -36,6 +47,7 @@ class PermutationLM(Objective):
     help = "XLNet's permutation LM: spans of whole words predicted in a sampled factorisation order, two streams"
     section = Section("xlnet", XLNetConfig, check_section)
     headline = ("lm_loss", "lm_acc")
+    recurrent = True
 
     def check(self, cfg, need) -> None:
         m = cfg.model
@@ -51,8 +63,9 @@ class PermutationLM(Objective):
         from pretrain.data.xlnet import PermutationSamples
 
         c = self.cfg
-        return PermutationSamples(path, c.data.seq_len, num_predict(c), c.xlnet.perm_size or c.data.seq_len,
-                                  seed=c.seed, docs=docs, cache_dir=cache_dir)
+        return PermutationSamples(path, c.data.seq_len, num_predict(c), c.xlnet.perm_size,
+                                  reuse_len=c.model.reuse_len, streams=self.streams(), seed=c.seed, docs=docs,
+                                  cache_dir=cache_dir)
 
     def select(self, batch, phase=None):
         return {"lm": batch["labels"] != -100}
@@ -63,12 +76,13 @@ class PermutationLM(Objective):
         where = self.where(batch, phase)["lm"]
         target = pick(batch["labels"], where, 2)
         inputs = dict(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                      perm_mask=batch["perm_mask"], targets=batch["targets"])
+                      perm_mask=batch["perm_mask"], targets=batch["targets"], **self.memory_inputs(model, batch))
+        out = model(**inputs, **({"labels": target} if fused else {}))
+        self.remember(model, batch, out)
         if fused:
-            loss, correct = model(**inputs, labels=target)["lm_loss"]
+            loss, correct = out["lm_loss"]
             return {"lm": Term(loss, target.new_full((), len(target)), correct)}
-        logits = model(**inputs)["logits"]
-        return {"lm": token_term(pick(logits, where, 2), target)}
+        return {"lm": token_term(pick(out["logits"], where, 2), target)}
 
     def baselines(self, batch, terms, most_frequent):
         return {"lm_unigram_acc": ((batch["labels"] == most_frequent).sum(), terms["lm"].count)}
