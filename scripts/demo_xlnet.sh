@@ -5,6 +5,7 @@
 # LM) are each trained with 4 processes (tensor parallel 2 x data parallel 2, ZeRO-2; CPU, minutes each) twice: with the
 # preset's memory carried along streams (model.mem_len) and without (model.mem_len=0); then the held-out loss of both
 # (a tenth of the documents held out), and XLNet's accuracy on the predicted tokens beside the unigram guess.
+# PTM_DEMO_SET="train.steps=... optimizer.lr=..." adds overrides to every run (a longer run, another learning rate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${PTM_DEMO_DIR:-runs/demo}
@@ -29,7 +30,7 @@ for preset in ${PTM_DEMO_PRESETS:-xlnet-tiny transfo-xl-tiny}; do
   for memory in "" -nomem; do
     $py -m torch.distributed.run --nproc_per_node 4 --master_port "${PTM_DEMO_PORT:-29519}" -m pretrain train \
       --config "configs/$preset.yaml" --set "data.path=$out/data-long" "out_dir=$out/$preset$memory" parallel.tp=2 \
-      zero.stage=2 data.valid_fraction=0.1 train.eval_steps=50 ${memory:+model.mem_len=0}
+      zero.stage=2 data.valid_fraction=0.1 train.eval_steps=50 ${memory:+model.mem_len=0} ${PTM_DEMO_SET:-}
   done
   $py - "$out/$preset" <<'PY'
 import json, sys

@@ -113,6 +113,28 @@ def test_a_fixed_size_memory_filling_up_with_reuse_len_matches_hf():
                 torch.testing.assert_close(kept[:, MEM - filled:], theirs.transpose(0, 1), rtol=1e-5, atol=1e-5)
 
 
+def test_gradients_over_a_memory_and_both_streams_are_hfs():
+    """One training step's gradients (both streams under a permutation mask, segments, a memory of the previous
+    segment kept with reuse_len, the tied LM head) equal XLNetLMHeadModel's with the same mems, every weight within
+    1e-5 of its largest gradient: what training does with the memory is XLNet's."""
+    hf, ours, cfg = _xlnet(causal=False, reuse_len=5)
+    g = torch.Generator().manual_seed(5)
+    first, ids = torch.randint(0, V, (B, S), generator=g), torch.randint(0, V, (B, S), generator=g)
+    segments, perm = torch.randint(0, 2, (B, S), generator=g), torch.rand(B, S, S, generator=g) < 0.5
+    targets = torch.stack([torch.randperm(S, generator=g)[:4] for _ in range(B)])
+    labels = torch.randint(0, V, targets.shape, generator=g)
+    with torch.no_grad():
+        mems, mine = hf(first, use_mems=True).mems, ours(first, memory_mask=torch.zeros(B, MEM, dtype=torch.bool))
+    hf(ids, token_type_ids=segments, perm_mask=perm.float(), target_mapping=F.one_hot(targets, S).float(),
+       labels=labels, mems=mems).loss.backward()
+    logits = ours(ids, None, segments, perm_mask=perm, targets=targets, memory=mine["memory"],
+                  memory_mask=mine["memory_mask"])["logits"]
+    F.cross_entropy(logits[..., :V].flatten(0, 1), labels.flatten()).backward()
+    grads = get("xlnet").adapter.to_hf({n: p.grad for n, p in ours.named_parameters()}, L, HEADS, V)
+    for name, p in hf.named_parameters():
+        assert (grads[name] - p.grad).abs().max() <= 1e-5 * p.grad.abs().max(), name
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["xlnet", "transformer-xl"])
 def test_xlnet_round_trip_is_bit_exact_with_its_config(causal):
     """HF -> ptm -> HF: every weight bit for bit (the [hidden, heads, head_dim] projections, the tied LM head), and
