@@ -20,7 +20,7 @@ import torch
 
 from runs import config, launch, losses_by_step, max_rel_diff, weights
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1500)]  # the first test waits for every run (`trained`)
 
 COMMON = ["data.num_workers=0", "data.seq_len=32", "model.max_position_embeddings=32", "model.hidden_dropout=0",
           "model.attention_dropout=0", "train.global_batch_size=8", "train.micro_batch_size=2", "train.grad_clip=0.5",
