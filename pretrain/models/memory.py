@@ -36,7 +36,7 @@ class StreamMemory:
         stream = batch["stream"]
         if self.states is None:
             return {"memory_mask": torch.zeros(len(stream), self.mem_len, dtype=torch.bool, device=stream.device)}
-        slot = (stream // self.ranks).to(self.states.device)
+        slot = stream // self.ranks
         stamp = self.stamps[slot]
         follows = ((stamp[:, 0] == stream) & (stamp[:, 1] == batch["epoch"])
                    & (stamp[:, 2] + 1 == batch["stream_step"]))

@@ -150,7 +150,7 @@ class XLNet(nn.Module):
         state (a memory of fixed size filling up: `memory` None is zeros of that size)."""
         cfg, (b, s) = self.cfg, input_ids.shape
         if memory is None and memory_mask is not None:
-            memory = input_ids.new_zeros(()).to(self.embeddings.word.weight.dtype).expand(
+            memory = torch.zeros((), dtype=self.embeddings.word.weight.dtype, device=input_ids.device).expand(
                 cfg.num_layers, b, memory_mask.shape[1], cfg.hidden_size)
         mem = 0 if memory is None else memory[0].shape[1]
         k, device = mem + s, input_ids.device

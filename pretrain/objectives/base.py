@@ -134,8 +134,9 @@ class Objective:
 
     def remember(self, model, batch: dict, out: dict) -> None:
         """Keep the model's next memory (its output `out`) for the streams of `batch`."""
-        if self.recurrence():
-            self.recurrence().update(model, batch, out)
+        recurrence = self.recurrence()
+        if recurrence:
+            recurrence.update(model, batch, out)
 
     def state_files(self) -> dict:
         """This rank's training state beyond the model and optimizer, {checkpoint-relative path: {name: tensor}}
