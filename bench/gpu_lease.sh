@@ -27,18 +27,7 @@ results=${RESULTS:-$out}
 left() { echo $((budget - (SECONDS - start))); }
 mkdir -p "$out" "$results"
 exec > >(tee "$results/log.txt") 2>&1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-py=${PYTHON:-python3}
-if ! $py -c "import deepspeed, megatron.core" 2>/dev/null; then
-  $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 2
-  DS_BUILD_OPS=0 $py -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site \
-    .whl/*.tar.gz || exit 2
-fi
-# data_prep's compiled loops (the trainer reads the dataset's structure through data_prep.text), built for this python
-$py -c "import data_prep._structure" 2>/dev/null || $py setup.py -q build_ext --inplace || exit 2
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
-$py -c "import torch, deepspeed, megatron.core, transformers; print('torch', torch.__version__, 'deepspeed', \
-deepspeed.__version__, 'transformers', transformers.__version__)" || exit 2
+source bench/gpu_setup.sh
 echo "== set-up took $((SECONDS - start)) s"
 
 # Each step gets at most its share (seconds) of what is left: the re-measurement of the step first, then where its

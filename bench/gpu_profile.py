@@ -49,6 +49,12 @@ def one(case: str, precision: str, variant: str, steps: int, tiny: bool, device)
             step()
         _sync(device)
     compiled = Counter({k: sum(v.values()) for k, v in du.counters.items()}) - before
+    return summary(variant, prof, steps, wall, compiled)
+
+
+def summary(name: str, prof, steps: int, wall: float, compiled) -> list[str]:
+    """A profile of `steps` steps as lines: wall time, GPU busy time, launches and syncs per step, dynamo's work,
+    the kernels by device time and the host ops by self CPU time."""
     events = prof.key_averages()
     ranges = {e.name for e in prof.events() if e.is_user_annotation}  # e.g. the optimizer step's: not kernels
     dev = [e for e in events if e.device_type.name == "CUDA" and e.self_device_time_total > 0 and e.key not in ranges]
@@ -56,7 +62,7 @@ def one(case: str, precision: str, variant: str, steps: int, tiny: bool, device)
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx",
                                                          "cudaLaunchKernelExC")) / steps
     syncs = {e.key: e.count // steps for e in events if e.key.startswith(SYNCS)}
-    lines = [f"  {variant}: step {1e3 * wall:.1f} ms (median of {steps}), GPU busy {busy:.1f} ms, "
+    lines = [f"  {name}: step {1e3 * wall:.1f} ms (median of {steps}), GPU busy {busy:.1f} ms, "
              f"{launches:.0f} launches, syncs {syncs or 'none'}, "
              f"dynamo during the profile {dict(compiled) or 'nothing'}",
              "   kernels by device time per step:"]

@@ -3,7 +3,8 @@ and on all local GPUs, and print one table: path, processes, step time (the medi
 memory (torch's on the GPU, and all the device has in use; on a CPU the process's peak resident size so far), wall
 time, the kernels that ran, and ok or the path's error line. Exit status 0 when every path is ok, else 1.
 
-    python bench/gpu_smoke.py [--out DIR] [--data DIR] [--tiny] [--paths PATH ...] [--set [PATH:]KEY=VALUE ...]
+    python bench/gpu_smoke.py [--out DIR] [--data DIR] [--tiny] [--paths PATH ...] [--configs PRESET ...]
+                              [--set [PATH:]KEY=VALUE ...]
 
 Paths: fp32/bf16/fp16 x ZeRO 0-3 with the defaults a user gets (`kernels=auto`, `fused_lm_loss=auto`: eager
 blocks and the fused LM loss on a GPU; bf16 at ZeRO-0 accumulates in bf16, DeepSpeed's only choice
@@ -12,6 +13,9 @@ Per process count, ONE torchrun launch of bench/smoke_worker.py trains the paths
 raises is recorded with its error line and the launch ends; a launch that dies (an NCCL abort, a killed process)
 marks the path it was running as failed with the last error line of the ranks' stderr; a path that runs past
 --timeout is stopped; either way a new launch goes on with the paths left. Logs: OUT/logs.
+
+`--configs` trains the paths once per model config (every family's preset, say), each run named CONFIG.PATH; a
+`--set` prefix names a path, a config or one such run.
 
 The dataset is built once from the embedded corpus into OUT/data (or --data: a dataset of your own). Defaults: a
 BERT-base at seq 128, micro batch 32, 2 micro-batches per step, 10 steps; `--tiny` (a CPU: tests/test_bench.py)
@@ -62,27 +66,50 @@ def dataset(out: str, vocab: int, part: str) -> str:
     return data
 
 
-def per_path(items: list[str]) -> dict[str, list[str]]:
-    """--set items as {path: overrides}: KEY=VALUE for every path ("" key), PATH:KEY=VALUE for one."""
+def plan(args) -> dict[str, tuple[str, str]]:
+    """{run name: (config, path)}: the paths, or with --configs each config's paths named CONFIG.PATH."""
+    if not args.configs:
+        return {path: (args.config, path) for path in args.paths}
+    return {f"{short(config)}.{path}": (config, path) for config in args.configs for path in args.paths}
+
+
+def short(config: str) -> str:
+    """A config's name in run names: a preset as it is, a YAML file by its stem."""
+    return os.path.splitext(os.path.basename(config))[0]
+
+
+def per_path(items: list[str], known) -> dict[str, list[str]]:
+    """--set items as {prefix: overrides}: KEY=VALUE for every run ("" key), PREFIX:KEY=VALUE for the runs of one
+    path, one config or one run (`known`: the prefixes there are)."""
     out: dict[str, list[str]] = {"": []}
     for item in items:
         key, _, value = item.partition("=")
         path, colon, key = key.rpartition(":") if ":" in key else ("", "", key)
-        if colon and path not in PATHS:
-            sys.exit(f"gpu_smoke: --set {item}: there is no path {path!r}; paths: {', '.join(PATHS)}")
+        if colon and path not in known:
+            sys.exit(f"gpu_smoke: --set {item}: there is no path, config or run {path!r}; these are: "
+                     f"{', '.join(sorted(known))}")
         out.setdefault(path, []).append(f"{key}={value}")
     return out
 
 
+def prefixes(runs: dict[str, tuple[str, str]]) -> set[str]:
+    return {p for name, (config, path) in runs.items() for p in (name, short(config), path)}
+
+
 def runs(args, nproc: int, data: str, names: list[str]) -> dict[str, list[str]]:
-    """{path: [config, overrides...]} for the worker on `nproc` processes."""
-    extra = per_path(args.overrides)
+    """{run: [config, overrides...]} for the worker on `nproc` processes."""
+    extra = per_path(args.overrides, prefixes(args.runs))
     common = [f"data.path={data}", "model.vocab_size=0", f"data.seq_len={args.seq_len}",
               f"train.micro_batch_size={args.micro_batch}",
               f"train.global_batch_size={args.micro_batch * args.accumulation * nproc}", f"train.steps={args.steps}",
               "optimizer.warmup_steps=0", "train.eval_interval=0", "train.eval_steps=1",
               "checkpoint.interval=0", "checkpoint.keep=1", "data.num_workers=1"]
-    return {name: [args.config, *common, *PATHS[name], *extra[""], *extra.get(name, [])] for name in names}
+    out = {}
+    for name in names:
+        config, path = args.runs[name]
+        out[name] = [config, *common, *PATHS[path], *extra[""], *extra.get(short(config), []),
+                     *extra.get(path, []), *(extra.get(name, []) if name != path else [])]
+    return out
 
 
 def error_line(paths: list[str]) -> str | None:
@@ -182,14 +209,18 @@ def cell(value, fmt: str) -> str:
 
 
 def row_text(nproc: int, row: dict) -> str:
-    return (f"{row['path']:<16}{nproc:>6}{cell(row.get('step_time_s') and 1e3 * row['step_time_s'], '.1f'):>10}"
+    return (f"{row['path']:<{WIDTH}}{nproc:>6}{cell(row.get('step_time_s') and 1e3 * row['step_time_s'], '.1f'):>10}"
             f"{cell(row.get('mfu') and 100 * row['mfu'], '.1f'):>7}{cell(row.get('memory_gib'), '.2f'):>10}"
             f"{cell(row.get('device_memory_gib'), '.2f'):>11}{cell(row.get('seconds'), '.1f'):>8}  "
             f"{row.get('kernels', '-'):<22}{'ok' if row['ok'] else row['error']}")
 
 
-HEADER = (f"{'path':<16}{'procs':>6}{'step ms':>10}{'MFU %':>7}{'peak GiB':>10}{'device GiB':>11}{'wall s':>8}  "
-          f"{'kernels':<22}result")
+WIDTH = 16  # the run names' column: wider for longer names (--configs)
+
+
+def header() -> str:
+    return (f"{'path':<{WIDTH}}{'procs':>6}{'step ms':>10}{'MFU %':>7}{'peak GiB':>10}{'device GiB':>11}"
+            f"{'wall s':>8}  {'kernels':<22}result")
 
 
 def main() -> int:
@@ -212,18 +243,23 @@ def main() -> int:
                                                          f"local GPUs, here {gpus or 2})")
     ap.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS), metavar="PATH",
                     help="paths to run (default: all): " + ", ".join(PATHS))
+    ap.add_argument("--configs", nargs="+", metavar="CONFIG",
+                    help="train the paths once per config preset or YAML, runs named CONFIG.PATH (default: --config)")
     ap.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="[PATH:]KEY=VALUE",
-                    help="config overrides for every path, or with PATH: for that one")
+                    help="config overrides for every run, or with PREFIX: for one path's, one config's or one run's")
     ap.add_argument("--timeout", type=int, default=600, help="seconds a path (or a launch's start) may take before "
                                                              "the launch is stopped (default: %(default)s)")
     args = ap.parse_args()
     for key in ("config", "seq_len", "micro_batch", "accumulation", "steps"):
         if getattr(args, key) is None:
             setattr(args, key, SIZES[args.tiny][key])
-    per_path(args.overrides)  # bad PATH: prefixes end here, before anything runs
+    global WIDTH
+    args.runs = plan(args)
+    WIDTH = max(16, 2 + max(map(len, args.runs)))
+    per_path(args.overrides, prefixes(args.runs))  # bad prefixes end here, before anything runs
     counts = args.nproc or sorted({1, gpus or 2})
     device = torch.cuda.get_device_name() if gpus else "CPU"
-    print(f"{device} x {gpus}, torch {torch.__version__}; {args.config}, seq {args.seq_len}, micro batch "
+    print(f"{device} x {gpus}, torch {torch.__version__}; {' '.join(args.configs or [args.config])}, seq {args.seq_len}, micro batch "
           f"{args.micro_batch} x {args.accumulation}, {args.steps} steps; processes {counts}", flush=True)
     data = args.data or dataset(args.out, SIZES[args.tiny]["vocab"], SIZES[args.tiny]["corpus"])
     rows: list[tuple[int, dict]] = []
@@ -231,16 +267,16 @@ def main() -> int:
     def report(nproc: int, row: dict) -> None:
         rows.append((nproc, row))
         print(row_text(nproc, row), flush=True)
-    print(HEADER, flush=True)
+    print(header(), flush=True)
     for nproc in counts:
         done: dict = {}
         number = 0
-        while len(done) < len(args.paths):
+        while len(done) < len(args.runs):
             number += 1
-            launch(args, nproc, data, [p for p in args.paths if p not in done], number, done, report)
+            launch(args, nproc, data, [r for r in args.runs if r not in done], number, done, report)
     print(f"\n{sum(r['ok'] for _, r in rows)} of {len(rows)} paths ok (logs: {os.path.join(args.out, 'logs')})")
-    print(HEADER)
-    for nproc, row in sorted(rows, key=lambda r: (r[0], args.paths.index(r[1]["path"]))):
+    print(header())
+    for nproc, row in sorted(rows, key=lambda r: (r[0], list(args.runs).index(r[1]["path"]))):
         print(row_text(nproc, row))
     return 0 if all(r["ok"] for _, r in rows) else 1
 

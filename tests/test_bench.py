@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, read_jsonl
 
 
 def test_gpu_step_benchmark_runs_every_row_on_tiny_models():
@@ -71,3 +71,36 @@ def test_gpu_smoke_runs_every_path_and_goes_on_past_failures(tmp_path):
         assert line.endswith(" ok") and float(step_ms) > 0 and float(peak_gib) > 0, line
     assert "eager + fused loss" in rows["fused-loss-on", 1] and " compile " in rows["compile", 1]
     assert proc.returncode == 1
+
+
+@pytest.mark.distributed
+def test_gpu_smoke_trains_each_config_with_its_own_overrides(tmp_path, train_data):
+    """--configs trains the paths once per config, runs named CONFIG.PATH; a --set prefix names one config's runs; a
+    prefix that names nothing stops before anything runs, listing the names there are."""
+    smoke = [sys.executable, os.path.join(ROOT, "bench", "gpu_smoke.py"), "--tiny", "--out", str(tmp_path),
+             "--data", train_data, "--nproc", "1", "--paths", "fp32-zero1", "--configs", "bert-tiny", "gpt2-tiny"]
+    proc = subprocess.run([*smoke, "--set", "gpt2-tiny:train.steps=3"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert "2 of 2 paths ok" in proc.stdout and proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    steps = {name: len(read_jsonl(os.path.join(tmp_path, "runs", "n1", name, "metrics.jsonl")))
+             for name in ("bert-tiny.fp32-zero1", "gpt2-tiny.fp32-zero1")}
+    assert steps == {"bert-tiny.fp32-zero1": 2, "gpt2-tiny.fp32-zero1": 3}
+    bad = subprocess.run([*smoke, "--set", "t5-tiny:train.steps=3"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "there is no path, config or run 't5-tiny'" in bad.stderr, bad.stderr[-2000:]
+    assert "gpt2-tiny.fp32-zero1" in bad.stderr and not os.path.isdir(os.path.join(tmp_path, "logs", "n1-launch2"))
+
+
+def test_train_profile_profiles_a_real_training_step(tmp_path, train_data):
+    """bench/train_profile.py: a real `ptm train` run (XLNet with its memory and streams), its profiled steps'
+    wall time, launches, syncs and host ops (no kernels on a CPU)."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "train_profile.py"), "xlnet-tiny", "--set",
+                           f"data.path={train_data}", "data.valid_fraction=0.2", "train.global_batch_size=4",
+                           "train.micro_batch_size=2", "--warmup", "1", "--steps", "2", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    head = re.search(r"^  xlnet-tiny: step ([\d.]+) ms \(median of 2\), GPU busy 0.0 ms", proc.stdout, re.M)
+    assert head and float(head[1]) > 0, proc.stdout
+    hosts = re.search(r"host ops by self CPU time per step:\n((?:\s+[\d.]+ ms +\d+x .*\n?)+)", proc.stdout)
+    assert hosts and "aten::" in hosts[1], proc.stdout
+    assert len(read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))) == 3  # the warm-up step and the two profiled
