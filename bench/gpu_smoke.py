@@ -259,7 +259,8 @@ def main() -> int:
     per_path(args.overrides, prefixes(args.runs))  # bad prefixes end here, before anything runs
     counts = args.nproc or sorted({1, gpus or 2})
     device = torch.cuda.get_device_name() if gpus else "CPU"
-    print(f"{device} x {gpus}, torch {torch.__version__}; {' '.join(args.configs or [args.config])}, seq {args.seq_len}, micro batch "
+    print(f"{device} x {gpus}, torch {torch.__version__}; {' '.join(args.configs or [args.config])}, "
+          f"seq {args.seq_len}, micro batch "
           f"{args.micro_batch} x {args.accumulation}, {args.steps} steps; processes {counts}", flush=True)
     data = args.data or dataset(args.out, SIZES[args.tiny]["vocab"], SIZES[args.tiny]["corpus"])
     rows: list[tuple[int, dict]] = []

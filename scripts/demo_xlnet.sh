@@ -3,8 +3,9 @@
 # with each standard-library module's docstrings made one document (169 documents, median 859 tokens), encoded with
 # the demo's tokenizer. A tiny XLNet (permutation LM, two streams) and a tiny causal Transformer-XL style model (causal
 # LM) are each trained with 4 processes (tensor parallel 2 x data parallel 2, ZeRO-2; CPU, minutes each) twice: with the
-# preset's memory carried along streams (model.mem_len) and without (model.mem_len=0); then the held-out loss of both
-# (a tenth of the documents held out), and XLNet's accuracy on the predicted tokens beside the unigram guess.
+# preset's memory carried along streams (model.mem_len) and without (model.mem_len=0); then scripts/memory_eval.py
+# gives the held-out loss (a tenth of the documents held out) of both runs on the same tokens, and of the memory run
+# with its memory masked, with XLNet's accuracy on the predicted tokens beside the unigram guess.
 # PTM_DEMO_SET="train.steps=... optimizer.lr=..." adds overrides to every run (a longer run, another learning rate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,11 +33,5 @@ for preset in ${PTM_DEMO_PRESETS:-xlnet-tiny transfo-xl-tiny}; do
       --config "configs/$preset.yaml" --set "data.path=$out/data-long" "out_dir=$out/$preset$memory" parallel.tp=2 \
       zero.stage=2 data.valid_fraction=0.1 train.eval_steps=50 ${memory:+model.mem_len=0} ${PTM_DEMO_SET:-}
   done
-  $py - "$out/$preset" <<'PY'
-import json, sys
-for run in (sys.argv[1], sys.argv[1] + "-nomem"):
-    s = json.load(open(f"{run}/summary.json"))
-    print(run, json.dumps({k: s[k] for k in ("valid_lm_loss", "valid_ppl", "valid_lm_acc", "valid_lm_unigram_acc")
-                           if k in s}))
-PY
+  $py scripts/memory_eval.py "$out/$preset" "$out/$preset-nomem"  # both runs on the same held-out tokens
 done

@@ -1,6 +1,8 @@
 """XLNet and Transformer-XL (pretrain/models/xlnet.py) against Hugging Face's XLNetLMHeadModel on random weights:
 both streams with XLNet's permutation mask and target positions, relative segments, a padded row, the memory of a
 previous call, the causal (attn_type uni) variant, the loss on labels, and HF -> ptm -> HF bit for bit."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -133,6 +135,36 @@ def test_gradients_over_a_memory_and_both_streams_are_hfs():
     grads = get("xlnet").adapter.to_hf({n: p.grad for n, p in ours.named_parameters()}, L, HEADS, V)
     for name, p in hf.named_parameters():
         assert (grads[name] - p.grad).abs().max() <= 1e-5 * p.grad.abs().max(), name
+
+
+def test_the_query_stream_adds_no_kernels_per_layer():
+    """Both streams run through each layer as one sequence of queries: the query stream costs a few ops per model
+    (its start, its masks) and two per layer (joining and splitting the streams) in a training step, not a second
+    pass of every layer's kernels (a GPU's step is bound by its launches: docs/performance.md)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    def ops(layers: int, query_stream: bool) -> int:
+        mcore.initialize(1, 0)
+        cfg = ModelConfig(**{**get("xlnet").adapter.model_config(transformers.XLNetConfig(
+            vocab_size=V, d_model=H, n_layer=layers, n_head=HEADS, d_inner=48)), "vocab_pad_to": 128})
+        model, g = XLNet(cfg).train(), torch.Generator().manual_seed(0)
+        ids, perm = torch.randint(0, V, (B, S), generator=g), torch.rand(B, S, S, generator=g) < 0.5
+        targets = torch.stack([torch.randperm(S, generator=g)[:4] for _ in range(B)]) if query_stream else None
+        with Ops() as counted:
+            model(ids, None, torch.zeros_like(ids), perm_mask=perm, targets=targets)["logits"].float().sum().backward()
+        return counted.count
+    per_layer = [(ops(layers, True) - ops(layers, False)) for layers in (2, 4)]
+    assert (per_layer[1] - per_layer[0]) / 2 <= 8, per_layer  # 7: joining, splitting and their gradients (223 when
+    # the query stream ran each layer on its own)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["xlnet", "transformer-xl"])
@@ -331,7 +363,9 @@ def test_training_with_a_memory_computes_hfs_losses_along_the_streams(preset, tr
     """End to end, one process, micro-batches of 4 of a global batch of 8 streams, the weights held (lr 1e-12), no
     dropout: every step's logged loss equals XLNetLMHeadModel's on the same samples, its `mems` carried from step to
     step (XLNet: reuse_len 16 of 32, memory 24; Transformer-XL: memory 32), within 2e-6 (measured: 4e-7); HF without
-    mems is more than 2e-5 away from step 2 on (the untrained model reads little of its memory)."""
+    mems is more than 2e-5 away from step 2 on (the untrained model reads little of its memory). Then
+    scripts/memory_eval.py with the Transformer-XL run as both runs: the "other" run's weights, loaded from its
+    checkpoint, evaluate exactly as these weights with the memory masked, and reading the memory changes the loss."""
     import json
 
     from pretrain import checkpoint as C
@@ -346,7 +380,7 @@ def test_training_with_a_memory_computes_hfs_losses_along_the_streams(preset, tr
                         "model.max_position_embeddings=32", "model.hidden_dropout=0", "model.attention_dropout=0",
                         f"train.global_batch_size={b}", "train.micro_batch_size=4", f"train.steps={steps}",
                         "optimizer.lr=1e-12", "optimizer.min_lr=0", "optimizer.warmup_steps=0", "train.eval_interval=0",
-                        "data.valid_fraction=0.02", "data.num_workers=0", "train.log_interval=1"])
+                        "data.valid_fraction=0.2", "data.num_workers=0", "train.log_interval=1"])
     train(cfg)
     logged = {r["step"]: r["lm_loss"] for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "lm_loss" in r}
     ckpt = C.resolve(str(tmp_path))
@@ -368,3 +402,14 @@ def test_training_with_a_memory_computes_hfs_losses_along_the_streams(preset, tr
         assert abs(ref.loss.item() - logged[t + 1]) < 2e-6, t
         assert t == 0 or abs(alone.loss.item() - logged[t + 1]) > 2e-5, t
         mems = ref.mems
+    if not xl:  # scripts/memory_eval.py on this run as both runs: the other run's weights load exactly, the memory is read
+        import subprocess
+        import sys
+
+        from conftest import ROOT
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "memory_eval.py"), str(tmp_path),
+                               str(tmp_path), "--eval-steps", "3"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        rows = json.loads(proc.stdout.strip().splitlines()[-1])
+        loss = {name: row["valid_lm_loss"] for name, row in rows.items()}
+        assert loss["memory masked"] == loss["without memory"] != loss["with memory"], loss

@@ -10,9 +10,10 @@ blocks of two-stream relative attention and an MLP, a memory of the previous seg
 
 Two streams: the content stream `h` starts from the word embeddings and sees its own token; the query stream `g`
 starts from one learned vector at each predicted position (`targets`) and sees only what `perm_mask` lets the
-position see, never its own token. Both run through the same weights; the LM head reads the query stream where there
-is one. Shapes are batch first ([b, s, hidden]), as everywhere in ptm; heads are split over the TP ranks (q, k, v, r,
-the output, and u, v, s and the segment vectors by head), the vocabulary too.
+position see, never its own token. Both run through the same weights, as one sequence of queries (the query
+stream's rows after the content stream's), so a layer's kernels launch once for both; the LM head reads the query
+stream where there is one. Shapes are batch first ([b, s, hidden]), as everywhere in ptm; heads are split over the
+TP ranks (q, k, v, r, the output, and u, v, s and the segment vectors by head), the vocabulary too.
 """
 from __future__ import annotations
 
@@ -102,15 +103,15 @@ class TwoStreamBlock(nn.Module):
         self.mlp, self.mlp_norm = MLP(ctx), nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
-    def forward(self, h, g, memory, positions, streams: dict):
-        """`streams`: {"h": (where, attend, different), "g": (...)}, the content and query streams' masks."""
+    def forward(self, h, g, memory, positions, masks: tuple):
+        """`masks`: (where, attend, different) of the content stream's queries followed by the query stream's (`g`'s
+        rows, if any): both streams run as one sequence of queries over the same keys, so each layer launches its
+        kernels once, not once per stream."""
         keys = self.attn.keys(h if memory is None else torch.cat([memory, h], 1), positions)
-        h = self._post(self.attn(h, keys, *streams["h"]), self.attn_norm, h)
-        h = self._post(self.mlp(h), self.mlp_norm, h)
-        if g is not None:
-            g = self._post(self.attn(g, keys, *streams["g"]), self.attn_norm, g)
-            g = self._post(self.mlp(g), self.mlp_norm, g)
-        return h, g
+        x = h if g is None else torch.cat([h, g], 1)
+        x = self._post(self.attn(x, keys, *masks), self.attn_norm, x)
+        x = self._post(self.mlp(x), self.mlp_norm, x)
+        return (x, None) if g is None else x.split([h.shape[1], g.shape[1]], 1)
 
     def _post(self, out, norm: nn.LayerNorm, x):
         y, bias = out
@@ -174,14 +175,15 @@ class XLNet(nn.Module):
         if cfg.relative_segments and token_type_ids is not None:
             keys = token_type_ids if not mem else F.pad(token_type_ids, (mem, 0))
             different = token_type_ids[:, :, None] != keys[:, None, :]
-        streams = {"h": ((s - rows)[None, :, None] + torch.arange(k, device=device), ~blocked | own if masked
-                         else None, different)}
+        where, attend = (s - rows)[None, :, None] + torch.arange(k, device=device), ~blocked | own if masked else None
         h, g = self.embeddings(input_ids), None
-        if targets is not None:
+        if targets is not None:  # the query stream's rows after the content stream's (TwoStreamBlock)
             pick = targets[..., None].expand(-1, -1, k)
-            streams["g"] = ((s - targets)[..., None] + torch.arange(k, device=device), ~blocked.gather(1, pick)
-                            if masked else None, None if different is None else different.gather(1, pick))
+            where = torch.cat([where.expand(b, -1, -1), (s - targets)[..., None] + torch.arange(k, device=device)], 1)
+            attend = None if attend is None else torch.cat([attend, ~blocked.gather(1, pick)], 1)
+            different = None if different is None else torch.cat([different, different.gather(1, pick)], 1)
             g = self.dropout(self.query_start.expand(b, targets.shape[1], -1).contiguous())
+        masks = (where, attend, different)
         following, kept = [], slice(None, cfg.reuse_len or None)
         for i, block in enumerate(self.blocks):
             if cfg.mem_len:
@@ -189,9 +191,9 @@ class XLNet(nn.Module):
                 following.append(new[:, -cfg.mem_len:].detach())
             layer_memory = None if memory is None else memory[i]
             if i in self.checkpointed and self.training:
-                h, g = checkpoint(block, h, g, layer_memory, positions, streams)
+                h, g = checkpoint(block, h, g, layer_memory, positions, masks)
             else:
-                h, g = block(h, g, layer_memory, positions, streams)
+                h, g = block(h, g, layer_memory, positions, masks)
         following_mask = None if memory_mask is None or not cfg.mem_len else torch.cat(
             [memory_mask, memory_mask.new_ones(b, h[:, kept].shape[1])], 1)[:, -cfg.mem_len:]
         return h, g, following or None, following_mask
