@@ -15,12 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${BUDGET:-420} start=$SECONDS out=${WORK:-runs/gpu-families}
 data=${DATA:?DATA: a dataset with vocabulary 30522} t5data=${DATA_T5:?DATA_T5: the same with --sentinels 100}
-results=${RESULTS:-$out}
-left() { echo $((budget - (SECONDS - start))); }
-mkdir -p "$out" "$results"
-exec > >(tee "$results/log.txt") 2>&1
 source bench/gpu_setup.sh
-echo "== set-up took $((SECONDS - start)) s"
 
 # the presets at seq 128: ERNIE's stages cut to the 6 steps, XLNet's reused part and memory to fit 128 tokens, and the
 # memory families' validation split large enough to give each of the 64 streams a window of the small corpus

@@ -23,12 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 budget=${BUDGET:-480} start=$SECONDS out=${WORK:-runs/gpu-lease} data=${DATA:-}
-results=${RESULTS:-$out}
-left() { echo $((budget - (SECONDS - start))); }
-mkdir -p "$out" "$results"
-exec > >(tee "$results/log.txt") 2>&1
 source bench/gpu_setup.sh
-echo "== set-up took $((SECONDS - start)) s"
 
 # Each step gets at most its share (seconds) of what is left: the re-measurement of the step first, then where its
 # time goes, then every GPU path, then a real `ptm train` for the speed model's check.

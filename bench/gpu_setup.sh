@@ -1,7 +1,12 @@
-# Sourced by bench/gpu_lease.sh and bench/gpu_families.sh: on a GPU machine with torch but no package registry, install
-# what ptm still needs from wheels carried in .whl/ (the list in gpu_lease.sh's header; DeepSpeed as its sdist, built
-# there), build data_prep's compiled loops for this python, and print the GPU and the versions. Sets `py`; exits 2 on
-# a failed set-up.
+# Sourced by bench/gpu_lease.sh and bench/gpu_families.sh after they set `budget`, `start` and `out`: everything after
+# goes to RESULTS/log.txt too (RESULTS defaults to `out`); `left` says the seconds left of the budget. On a GPU machine
+# with torch but no package registry, install what ptm still needs from wheels carried in .whl/ (the list in
+# gpu_lease.sh's header; DeepSpeed as its sdist, built there), build data_prep's compiled loops for this python, and
+# print the GPU and the versions. Sets `py` and `results`; exits 2 on a failed set-up.
+results=${RESULTS:-$out}
+left() { echo $((budget - (SECONDS - start))); }
+mkdir -p "$out" "$results"
+exec > >(tee "$results/log.txt") 2>&1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 py=${PYTHON:-python3}
 if ! $py -c "import deepspeed, megatron.core" 2>/dev/null; then
@@ -13,3 +18,4 @@ $py -c "import data_prep._structure" 2>/dev/null || $py setup.py -q build_ext --
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
 $py -c "import torch, deepspeed, megatron.core, transformers; print('torch', torch.__version__, 'deepspeed', \
 deepspeed.__version__, 'transformers', transformers.__version__)" || exit 2
+echo "== set-up took $((SECONDS - start)) s"
