@@ -1,4 +1,4 @@
-"""`python -m checkpoints_tools` (also `ptm convert`): consolidate, reshard, to-hf, from-hf."""
+"""`python -m checkpoints_tools` (also `ptm convert`): consolidate, reshard, to-hf, from-hf, to-elmo, from-elmo."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +34,15 @@ def parser() -> argparse.ArgumentParser:
                                    "models (BertModel, GPT2Model, ErnieModel) are initialised and reported.")
     f.add_argument("hf_dir", help="a transformers model directory (config.json, weights, tokenizer files)")
     f.add_argument("--out", required=True, help="checkpoint directory to write")
+    e = sub.add_parser("to-elmo", help="ELMo checkpoint -> bilm-tf's options.json + weights.hdf5 + vocab.txt",
+                       description="Write the files AllenNLP's Elmo reads (and the shared softmax, which it ignores).")
+    e.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
+    e.add_argument("--out", required=True, help="directory to write")
+    i = sub.add_parser("from-elmo", help="options.json + weights.hdf5 + vocab.txt -> ptm checkpoint",
+                       description="Import bilm-tf's ELMo files (ptm's export, or a published model: its softmax, "
+                                   "not in the published files, is initialised and reported).")
+    i.add_argument("elmo_dir", help="a directory with options.json, weights.hdf5 and vocab.txt")
+    i.add_argument("--out", required=True, help="checkpoint directory to write")
     return ap
 
 
@@ -50,13 +59,20 @@ def main(argv=None) -> None:
             from checkpoints_tools.hf import to_hf
 
             print(f"wrote {to_hf(a.checkpoint, a.out, a.max_shard_size)}")
-        else:
-            from checkpoints_tools.hf import from_hf
+        elif a.command == "to-elmo":
+            from checkpoints_tools.elmo import to_elmo
 
-            out, initialised = from_hf(a.hf_dir, a.out)
+            print(f"wrote {to_elmo(a.checkpoint, a.out)}")
+        else:
+            if a.command == "from-elmo":
+                from checkpoints_tools.elmo import from_elmo as read
+            else:
+                from checkpoints_tools.hf import from_hf as read
+            source = a.elmo_dir if a.command == "from-elmo" else a.hf_dir
+            out, initialised = read(source, a.out)
             print(f"wrote {out}")
             if initialised:
-                print(f"initialised (not in {a.hf_dir}): {', '.join(initialised)}")
+                print(f"initialised (not in {source}): {', '.join(initialised)}")
     except (CheckpointError, OSError) as e:
         print("\n".join(f"checkpoints_tools: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         sys.exit(2)

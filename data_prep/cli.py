@@ -128,6 +128,17 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--seed", type=int, default=0, help="which documents to sample")
     i.add_argument("--top", type=int, default=20, help="most frequent tokens to list")
 
+    w = sub.add_parser("words", help="a word-level dataset (ELMo) from a dataset's words, with the vocabulary",
+                       description="Each document's words (runs of tokens from one word start to the next, decoded), "
+                                   "sentence by sentence as <S> words </S>, with a vocabulary file (<S>, </S>, <UNK>, "
+                                   "then the words by descending count) and counts.tsv; built as a dataset.")
+    w.add_argument("dir", help="a dataset built with --structure words or full")
+    w.add_argument("--out", required=True, help="word dataset directory to create")
+    w.add_argument("--min-count", type=int, default=1, help="words seen fewer times become <UNK> (default 1)")
+    w.add_argument("--workers", type=int, default=1, help="build processes")
+    w.add_argument("--overwrite", action="store_true", help="replace a finished dataset in --out")
+    w.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
     c = sub.add_parser("corpus", help="write the embedded default corpus (real English and Chinese text)",
                        description="English: docstrings of Python's standard library. Chinese: Debian's "
                                    "fortunes-zh (installed by scripts/setup.sh).")
@@ -184,6 +195,12 @@ def run(argv=None) -> int:
         from data_prep.inspect import inspect
 
         print(inspect(a.dir, samples=a.samples, seed=a.seed, top=a.top))
+    elif a.command == "words":
+        from data_prep.inspect import summary
+        from data_prep.words import build_words
+
+        t0 = time.time()
+        print(summary(build_words(a.dir, a.out, a.min_count, a.workers, a.progress, a.overwrite), time.time() - t0))
     elif a.command == "corpus":
         from data_prep.corpus import write_default_corpus
 

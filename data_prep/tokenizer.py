@@ -1,4 +1,5 @@
-"""One tokenizer interface over sentencepiece models, BERT WordPiece `vocab.txt` and GPT-2 byte-level BPE.
+"""One tokenizer interface over sentencepiece models, BERT WordPiece `vocab.txt`, GPT-2 byte-level BPE and word
+vocabularies (`words`: bilm-tf's vocabulary file, one word per line; data_prep/words.py builds them).
 
 A dataset keeps its tokenizer in `DIR/tokenizer/`: the original files plus `ptm_tokenizer.json`
 (kind, files, lower-casing, special token ids), so training and the Hugging Face export use exactly
@@ -10,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 from itertools import chain
 
@@ -20,20 +22,22 @@ from data_prep.text import _structure  # the compiled loops; text.py's import na
 from ptm.files import write_bytes, write_json
 
 META = "ptm_tokenizer.json"
+_WORD = re.compile(r"\S+")
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Names that public vocabularies use for the same roles, tried in order.
 _ROLE_PIECES = {
     "pad": ("[PAD]", "<pad>"),
-    "unk": ("[UNK]", "<unk>"),
+    "unk": ("[UNK]", "<unk>", "<UNK>"),
+    "bos": ("<S>",),
     "cls": ("[CLS]", "<s>"),
     "sep": ("[SEP]", "</s>"),
     "mask": ("[MASK]", "<mask>"),
-    "eod": ("<|endoftext|>", "[EOD]", "</s>", "[SEP]"),
+    "eod": ("<|endoftext|>", "[EOD]", "</s>", "[SEP]", "</S>"),
 }
 
 
 class Tokenizer:
-    """Encodes text to ids with character offsets; `kind` is sentencepiece, wordpiece or bpe. `sentinels`: T5's
+    """Encodes text to ids with character offsets; `kind` is sentencepiece, wordpiece, bpe or words. `sentinels`: T5's
     `<extra_id_k>` ids appended after the vocabulary, `<extra_id_0>` the last (as T5's vocabularies hold them); text
     never encodes to them: span corruption puts them in its samples (`sentinel_ids`)."""
 
@@ -49,6 +53,12 @@ class Tokenizer:
             self._sp = spm.SentencePieceProcessor(model_file=paths[0])
             self.vocab_size = self._sp.get_piece_size()
             self._piece = self._sp.id_to_piece
+        elif kind == "words":  # one word per line; text is words separated by whitespace
+            with open(paths[0], encoding="utf-8") as f:
+                self._words = f.read().split("\n")[:-1]
+            self._ids = {w: i for i, w in enumerate(self._words)}
+            self.vocab_size = len(self._words)
+            self._piece = self._words.__getitem__
         else:
             from tokenizers import implementations as impl
 
@@ -62,6 +72,8 @@ class Tokenizer:
             self._piece = self._hf.id_to_token
         self.special = {role: i for role, names in _ROLE_PIECES.items() if (i := self._find(names)) is not None}
         self.special.setdefault("eod", self.special.get("sep"))
+        if kind == "words":  # packed windows of words never pad; the end of a sentence stands in
+            self.special.setdefault("pad", self.special.get("eod"))
         self.vocab_size += sentinels
 
     def sentinel_ids(self) -> list[int]:
@@ -70,7 +82,8 @@ class Tokenizer:
 
     def _find(self, pieces) -> int | None:
         for p in pieces:
-            i = self._sp.piece_to_id(p) if self.kind == "sentencepiece" else self._hf.token_to_id(p)
+            i = (self._sp.piece_to_id(p) if self.kind == "sentencepiece" else self._ids.get(p) if self.kind == "words"
+                 else self._hf.token_to_id(p))
             if i is not None and self.piece(i) == p:
                 return i
         return None
@@ -85,6 +98,8 @@ class Tokenizer:
         character [start, end) in its text (None, None without `offsets`)."""
         if self.kind == "sentencepiece":
             return self._sp_encode(texts, offsets)
+        if self.kind == "words":
+            return self._words_encode(texts, offsets)
         encs = self._hf.encode_batch(texts, add_special_tokens=False)
         counts = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
         n = int(counts.sum())
@@ -116,6 +131,17 @@ class Tokenizer:
             starts[sl], ends[sl] = offs[:, 0], offs[:, 1]
         return ids, counts, starts, ends
 
+    def _words_encode(self, texts, offsets: bool):
+        """Each whitespace-separated word's id (<UNK> for a word outside the vocabulary) and character span."""
+        found = [[(m.group(), m.start(), m.end()) for m in _WORD.finditer(t)] for t in texts]
+        unk = self.special.get("unk", 0)
+        ids = np.fromiter((self._ids.get(w, unk) for ws in found for w, _, _ in ws), dtype=np.int64)
+        counts = np.fromiter(map(len, found), dtype=np.int64, count=len(found))
+        if not offsets:
+            return ids, counts, None, None
+        spans = np.array([(a, b) for ws in found for _, a, b in ws], dtype=np.int64).reshape(-1, 2)
+        return ids, counts, spans[:, 0], spans[:, 1]
+
     def _sp_tables(self) -> dict:
         if self._tables is None:
             sp, n = self._sp, self._sp.get_piece_size()  # the model's pieces: sentinels come after them
@@ -134,6 +160,8 @@ class Tokenizer:
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]
+        if self.kind == "words":
+            return " ".join(map(self._piece, ids))
         return self._sp.decode(ids) if self.kind == "sentencepiece" else self._hf.decode(ids, skip_special_tokens=False)
 
     def sha256(self) -> str:

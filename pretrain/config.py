@@ -56,6 +56,8 @@ class DataConfig:
                                      "crosses a document's end and the last one is padded")
     unpadded: bool = opt(False, "BERT/ERNIE: pack each micro batch's samples into as few rows as their lengths allow, "
                                 "attention kept within a sample (same loss, less padding)")
+    streams: bool = opt(False, "read the windows as streams of the global batch, in the order a memory "
+                               "(model.mem_len > 0) always reads them: a run without a memory on a memory run's order")
     valid_fraction: float = opt(0.001, "fraction of documents held out for evaluation", range="[0, 1)")
     num_workers: int = opt(2, "data loader worker processes per rank", range=">= 0")
 
@@ -267,7 +269,8 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(m.head_dim or m.hidden_size % m.num_heads == 0,
                 f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; make it a "
                 f"multiple of the heads, or set model.head_dim")
-    for k in ("model.hidden_size", "model.ffn_hidden_size", "model.num_heads", "model.vocab_pad_to"):
+    split = ("model.hidden_size", "model.ffn_hidden_size", "model.num_heads") if not m.char_filters else ()  # ELMo
+    for k in (*split, "model.vocab_pad_to"):  # splits its softmax alone
         errors.need(cfg.get(k) % tp == 0, f"{k}={cfg.get(k)} is not divisible by parallel.tp={tp}; "
                                           f"use a parallel.tp that divides it")
     per_step = t.micro_batch_size * dp
@@ -350,10 +353,12 @@ def _objective_errors(cfg: Config, need) -> None:
     need(d.pack_documents or o.packs_documents,
          "data.pack_documents=false applies to data.objective=" + ", ".join(
              p.name for p in objectives.REGISTRY.values() if p.packs_documents) + f", not {o.name}; remove it")
-    need(not m.mem_len or (o.recurrent and len(d.paths) == 1 and d.pack_documents),
-         f"model.mem_len={m.mem_len} carries a memory along streams of one dataset's packed documents: it needs "
-         f"data.objective " + " or ".join(p.name for p in objectives.REGISTRY.values() if p.recurrent)
-         + f" (not {o.name}), one data.path (not {len(d.paths)}) and data.pack_documents=true; or set model.mem_len=0")
+    streamed = f"model.mem_len={m.mem_len} carries a memory" if m.mem_len else "data.streams=true reads windows"
+    need(not (m.mem_len or d.streams) or (o.recurrent and len(d.paths) == 1 and d.pack_documents),
+         f"{streamed} along streams of one dataset's packed documents: it needs data.objective "
+         + " or ".join(p.name for p in objectives.REGISTRY.values() if p.recurrent)
+         + f" (not {o.name}), one data.path (not {len(d.paths)}) and data.pack_documents=true; or set "
+         + ("model.mem_len=0" if m.mem_len else "data.streams=false"))
     need(cfg.fused_lm_loss != "on" or o.one_lm_head,
          f"fused_lm_loss=on replaces the one LM head, and data.objective={o.name} has several heads; "
          "set fused_lm_loss=auto (on where it applies) or off")

@@ -58,11 +58,35 @@ def checkpointed(m: ModelConfig) -> int:
 
 # ------------------------------------------------------------------------------------------ parameters
 
+def _elmo_modules(m: ModelConfig) -> list[tuple[int, int]]:
+    """ELMo's (pretrain/models/elmo.py): character embeddings, the CNN, highways, projection, each direction's LSTMs
+    (input and recurrent gates with one bias, the projection) replicated; the shared softmax split by TP."""
+    p, c, width = m.hidden_size, m.ffn_hidden_size, sum(n for _, n in m.char_filters)
+    cnn = [(0, w * m.char_embedding_size * n + n) for w, n in m.char_filters]
+    highways = [(0, 2 * (width * width + width))] * m.highway_layers
+    lstms = [(0, p * 4 * c + p * 4 * c + 4 * c + c * p)] * (2 * m.num_layers)
+    vocab = padded_vocab_size(m)
+    return [(0, 262 * m.char_embedding_size), *cnn, *highways, (0, width * p + p), *lstms, (vocab * p + vocab, 0)]
+
+
+def elmo_flops_per_sample(m: ModelConfig, seq_len: int) -> float:
+    """ELMo's training FLOPs on a window of seq_len + 1 words (3 x forward, 2 per multiply-add): per word the
+    character CNN (each filter of width w over the 51 - w positions of 50 characters), the highways and the
+    projection, and in each direction each LSTM's gates (input and recurrent: 8PC) and projection (CP); per predicted
+    word (seq_len in each direction) the softmax (PV)."""
+    p, c, width, e = m.hidden_size, m.ffn_hidden_size, sum(n for _, n in m.char_filters), m.char_embedding_size
+    word = (sum((51 - w) * w * e * n for w, n in m.char_filters) + 2 * m.highway_layers * width * width + width * p
+            + 2 * m.num_layers * (8 * p * c + c * p))
+    return 6.0 * ((seq_len + 1) * word + 2 * seq_len * p * padded_vocab_size(m))
+
+
 def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int, int]]:
     """(TP-split, replicated) counts of the parameters each module of the model of `m` (`models.build`) owns
     directly; a shared layer (share_layers) once; `shared_embeddings`: the tables and their LayerNorm belong to
     another model (ELECTRA's generator reads the discriminator's). An encoder-decoder (T5) counts its decoder's
     blocks with their cross-attention, each stack's final norm and bucketed bias, the word table once."""
+    if m.char_filters:
+        return _elmo_modules(m)
     h, f, v, e, a = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m), m.attention_width
     bias = 1 if m.bias else 0
     norm = h if m.norm_type == "rmsnorm" else 2 * h  # RMSNorm has no bias
@@ -168,6 +192,8 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
     (`stack_flops`), and the LM head on the p it predicts.
     Embedding lookups, norms, softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
     h, s, p, e = m.hidden_size, seq_len, seq_len if predicted is None else predicted, embedding_width(m)
+    if m.char_filters:
+        return elmo_flops_per_sample(m, s)
     if m.decoder_layers:
         return float(sum(stack_flops(st) for st in stacks(m, s, decoder or p)) + 6 * p * e * padded_vocab_size(m))
     if m.position_encoding == "transformer_xl":
@@ -263,6 +289,8 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     the same layer on the predicted tokens."""
     m, t, b = cfg.model, cfg.parallel.tp, micro_batch
     scale = 2 if cfg.precision == "fp32" else 1
+    if m.char_filters:
+        return elmo_activation_bytes(cfg, micro_batch)
     layers = 0
     for stack in stacks(m, cfg.data.seq_len, decoder_tokens(cfg), query_tokens(cfg)):
         model, c, mem = stack.model, stack.context, stack.model.mem_len
@@ -284,6 +312,20 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     chunk = max(2 * rows * e * act, min(rows * v * act, FUSED_CHUNK_BYTES))  # liger's sizing, or the byte budget
     logits = rows * e * act + chunk + 4 * v * e if cfg.lm_loss_fusable() else 4 * rows * v // t
     return layers, logits
+
+
+def elmo_activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
+    """ELMo's (layers, softmax) activation bytes per GPU: per word the character embeddings and convolution outputs,
+    each highway's three F-wide tensors, the projection; per word, direction and layer an LSTM step's gates before
+    and after their activations (8C), its cell and tanh(cell) (2C), its output and the residual sum (2P); the softmax's
+    fp32 logits of both directions over this rank's vocabulary (2 bytes per element in 16 bits counted as 2, fp32 4)."""
+    m, b, words = cfg.model, micro_batch, cfg.data.seq_len + 1
+    size = 4 if cfg.precision == "fp32" else 2
+    p, c, width = m.hidden_size, m.ffn_hidden_size, sum(n for _, n in m.char_filters)
+    word = (50 * m.char_embedding_size + sum(n * (51 - w) for w, n in m.char_filters) + 3 * width * m.highway_layers
+            + width + p + 2 * m.num_layers * (10 * c + 2 * p))
+    logits = 2 * b * cfg.data.seq_len * padded_vocab_size(m) * 4 // cfg.parallel.tp
+    return b * words * word * size, logits
 
 
 def stream_memory_bytes(cfg, dp: int) -> int:

@@ -22,6 +22,7 @@ from pretrain.config import Config, ConfigError
 from pretrain.data.factory import build_sources
 from pretrain.data.loader import make_loader
 from pretrain.data.packing import real_tokens
+from pretrain.models.config import padded_vocab_size
 from pretrain.parallel import mcore
 from pretrain.parallel.layout import loss_scale, unapplied_loss_scale
 from pretrain.resolve import log, resolve
@@ -113,7 +114,7 @@ class Trainer:
                                     f"data.path (sha256 {mine[:12]}); build the dataset with --tokenizer "
                                     f"{os.path.join(ckpt, 'tokenizer')}")
         state = C.load_model_shard(ckpt, mcore.tp_rank(), self.cfg.parallel.tp,
-                                   vocab_rows=model.embeddings.word.weight.shape[0] * self.cfg.parallel.tp)
+                                   vocab_rows=padded_vocab_size(self.cfg.model))
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if unexpected or missing:

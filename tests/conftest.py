@@ -118,6 +118,16 @@ def train_data(small, sp_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def words_data(train_data, tmp_path_factory):
+    """The training dataset's words (`data_prep words`): what ELMo trains on."""
+    from data_prep.words import build_words
+
+    out = str(tmp_path_factory.mktemp("words") / "words")
+    build_words(train_data, out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def t5_data(small, sp_model, tmp_path_factory):
     """The small slice with the shared tokenizer plus T5's 100 sentinels (`data_prep build --sentinels 100`): what
     span corruption trains on."""

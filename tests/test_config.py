@@ -193,6 +193,8 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["ernie.stages=[{steps: 300, tasks: {capitalization: 1}}]"], 1, "ernie.stages is set but data.objective=mlm_nsp"),
     (["precision=bf16", "zero.stage=0"], 1, "precision=bf16 with grad_accum_dtype=fp32 needs ZeRO"),
     (["data.pack_documents=false"], 1, "data.pack_documents=false applies to data.objective=clm, not mlm_nsp"),
+    (["data.streams=true"], 1, "data.streams=true reads windows along streams of one dataset's packed documents: "
+                               "it needs data.objective clm or plm (not mlm_nsp)"),
     (["model.generator_size=0.25"], 1, "model.generator_size=0.25 with model.heads=['mlm', 'nsp']: ELECTRA's rtd head"),
     (["data.objective=electra"], 1, "data.objective=electra trains the rtd head but model.heads=['mlm', 'nsp']; set "
                                     "model.arch=electra"),
@@ -319,7 +321,7 @@ def test_every_objective_is_one_registered_module():
     from pretrain import objectives
 
     assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie", "electra", "unilm",
-                                                                    "span_corruption", "denoising", "mass", "plm")
+                                                                    "span_corruption", "denoising", "mass", "plm", "bilm")
     assert all(o.help and C.OBJECTIVES[name] == o.help for name, o in objectives.REGISTRY.items())
     with pytest.raises(ValueError, match="data.objective 'bort' is not one of mlm_nsp | mlm_sop"):
         objectives.get("bort")

@@ -5,7 +5,8 @@ masking, padded samples), ERNIE 2.0 (two tasks of one stage), GPT-2 (unpacked do
 inside attention), GPT (a post-LN decoder), UniLM (four attention masks, one per sample), T5 (an encoder-decoder:
 span corruption, cross-attention, the bucketed relative bias split by heads; its own dataset, with sentinels), BART
 (a post-LN encoder-decoder: text infilling and sentence permutation), MASS (BART's shape, half of each sentence
-masked and decoded) and XLNet (two-stream relative attention, a factorisation order per sample), under TP=2 x DP=2 with
+masked and decoded), XLNet (two-stream relative attention, a factorisation order per sample) and ELMo (LSTMs, a
+softmax split by TP, on words), under TP=2 x DP=2 with
 ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
 
 Every loss is a sum over its elements divided by their count in the whole global batch (pretrain/losses.py); with
@@ -47,13 +48,15 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "bart": (["bart-tiny", "model.max_position_embeddings=34"], 2, "lm_loss"),  # post-LN encoder-decoder, denoising
     "mass": (["mass-tiny", "model.max_position_embeddings=34"], 2, "lm_loss"),  # half of each sentence, decoded
     "xlnet": (["xlnet-tiny", "model.mem_len=0", "model.reuse_len=0", "xlnet.perm_size=16"], 2, "lm_loss"),  # two streams, a permutation mask and segments drawn per sample
+    "elmo": (["elmo-tiny", "model.cell_clip=1", "model.proj_clip=1"], 1, "fwd_loss"),  # character CNN and LSTMs
+    # replicated, the shared softmax split by TP; its own dataset (words); the clips reached
 }
 RECURRENT = {  # a memory carried along streams from step to step (model.mem_len > 0): each stream's samples must
     # reach the same memory under every split of the batch
     "xlnet-mem": (["xlnet-tiny", "model.mem_len=24", "model.reuse_len=16", "xlnet.perm_size=0"], 2, "lm_loss"),
     "transfo-xl": (["transfo-xl-tiny", "model.mem_len=32"], 2, "lm_loss"),  # causal, every position kept
 }
-OWN_DATA = {"t5": "t5_data"}  # models whose dataset is not train_data
+OWN_DATA = {"t5": "t5_data", "elmo": "words_data"}  # models whose dataset is not train_data
 STAGES = (1, 2, 3)
 NOCLIP = {"ref": (), "mb8": ("train.micro_batch_size=8",)}  # and TP=2 x DP=2 under ZeRO-2: every split of the batch
 OPTIMIZERS = ("lamb", "adamw")
@@ -67,8 +70,8 @@ def run(model: str, data: str | dict, *overrides: str) -> list:
 
 
 @pytest.fixture(scope="module")
-def datasets(train_data, t5_data):
-    return {"train_data": train_data, "t5_data": t5_data}
+def datasets(train_data, t5_data, words_data):
+    return {"train_data": train_data, "t5_data": t5_data, "words_data": words_data}
 
 
 @pytest.fixture(scope="module")

@@ -442,6 +442,35 @@ def test_a_memory_resumes_exactly_and_re_splits_for_another_layout(train_data, t
     assert max_rel_diff(weights(tmp_path / "moved" / "tp2"), weights(tmp_path / "moved" / "dp2"), 2) < 1e-5
 
 
+def resumed_exactly_and_resharded(tmp_path, run: dict, loss: str) -> tuple:
+    """`killed_at_step_4_and_resumed`, checked: the same `loss` every step and the same checkpoints bit for bit; the
+    straight run's checkpoint resharded to one rank holds the same whole tensors. Returns (straight run, resumed run,
+    its checkpoint, its whole weights)."""
+    straight, killed = killed_at_step_4_and_resumed(tmp_path, run)
+    assert losses_by_step(straight, loss) == losses_by_step(killed, loss)
+    assert_same_checkpoints(straight, killed)
+    ckpt = C.resolve(str(straight))
+    run_cli("checkpoints_tools", "reshard", straight, "--tp", "1", "--out", tmp_path / "tp1")
+    full, one = C.load_full_model(ckpt), C.load_full_model(str(tmp_path / "tp1"))
+    assert full.keys() == one.keys() and all(torch.equal(full[k], one[k]) for k in full)
+    return straight, killed, ckpt, full
+
+
+def test_elmo_resumes_exactly_at_tp2_and_its_checkpoint_reshards_and_exports(words_data, tmp_path):
+    """ELMo at TP=2 (the softmax split, the LSTMs replicated) under ZeRO-2, dropout on: killed after the step-4
+    checkpoint and restarted with seed 99, it ends bit-identical to a run that never stopped; the TP=2 checkpoint,
+    resharded to one rank, holds the same whole tensors, and its ELMo files (to-elmo) import back to them."""
+    run = {"run": ["elmo-tiny", f"data.path={words_data}", "data.num_workers=0", "data.seq_len=16",
+                   "train.global_batch_size=8", "train.micro_batch_size=2", "optimizer.warmup_steps=2",
+                   "train.eval_interval=0", "data.valid_fraction=0.05", "train.steps=8", "checkpoint.keep=0",
+                   "checkpoint.interval=4", "parallel.tp=2", "zero.stage=2", "train.log_interval=100"]}
+    straight, killed, ckpt, full = resumed_exactly_and_resharded(tmp_path, run, "fwd_loss")
+    run_cli("checkpoints_tools", "to-elmo", ckpt, "--out", tmp_path / "elmo")
+    run_cli("checkpoints_tools", "from-elmo", tmp_path / "elmo", "--out", tmp_path / "imported")
+    back, vocab = C.load_full_model(str(tmp_path / "imported")), C.model_config(C.read_meta(ckpt)).vocab_size
+    assert all(torch.equal(back[k], full[k][:vocab] if k.startswith("softmax.") else full[k]) for k in full)
+
+
 ENCODER_DECODERS = {  # family: (preset and data fixture, settings): T5 with dropout on; BART without, so that
     # its runs under two layouts can end alike
     "t5": ("t5-tiny", "t5_data", ()),
@@ -468,13 +497,7 @@ def test_an_encoder_decoder_resumes_exactly_and_its_tp2_checkpoint_reshards_and_
                    "train.global_batch_size=8", "train.micro_batch_size=2", "optimizer.warmup_steps=2",
                    "train.eval_interval=0", "data.valid_fraction=0.02", "train.steps=8", "checkpoint.keep=0",
                    "checkpoint.interval=4", "parallel.tp=2", "zero.stage=2", "train.log_interval=100", *settings]}
-    straight, killed = killed_at_step_4_and_resumed(tmp_path, run)
-    assert losses_by_step(straight, "lm_loss") == losses_by_step(killed, "lm_loss")
-    assert_same_checkpoints(straight, killed)
-    ckpt = C.resolve(str(straight))
-    run_cli("checkpoints_tools", "reshard", straight, "--tp", "1", "--out", tmp_path / "tp1")
-    full, one = C.load_full_model(ckpt), C.load_full_model(str(tmp_path / "tp1"))
-    assert full.keys() == one.keys() and all(torch.equal(full[k], one[k]) for k in full)
+    straight, killed, ckpt, full = resumed_exactly_and_resharded(tmp_path, run, "lm_loss")
     run_cli("checkpoints_tools", "consolidate", ckpt, "--out", tmp_path / "whole")
     whole = load_file(tmp_path / "whole" / "shards" / "param-tp00-dp000.safetensors")
     assert whole.keys() == {f"{k}@0" for k in full} and all(torch.equal(whole[f"{k}@0"], v) for k, v in full.items())

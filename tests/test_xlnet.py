@@ -363,7 +363,9 @@ def test_training_with_a_memory_computes_hfs_losses_along_the_streams(preset, tr
     """End to end, one process, micro-batches of 4 of a global batch of 8 streams, the weights held (lr 1e-12), no
     dropout: every step's logged loss equals XLNetLMHeadModel's on the same samples, its `mems` carried from step to
     step (XLNet: reuse_len 16 of 32, memory 24; Transformer-XL: memory 32), within 2e-6 (measured: 4e-7); HF without
-    mems is more than 2e-5 away from step 2 on (the untrained model reads little of its memory). Then
+    mems is more than 2e-5 away from step 2 on (the untrained model reads little of its memory). The same run without
+    a memory but with data.streams reads the same samples in the same order (without it, others), so it logs the
+    memory run's first loss (an empty memory) and not its second. Then
     scripts/memory_eval.py with the Transformer-XL run as both runs: the "other" run's weights, loaded from its
     checkpoint, evaluate exactly as these weights with the memory masked, and reading the memory changes the loss."""
     import json
@@ -376,13 +378,18 @@ def test_training_with_a_memory_computes_hfs_losses_along_the_streams(preset, tr
     b, steps, s = 8, 4, 32
     xl = preset == "xlnet-tiny"
     memory = ["model.reuse_len=16", "model.mem_len=24", "xlnet.perm_size=16"] if xl else ["model.mem_len=32"]
-    cfg = load(preset, [f"data.path={train_data}", f"out_dir={tmp_path}", f"data.seq_len={s}", *memory,
-                        "model.max_position_embeddings=32", "model.hidden_dropout=0", "model.attention_dropout=0",
-                        f"train.global_batch_size={b}", "train.micro_batch_size=4", f"train.steps={steps}",
-                        "optimizer.lr=1e-12", "optimizer.min_lr=0", "optimizer.warmup_steps=0", "train.eval_interval=0",
-                        "data.valid_fraction=0.2", "data.num_workers=0", "train.log_interval=1"])
+    overrides = [f"data.path={train_data}", f"data.seq_len={s}", "model.max_position_embeddings=32",
+                 "model.hidden_dropout=0", "model.attention_dropout=0", f"train.global_batch_size={b}",
+                 "train.micro_batch_size=4", f"train.steps={steps}", "optimizer.lr=1e-12", "optimizer.min_lr=0",
+                 "optimizer.warmup_steps=0", "train.eval_interval=0", "data.valid_fraction=0.2", "data.num_workers=0",
+                 "train.log_interval=1"]
+    cfg = load(preset, [*overrides, *memory, f"out_dir={tmp_path}"])
     train(cfg)
-    logged = {r["step"]: r["lm_loss"] for r in map(json.loads, open(tmp_path / "metrics.jsonl")) if "lm_loss" in r}
+
+    def losses(run):
+        return {r["step"]: r["lm_loss"] for r in map(json.loads, open(run / "metrics.jsonl")) if "lm_loss" in r}
+
+    logged = losses(tmp_path)
     ckpt = C.resolve(str(tmp_path))
     m, adapter = C.model_config(C.read_meta(ckpt)), get("xlnet").adapter
     hf = transformers.XLNetLMHeadModel(adapter.hf_config(m, {})).eval()
@@ -402,6 +409,16 @@ def test_training_with_a_memory_computes_hfs_losses_along_the_streams(preset, tr
         assert abs(ref.loss.item() - logged[t + 1]) < 2e-6, t
         assert t == 0 or abs(alone.loss.item() - logged[t + 1]) > 2e-5, t
         mems = ref.mems
+    # data.streams: the same run without a memory reads the same samples in the same order (shuffled without it),
+    # so its first step, where the memory is still empty, is the memory run's; its second is not
+    plain = [*overrides, *memory, "model.mem_len=0", "train.steps=2"]
+    streamed = load(preset, [*plain, "data.streams=true", f"out_dir={tmp_path / 'plain'}"])
+    for other, same in ((build_sources(streamed)[0], True), (build_sources(load(preset, plain))[0], False)):
+        assert all((other.sample(0, i)["input_ids"] == source.sample(0, i)["input_ids"]).all()
+                   for i in range(steps * b)) == same
+    train(streamed)
+    alone = losses(tmp_path / "plain")
+    assert abs(alone[1] - logged[1]) < 1e-6 and abs(alone[2] - logged[2]) > 2e-5, (alone, logged)
     if not xl:  # scripts/memory_eval.py on this run as both runs: the other run's weights load exactly, the memory is read
         import subprocess
         import sys

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-VOCAB_ROWS = ("embeddings.word.weight", "mlm.bias", "lm_bias")  # parameters with a row per (padded) vocabulary entry
+VOCAB_ROWS = ("embeddings.word.weight", "mlm.bias", "lm_bias", "softmax.weight", "softmax.bias")  # parameters with a row per
+# (padded) vocabulary entry
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # ptm -> HF hidden_act
 COMMON = dict(norm_type="layernorm", bias=True, gated_mlp=False, scaled_attention=True, scaled_logits=False,
               init="normal", relative_segments=False)

@@ -18,7 +18,7 @@ FUSED_CHUNK_BYTES = 256 * 2 ** 20  # the fused LM loss's chunk of logits, at mos
 
 NORMS = ("post", "pre")  # post-LN (BERT): embedding LayerNorm; pre-LN (GPT-2): a final LayerNorm
 NORM_TYPES = ("layernorm", "rmsnorm")  # LayerNorm with a bias; T5's: scale only, no mean subtracted, no bias
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "tanh")
 HEADS = ("lm", "mlm", "rtd", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; ELECTRA's
 # replaced-token detection (a per-token 1-way head, with a generator); pooler + 2-way head
 POSITIONS = ("learned", "roberta", "relative", "bucketed", "transformer_xl")  # absolute; RoBERTa's: from pad_token_id + 1, padding at pad_token_id;
@@ -67,6 +67,16 @@ class ModelConfig:
     generator_size: float = opt(0.0, "ELECTRA (heads [rtd]): the generator's width (hidden size, heads, MLP) as a "
                                      "fraction of the model's; it shares the model's embeddings (the paper: 1/4 to 1/2)",
                                 range="[0, 1]")
+    char_filters: list[list[int]] = opt([], "ELMo: the character CNN's [width, filters] pairs (published: [[1, 32], "
+                                            "[2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]); with them "
+                                            "the model is ELMo's biLM: hidden_size is the LSTMs' projection, "
+                                            "ffn_hidden_size their cell, num_layers each direction's layers")
+    char_embedding_size: int = opt(16, "ELMo: width of the character embeddings", range="> 0")
+    highway_layers: int = opt(0, "ELMo: highway layers after the character CNN", range=">= 0")
+    cell_clip: float = opt(0.0, "ELMo: the LSTM cells are clipped to [-cell_clip, cell_clip]; 0: not clipped",
+                           range=">= 0")
+    proj_clip: float = opt(0.0, "ELMo: the LSTMs' projected states are clipped likewise; 0: not clipped",
+                           range=">= 0")
     pad_token_id: int = opt(-1, "the padding id, which position_encoding=roberta numbers positions from; -1: the "
                                 "dataset's")
     layer_norm_eps: float = opt(1e-12, "LayerNorm epsilon", range="> 0")

@@ -114,8 +114,8 @@ class Objective:
 
     def streams(self) -> int:
         """The streams the samples are read as (pretrain/data/gpt.py): the global batch where the model carries a
-        memory from step to step (model.mem_len > 0), else 0 (shuffled)."""
-        return self.cfg.train.global_batch_size if self.cfg.model.mem_len else 0
+        memory from step to step (model.mem_len > 0) or data.streams asks for that order, else 0 (shuffled)."""
+        return self.cfg.train.global_batch_size if self.cfg.model.mem_len or self.cfg.data.streams else 0
 
     # ---- a recurrent model's memory (pretrain/models/memory.py) ----------------------------------------------
 
