@@ -34,6 +34,12 @@ def parser() -> argparse.ArgumentParser:
                                    "learning rate, tokens/s, gradient norm) into one PNG; print summary.json.")
     r.add_argument("run_dir", help="a training out_dir")
     r.add_argument("--out", help="PNG to write (default: RUN_DIR/report.png)")
+    e = sub.add_parser("elmo", help="ELMo representations of text: a scalar mix of a trained ELMo's layers",
+                       description="Load an ELMo (a checkpoint, a run, or options.json + weights.hdf5) and print each "
+                                   "word's vector norm in every layer and in the equal-weight mix (pretrain/elmo.py "
+                                   "is the module a downstream model uses).")
+    e.add_argument("path", help="a checkpoint, a training out_dir, or a directory with options.json + weights.hdf5")
+    e.add_argument("--text", nargs="+", required=True, help="sentences, words separated by spaces")
     return ap
 
 
@@ -59,6 +65,11 @@ def main(argv=None) -> None:
         summary = os.path.join(a.run_dir, "summary.json")
         if os.path.isfile(summary):
             print(open(summary).read())
+        return
+    if a.command == "elmo":
+        from pretrain.elmo import describe
+
+        print(describe(a.path, a.text))
         return
     from pretrain import signals
 

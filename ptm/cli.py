@@ -1,4 +1,4 @@
-"""The `ptm` command: `ptm prep|train|plan|convert|launch ...` runs `python -m data_prep|pretrain|...`."""
+"""The `ptm` command: `ptm prep|train|plan|report|elmo|convert|launch ...` runs `python -m data_prep|pretrain|...`."""
 import importlib.util
 import runpy
 import sys
@@ -8,7 +8,8 @@ COMMANDS = {
     "train": ("pretrain train", "pretrain BERT, GPT-2 and ERNIE models"),
     "plan": ("pretrain plan", "before launch: does a config fit, how fast will it train?"),
     "report": ("pretrain report", "a run's curves as a PNG (loss, learning rate, throughput) and its summary"),
-    "convert": ("checkpoints_tools", "consolidate, reshard, Hugging Face export/import"),
+    "elmo": ("pretrain elmo", "ELMo representations of text from a trained ELMo (a scalar mix of its layers)"),
+    "convert": ("checkpoints_tools", "consolidate, reshard, Hugging Face and ELMo export/import"),
     "launch": ("launchers", "one rendezvous contract for every launcher"),
 }
 

@@ -178,6 +178,19 @@ def test_training_exports_and_imports_elmo_files(words_data, tmp_path):
     run_cli("pretrain", "train", "--config", "elmo-tiny", "--set", *common, f"out_dir={tmp_path / 'more'}",
             "train.steps=2", f"checkpoint.init_from={tmp_path / 'imported'}")
     assert (tmp_path / "more" / "metrics.jsonl").exists()
+    # downstream: the run and its export give the same layers; the mix starts as their mean and learns, the biLM not
+    from pretrain.elmo import ELMoEmbedder
+
+    sentences = [["Return", "the", "value", "."], ["中文"]]
+    ours, exported = ELMoEmbedder.load(str(run)), ELMoEmbedder.load(str(tmp_path / "elmo"))
+    out, again = ours(sentences), exported(sentences)
+    assert all(torch.equal(x, y) for x, y in zip(out["layers"], again["layers"])) and len(out["layers"]) == 3
+    assert out["mask"].tolist() == [[True] * 4, [True, False, False, False]]
+    torch.testing.assert_close(out["elmo"][0], sum(out["layers"]) / 3)
+    out["elmo"][0].square().sum().backward()
+    assert ours.mixes[0].weights.grad is not None and all(p.grad is None for p in ours.bilm.parameters())
+    shown = run_cli("pretrain", "elmo", str(tmp_path / "elmo"), "--text", "Return the value .").stdout
+    assert "layer 2" in shown and "mix" in shown and len(shown.splitlines()) == 5
 
 
 def test_plan_counts_elmo_as_built_and_as_published():
