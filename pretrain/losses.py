@@ -54,6 +54,43 @@ def vocab_parallel_argmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(indices).gather(0, best[None])[0]
 
 
+def _log_softmax(x: torch.Tensor, group) -> torch.Tensor:
+    """log softmax over a vocabulary split across TP group `group` (maxima and sums all-reduced)."""
+    top = x.max(-1, keepdim=True).values
+    if group.size() > 1:
+        dist.all_reduce(top, dist.ReduceOp.MAX, group=group)
+    total = (x - top).exp().sum(-1, keepdim=True)
+    if group.size() > 1:
+        dist.all_reduce(total, group=group)
+    return x - top - total.log()
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, student, teacher, temperature, group):
+        log_q = _log_softmax(student.detach().float() / temperature, group)
+        p = _log_softmax(teacher.detach().float() / temperature, group).exp()
+        loss = -(p * log_q).sum(-1)
+        if group.size() > 1:
+            dist.all_reduce(loss, group=group)
+        ctx.save_for_backward(log_q.exp() - p)
+        ctx.temperature, ctx.dtype = temperature, student.dtype
+        return loss * temperature ** 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        (diff,) = ctx.saved_tensors
+        return (diff * (grad[:, None] * ctx.temperature)).to(ctx.dtype), None, None, None
+
+
+def soft_cross_entropy(student: torch.Tensor, teacher: torch.Tensor, temperature: float, group=None) -> torch.Tensor:
+    """Distillation's soft targets per row: -sum_v softmax(teacher / T)_v log softmax(student / T)_v * T^2, in fp32,
+    over vocab-parallel logits [n, V / tp] (the masked padding rows count nothing). Its gradient, T * (softmax(student
+    / T) - softmax(teacher / T)), is each rank's own: no collective in the backward pass (autograd through the
+    all-reduced normaliser would give each rank only its own slice's share of it)."""
+    return _SoftCrossEntropy.apply(student, teacher, temperature, group or mcore.tp_group())
+
+
 def global_counts(per_batch: list[dict[str, torch.Tensor]], group) -> dict[str, torch.Tensor]:
     """Each term's elements in the whole global batch: summed over this rank's micro-batches, then over the
     data-parallel ranks of `group`."""

@@ -51,11 +51,14 @@ class Trainer:
         self.rank0 = dist.get_rank() == 0
         self.device = dev.device()
         model = models.build(cfg.model, heads=functools.partial(self.objective.heads, cfg))
-        self.params = C.param_info(model.named_parameters(), mcore.tp_size())
+        # what checkpoints hold: the trained parameters (not a frozen distillation teacher's)
+        self.params = C.param_info(((n, p) for n, p in model.named_parameters() if p.requires_grad), mcore.tp_size())
         if self.run.resume:
             self._load_resumed(model)
         elif self.run.init:
             self._init_from(model, self.run.init)
+        else:
+            self.objective.initialise(model)
         model.to(self.device)
         self.optimizer = optim.build(model, cfg.optimizer)
         self.scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(self.optimizer)
@@ -116,7 +119,7 @@ class Trainer:
         state = C.load_model_shard(ckpt, mcore.tp_rank(), self.cfg.parallel.tp,
                                    vocab_rows=padded_vocab_size(self.cfg.model))
         missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
+        missing = [k for k in missing if not k.endswith("_extra_state") and k in self.params]
         if unexpected or missing:
             raise C.CheckpointError(f"{ckpt} does not fit this model: missing {missing[:4]}, unexpected "
                                     f"{unexpected[:4]}; check the model section against the checkpoint's meta.json")

@@ -13,17 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29541"), ("RANK", "0"), ("WORLD_SIZE", "1"),
-                   ("LOCAL_RANK", "0")):
-    os.environ.setdefault(key, value)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from pretrain.checkpoint import load_full_model, resolve  # noqa: E402
-from pretrain.config import load  # noqa: E402
-from pretrain.train import Trainer  # noqa: E402
+from eval_runs import take_weights, trainer_of
 
 KEYS = ("valid_lm_loss", "valid_lm_acc", "valid_lm_unigram_acc")
 
@@ -34,13 +26,11 @@ def main() -> None:
     ap.add_argument("without_memory", help="the out_dir of the same config trained with model.mem_len=0")
     ap.add_argument("--eval-steps", type=int, default=100, help="validation batches (default: %(default)s)")
     args = ap.parse_args()
-    cfg = load(os.path.join(args.with_memory, "config.yaml"),
-               ["parallel.tp=1", "zero.stage=1", f"out_dir={args.with_memory}", f"train.eval_steps={args.eval_steps}"])
-    if not cfg.model.mem_len:
-        sys.exit(f"memory_eval: {args.with_memory} was trained without a memory (model.mem_len=0); pass the run "
-                 "trained with one first")
-    trainer, rows = Trainer(cfg), {}
+    trainer, rows = trainer_of(args.with_memory, args.eval_steps), {}
     try:
+        if not trainer.cfg.model.mem_len:
+            sys.exit(f"memory_eval: {args.with_memory} was trained without a memory (model.mem_len=0); pass the run "
+                     "trained with one first")
         rows["with memory"] = trainer.evaluate()
         reads = trainer.objective.memory_inputs
 
@@ -48,11 +38,7 @@ def main() -> None:
             return {k: v & False if k == "memory_mask" else v for k, v in reads(model, batch).items()}
         trainer.objective.memory_inputs = masked
         rows["memory masked"] = trainer.evaluate()
-        state = load_full_model(resolve(args.without_memory))
-        missing, unexpected = trainer.engine.module.load_state_dict(state, strict=False)
-        if [k for k in missing if not k.endswith("_extra_state")] or unexpected:
-            sys.exit(f"memory_eval: {args.without_memory} holds another model (missing {missing[:3]}, unexpected "
-                     f"{unexpected[:3]})")
+        take_weights(trainer, args.without_memory, "memory_eval")
         rows["without memory"] = trainer.evaluate()
     finally:
         trainer.close()

@@ -128,6 +128,21 @@ def words_data(train_data, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def bert_teacher(train_data, tmp_path_factory):
+    """A 4-layer bert-tiny trained a few steps (one process): what the distillation tests distil."""
+    from pretrain.config import load
+    from pretrain.train import train
+
+    out = tmp_path_factory.mktemp("teacher") / "bert"
+    train(load("bert-tiny", [f"data.path={train_data}", f"out_dir={out}", "model.num_layers=4", "data.seq_len=32",
+                             "model.max_position_embeddings=32", "train.steps=3", "train.global_batch_size=8",
+                             "train.micro_batch_size=8", "optimizer.warmup_steps=1", "train.eval_interval=0",
+                             "checkpoint.interval=0", "data.num_workers=0", "data.valid_fraction=0.02",
+                             "optimizer.lr=0.01"]))
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def t5_data(small, sp_model, tmp_path_factory):
     """The small slice with the shared tokenizer plus T5's 100 sentinels (`data_prep build --sentinels 100`): what
     span corruption trains on."""

@@ -12,7 +12,7 @@ from pretrain.models.config import ARCH_FEATURES, ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
-TOP_KEYS = "seed, out_dir, precision, grad_accum_dtype, deepspeed_config, kernels, fused_lm_loss, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie, electra, unilm, xlnet"
+TOP_KEYS = "seed, out_dir, precision, grad_accum_dtype, deepspeed_config, kernels, fused_lm_loss, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie, electra, unilm, xlnet, distill"
 OPTIMIZER_KEYS = "name, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, poly_power, multi_tensor"
 
 
@@ -321,7 +321,7 @@ def test_every_objective_is_one_registered_module():
     from pretrain import objectives
 
     assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie", "electra", "unilm",
-                                                                    "span_corruption", "denoising", "mass", "plm", "bilm")
+                                                                    "span_corruption", "denoising", "mass", "plm", "bilm", "distil")
     assert all(o.help and C.OBJECTIVES[name] == o.help for name, o in objectives.REGISTRY.items())
     with pytest.raises(ValueError, match="data.objective 'bort' is not one of mlm_nsp | mlm_sop"):
         objectives.get("bort")

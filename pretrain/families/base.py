@@ -38,6 +38,7 @@ class Adapter:
     prefix = ""  # the HF name prefix of the base model, e.g. "bert."
     layer = "{p}encoder.layer.{i}."  # the HF prefix of layer i ({p}: prefix)
     qkv = "attention.self"  # within a layer: separate query/key/value linears under this name
+    qkv_names = ("query", "key", "value")  # their names under it
     fused_qkv = False  # one fused [q; k; v] linear named `qkv` instead (GPT-2's c_attn)
     conv1d = False  # attention and MLP weights stored [in, out] (OpenAI's Conv1D)
     layer_keys: dict = {}  # ptm block parameter -> HF name within the layer
@@ -152,7 +153,7 @@ class Adapter:
                     fused = hf[f"{at}.{kind}"]
                     q, k, v = (fused.t() if kind == "weight" and self.conv1d else fused).chunk(3, dim=0)
                 else:
-                    q, k, v = (hf[f"{at}.{name}.{kind}"] for name in ("query", "key", "value"))
+                    q, k, v = (hf[f"{at}.{name}.{kind}"] for name in self.qkv_names)
                 out[f"blocks.{i}.attn.qkv.{kind}"] = interleave_qkv(q, k, v, num_heads).contiguous()
         return out, missing
 
@@ -174,7 +175,7 @@ class Adapter:
                     fused = torch.cat([q, k, v])
                     out[f"{at}.{kind}"] = (fused.t() if kind == "weight" and self.conv1d else fused).contiguous()
                 else:
-                    for name, t in zip(("query", "key", "value"), (q, k, v)):
+                    for name, t in zip(self.qkv_names, (q, k, v)):
                         out[f"{at}.{name}.{kind}"] = t.contiguous()
         for copy, source in self.tied.items():
             if source in out:

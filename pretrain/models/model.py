@@ -143,9 +143,9 @@ class Pretraining(nn.Module):
         return self.final_norm(x) if self.cfg.norm == "pre" else x
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, *, positions=None,
-                labels=None, sample=None, hidden=False, cls_index=None, **fields):
-        """The heads' outputs; `fields`: what `encode` takes beyond the inputs (position_ids, sample_index,
-        attend_lo, attend_hi)."""
+                labels=None, sample=None, hidden=False, with_hidden=False, cls_index=None, **fields):
+        """The heads' outputs (with `with_hidden`, the last hidden states too: distillation); `fields`: what `encode`
+        takes beyond the inputs (position_ids, sample_index, attend_lo, attend_hi)."""
         out = {}
         if sample is not None:
             input_ids, out = self.corrupt(input_ids, attention_mask, token_type_ids, positions, sample)
@@ -154,7 +154,7 @@ class Pretraining(nn.Module):
             return {**out, "hidden": h}
         for name in self.cfg.heads:
             out.update(getattr(self, f"_{name}_outputs")(h, positions, labels, cls_index))
-        return out
+        return {**out, "hidden": h} if with_hidden else out
 
     # ---- the heads' outputs, one method per kind of head (`cfg.heads`) -----------------------------------------
 
@@ -200,11 +200,10 @@ class Pretraining(nn.Module):
         """(module, parameter) pairs where a module's forward reads a parameter that another module owns (ZeRO-3
         gathers a parameter only for its owner's forward unless told: pretrain/engine.py registers these): the LM
         heads read the tied word embeddings, a post-LN block passes its LayerNorms' weights to the fused residual +
-        LayerNorm kernel; ELECTRA's generator, on this model's embeddings, alike."""
-        for m in (self, getattr(self, "generator", None)):
-            if m is None:
-                continue
-            yield (m.mlm if "mlm" in m.cfg.heads else m), self.embeddings.word.weight
+        LayerNorm kernel; a model inside this one (ELECTRA's generator, on this model's embeddings; a distillation
+        teacher, on its own) alike."""
+        for m in (self, *(c for c in self.children() if isinstance(c, Pretraining))):
+            yield (m.mlm if "mlm" in m.cfg.heads else m), m.embeddings.word.weight
             for block in m.blocks:
                 if not block.pre_ln:
                     for norm in (block.attn_norm, block.mlp_norm):

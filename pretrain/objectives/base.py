@@ -108,6 +108,10 @@ class Objective:
         """Heads beyond the model's own (`cfg.model.heads`), {attribute: module}: the model registers them."""
         return {}
 
+    def initialise(self, model) -> None:
+        """Set a new model's weights before its first step (a run that neither resumes nor starts from
+        checkpoint.init_from); DistilBERT's student takes its teacher's."""
+
     def head_parameters(self, cfg) -> int:
         """Parameters of `heads(cfg)`, counted without building them (pretrain/cost.py)."""
         return 0
