@@ -186,7 +186,7 @@ class Distil(Masked):
             judged = losses.token_term(teacher["logits"], target)
         mlm.ratios = {"teacher_mlm_loss": (judged.loss, judged.count), "teacher_mlm_acc": (judged.correct, judged.count)}
         return {"soft": losses.Term(soft.sum(), target.new_full((), len(target)), weight=d.soft_weight),
-                "mlm": mlm, "cos": losses.Term(cos, tokens.new_full((), len(s)), weight=d.cosine_weight)}
+                "mlm": mlm, "cos": losses.Term(cos, target.new_full((), len(s)), weight=d.cosine_weight)}
 
 
 OBJECTIVES = (Distil(),)
