@@ -137,21 +137,27 @@ def to_elmo(ckpt_or_run: str, out: str) -> str:
     return out
 
 
-def from_elmo(elmo_dir: str, out: str) -> tuple[str, list[str]]:
-    """A ptm checkpoint (step 0) from options.json + weights.hdf5 (+ vocab.txt); returns it and what was initialised."""
+def read_files(elmo_dir: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """options.json and every dataset of weights.hdf5 ({name: array}) in `elmo_dir`."""
     import h5py
 
+    with open(os.path.join(elmo_dir, "options.json")) as f:
+        options = json.load(f)
+    weights = {}
+    with h5py.File(os.path.join(elmo_dir, "weights.hdf5"), "r") as f:
+        f.visititems(lambda name, node: weights.__setitem__(name, node[()]) if isinstance(node, h5py.Dataset) else None)
+    return options, weights
+
+
+def from_elmo(elmo_dir: str, out: str) -> tuple[str, list[str]]:
+    """A ptm checkpoint (step 0) from options.json + weights.hdf5 (+ vocab.txt); returns it and what was initialised."""
     from checkpoints_tools.hf import _params
 
     for name in ("options.json", "weights.hdf5", "vocab.txt"):
         if not os.path.isfile(os.path.join(elmo_dir, name)):
             raise C.CheckpointError(f"{elmo_dir} has no {name}: an ELMo directory holds options.json, weights.hdf5 "
                                     f"and vocab.txt (bilm-tf's files, or `ptm convert to-elmo`)")
-    with open(os.path.join(elmo_dir, "options.json")) as f:
-        options = json.load(f)
-    with h5py.File(os.path.join(elmo_dir, "weights.hdf5"), "r") as f:
-        weights = {}
-        f.visititems(lambda name, node: weights.__setitem__(name, node[()]) if isinstance(node, h5py.Dataset) else None)
+    options, weights = read_files(elmo_dir)
     with open(os.path.join(elmo_dir, "vocab.txt"), encoding="utf-8") as f:
         words = sum(1 for _ in f)
     cfg, state, missing = from_files(options, weights, words)

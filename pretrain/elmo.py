@@ -61,17 +61,9 @@ class ELMoEmbedder(nn.Module):
         from pretrain.parallel import mcore
 
         if os.path.isfile(os.path.join(path, "options.json")):
-            import json
+            from checkpoints_tools.elmo import from_files, read_files
 
-            import h5py
-
-            from checkpoints_tools.elmo import from_files
-
-            with h5py.File(os.path.join(path, "weights.hdf5"), "r") as f:
-                weights = {}
-                f.visititems(lambda name, node: weights.__setitem__(name, node[()])
-                             if isinstance(node, h5py.Dataset) else None)
-            cfg, state, _ = from_files(json.load(open(os.path.join(path, "options.json"))), weights, 1)
+            cfg, state, _ = from_files(*read_files(path), 1)
         else:
             from pretrain import checkpoint as C
 

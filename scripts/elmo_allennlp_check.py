@@ -6,11 +6,9 @@ what huggingface_hub 1.x and a CPU torch lack). Not part of the tests for that r
 
     PYTHONPATH=ALLENNLP:DEPS:. SHIM=shim.py python scripts/elmo_allennlp_check.py ELMO_DIR
 """
-import json
 import os
 import sys
 
-import h5py
 import numpy as np
 import torch
 
@@ -19,7 +17,7 @@ if os.environ.get("SHIM"):
 from allennlp.modules.elmo import _ElmoBiLm, batch_to_ids  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from checkpoints_tools.elmo import from_files  # noqa: E402
+from checkpoints_tools.elmo import from_files, read_files  # noqa: E402
 from pretrain.data.elmo import char_ids  # noqa: E402
 from pretrain.models.elmo import ELMo  # noqa: E402
 from pretrain.parallel import mcore  # noqa: E402
@@ -27,11 +25,7 @@ from pretrain.parallel import mcore  # noqa: E402
 directory = sys.argv[1]
 sentences = [s.split() for s in ("The quick brown fox jumps over the lazy dog .", "Return the value .",
                                  "中文 的 句子 也 可以", "x")]
-options = json.load(open(os.path.join(directory, "options.json")))
-with h5py.File(os.path.join(directory, "weights.hdf5")) as f:
-    weights = {}
-    f.visititems(lambda name, node: weights.__setitem__(name, node[()]) if isinstance(node, h5py.Dataset) else None)
-cfg, state, _ = from_files(options, weights)
+cfg, state, _ = from_files(*read_files(directory))
 ours = ELMo(cfg, tp=mcore.OneRank()).eval()
 ours.load_state_dict(state, strict=False)
 theirs = _ElmoBiLm(os.path.join(directory, "options.json"), os.path.join(directory, "weights.hdf5")).eval()
