@@ -151,8 +151,14 @@ def predicted_tokens(cfg) -> int:
 
 def flops_per_sample(cfg) -> float:
     """`model_flops_per_sample` of a config: its model, sequence length, and its objective's predicted tokens and
-    decoder length."""
-    return model_flops_per_sample(cfg.model, cfg.data.seq_len, predicted_tokens(cfg), decoder_tokens(cfg))
+    decoder length; plus the forward pass of a distillation's teacher (a third of its training FLOPs), where it
+    can be read."""
+    own = model_flops_per_sample(cfg.model, cfg.data.seq_len, predicted_tokens(cfg), decoder_tokens(cfg))
+    try:
+        teacher = objectives.get(cfg.data.objective).configured(cfg).teacher(cfg)
+    except FileNotFoundError:
+        teacher = None
+    return own + (model_flops_per_sample(teacher, cfg.data.seq_len, predicted_tokens(cfg)) / 3 if teacher else 0)
 
 
 def decoder_tokens(cfg) -> int:
@@ -286,12 +292,12 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     FUSED_CHUNK_BYTES, or as large as the input, up to 2x, where that is more: `kernels.fused_chunk_rows`).
     A memory (XLNet, Transformer-XL: mem_len) adds its keys to every query's (probabilities of s x (s + mem_len)), and
     each layer keeps the memory it read and its keys and values (mem_len*b*(2h + 4h/t)); XLNet's query stream runs
-    the same layer on the predicted tokens."""
+    the same layer on the predicted tokens. Plus what the objective's loss keeps (`Objective.kept_bytes`)."""
     m, t, b = cfg.model, cfg.parallel.tp, micro_batch
     scale = 2 if cfg.precision == "fp32" else 1
     if m.char_filters:
         return elmo_activation_bytes(cfg, micro_batch)
-    layers = 0
+    layers = objectives.get(cfg.data.objective).configured(cfg).kept_bytes(cfg, micro_batch)
     for stack in stacks(m, cfg.data.seq_len, decoder_tokens(cfg), query_tokens(cfg)):
         model, c, mem = stack.model, stack.context, stack.model.mem_len
         h, a = model.hidden_size, model.num_heads
@@ -337,6 +343,16 @@ def stream_memory_bytes(cfg, dp: int) -> int:
         return 0
     streams = cfg.train.global_batch_size // dp
     return streams * (m.num_layers * m.mem_len * m.hidden_size * (4 if cfg.precision == "fp32" else 2) + m.mem_len + 24)
+
+
+def teacher_parameters(cfg) -> int | None:
+    """Parameters per TP rank of the frozen model the objective runs beside the trained one (a distillation's
+    teacher, split by TP as the student): 0 without one, None where it is named but not readable here."""
+    try:
+        teacher = objectives.get(cfg.data.objective).configured(cfg).teacher(cfg)
+    except FileNotFoundError:
+        return None
+    return count_parameters(teacher, cfg.parallel.tp) if teacher is not None else 0
 
 
 def objective_parameters(cfg) -> int:

@@ -23,7 +23,8 @@ from data_prep import PrepError
 from pretrain import speed
 from pretrain.config import Config, ConfigError, load
 from pretrain.cost import (STATE_BYTES, activation_bytes, checkpointed, count_parameters, flops_per_sample,
-                           largest_module, model_state_bytes, objective_parameters, stream_memory_bytes)
+                           largest_module, model_state_bytes, objective_parameters, stream_memory_bytes,
+                           teacher_parameters)
 
 GIB = 1 << 30
 CUDA_CONTEXT = GIB  # assumed: CUDA context, cuBLAS/NCCL workspaces, allocator slack
@@ -36,7 +37,8 @@ SHA256_GBPS = 1.0  # each writer hashes its files after writing them (meta.json 
 
 COMPONENTS = {"weights": "weights", "gradients": "gradients", "optimizer_states": "optimizer states",
               "zero3_gathered": "ZeRO-3 gathered module", "activations": "activations", "logits": "logits",
-              "stream_memory": "memory of the streams", "buffers": "CUDA context + reduce bucket"}  # Plan's GPU fields and their row labels
+              "stream_memory": "memory of the streams", "teacher": "frozen teacher",
+              "buffers": "CUDA context + reduce bucket"}  # Plan's GPU fields and their row labels
 
 
 @dataclass
@@ -53,8 +55,10 @@ class Plan:
     activations: int  # transformer layers, kept for the backward pass
     logits: int  # fp32 LM-head logits
     stream_memory: int  # a recurrent model's memory of its streams, kept between steps (model.mem_len)
+    teacher: int  # a distillation's frozen teacher: its weights (split by TP, and by DP under ZeRO-3)
     buffers: int  # CUDA context and the gradient reduce bucket
     cpu_offload: int  # CPU memory per GPU process (ZeRO-Offload)
+    teacher_params: int | None = 0  # per TP rank; None: named but not readable here (not counted)
     gpu_memory: int | None = None  # capacity checked against
     max_micro_batch: int | None = None  # the largest micro batch that fits gpu_memory
 
@@ -77,10 +81,11 @@ def estimate(cfg: Config, world_size: int, gpu_memory_gib: float | None = None) 
     weight, grad, _ = STATE_BYTES[cfg.precision]
     gathered = (weight + grad) * largest_module(m, tp) if z.stage == 3 else 0
     activations, logits = activation_bytes(cfg, cfg.train.micro_batch_size)
+    teacher = teacher_parameters(cfg)
     plan = Plan(params=count_parameters(m) + objective_parameters(cfg), params_per_rank=n, tp=tp, dp=dp, weights=weights, gradients=gradients,
                 optimizer_states=optimizer, zero3_gathered=gathered, activations=activations, logits=logits,
-                stream_memory=stream_memory_bytes(cfg, dp),
-                buffers=CUDA_CONTEXT + REDUCE_BUCKET * grad, cpu_offload=cpu)
+                stream_memory=stream_memory_bytes(cfg, dp), teacher=weight * (teacher or 0) // (dp if z.stage == 3 else 1),
+                buffers=CUDA_CONTEXT + REDUCE_BUCKET * grad, cpu_offload=cpu, teacher_params=teacher)
     if gpu_memory_gib is not None:
         plan.gpu_memory = int(gpu_memory_gib * GIB)
         one = sum(activation_bytes(cfg, 1))  # activations grow linearly with the micro batch, from a constant part
@@ -245,14 +250,19 @@ def _header(name: str, cfg: Config, plan: Plan, vocab_source: str, world: int) -
             f"{world} GPUs = tp {plan.tp} x dp {plan.dp}, ZeRO-{z.stage}{' + offload' if z.offload else ''}, "
             f"{cfg.precision}, micro batch {cfg.train.micro_batch_size} x {d.seq_len} tokens, "
             f"activation checkpointing {checkpointed(m)}/{m.num_layers} layers\n"
-            f"training FLOPs per sequence: {flops:.3e} (forward + backward, no recomputation)\n")
+            f"training FLOPs per sequence: {flops:.3e} (forward + backward{', the teacher forward' if plan.teacher_params else ''}"
+            f", no recomputation)\n"
+            + (f"teacher: {plan.teacher_params / 1e6:.1f}M parameters per TP rank, frozen\n" if plan.teacher_params else
+               f"teacher: distill.teacher={cfg.distill.teacher} is not here: its weights are not counted\n"
+               if plan.teacher_params is None else ""))
 
 
 def _table(plans: dict[str, Plan]) -> str:
     """One row per component, one column per plan, in GiB per GPU."""
     rows = [("", *plans)]
     rows += [(label, *(_gib(getattr(p, name)) for p in plans.values())) for name, label in COMPONENTS.items()
-             if name != "stream_memory" or any(p.stream_memory for p in plans.values())]  # shown where there is one
+             if name not in ("stream_memory", "teacher") or any(getattr(p, name) for p in plans.values())]
+    # (a memory of streams and a teacher shown where there is one)
     rows.append(("total", *(_gib(p.total) for p in plans.values())))
     if any(p.cpu_offload for p in plans.values()):
         rows.append(("CPU memory per GPU (offload)", *(_gib(p.cpu_offload) for p in plans.values())))

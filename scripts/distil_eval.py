@@ -19,7 +19,7 @@ from eval_runs import take_weights, trainer_of  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("distilled", help="the out_dir of the run with data.objective=distil")
+    ap.add_argument("distilled", help="the out_dir of the run with data.objective=distil or tinybert")
     ap.add_argument("scratch", help="the out_dir of the same student trained without a teacher")
     ap.add_argument("--eval-steps", type=int, default=100, help="validation batches (default: %(default)s)")
     args = ap.parse_args()
@@ -28,7 +28,7 @@ def main() -> None:
         distilled = trainer.evaluate()
         rows["teacher"] = {"loss": distilled["valid_teacher_mlm_loss"], "acc": distilled["valid_teacher_mlm_acc"]}
         rows["distilled student"] = {"loss": distilled["valid_mlm_loss"], "acc": distilled["valid_mlm_acc"]}
-        take_weights(trainer, args.scratch, "distil_eval", besides="teacher.")
+        take_weights(trainer, args.scratch, "distil_eval", besides=("teacher.", "fit."))  # TinyBERT's projection
         scratch = trainer.evaluate()
         rows["student from scratch"] = {"loss": scratch["valid_mlm_loss"], "acc": scratch["valid_mlm_acc"]}
     finally:

@@ -21,10 +21,10 @@ def trainer_of(run: str, eval_steps: int) -> Trainer:
                         ["parallel.tp=1", "zero.stage=1", f"out_dir={run}", f"train.eval_steps={eval_steps}"]))
 
 
-def take_weights(trainer: Trainer, run: str, script: str, besides: str = "") -> None:
-    """`run`'s weights in the trainer's model (whose parameters under `besides`, e.g. a teacher, stay); exits with one
-    line when they are another model's."""
+def take_weights(trainer: Trainer, run: str, script: str, besides: tuple[str, ...] = ()) -> None:
+    """`run`'s weights in the trainer's model (whose parameters under the prefixes `besides`, e.g. a teacher, stay);
+    exits with one line when they are another model's."""
     missing, unexpected = trainer.engine.module.load_state_dict(load_full_model(resolve(run)), strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state") and not (besides and k.startswith(besides))]
+    missing = [k for k in missing if not k.endswith("_extra_state") and not k.startswith(besides)]
     if missing or unexpected:
         sys.exit(f"{script}: {run} holds another model (missing {missing[:3]}, unexpected {unexpected[:3]})")

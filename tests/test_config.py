@@ -321,7 +321,8 @@ def test_every_objective_is_one_registered_module():
     from pretrain import objectives
 
     assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie", "electra", "unilm",
-                                                                    "span_corruption", "denoising", "mass", "plm", "bilm", "distil")
+                                                                    "span_corruption", "denoising", "mass", "plm", "bilm", "distil",
+                                                                    "tinybert")
     assert all(o.help and C.OBJECTIVES[name] == o.help for name, o in objectives.REGISTRY.items())
     with pytest.raises(ValueError, match="data.objective 'bort' is not one of mlm_nsp | mlm_sop"):
         objectives.get("bort")

@@ -1,6 +1,6 @@
 """The distributed engine on CPU/gloo with real DeepSpeed and megatron-core: fp16 overflows are skipped, a NaN loss
 stops the run, the torchrun / deepspeed / mpirun command lines train, the DeepSpeed JSON comes from the YAML, bf16
-keeps fp32 masters, ERNIE 2.0 runs under ZeRO-3. (Layout equivalence: test_fidelity.py; resume: test_resume.py.)"""
+keeps fp32 masters, ELMo and the distilled students train in bf16 and fp16, ERNIE 2.0 runs under ZeRO-3. (Layout equivalence: test_fidelity.py; resume: test_resume.py.)"""
 import json
 import os
 import subprocess
@@ -165,6 +165,41 @@ def test_bf16_trains_with_bf16_weights_and_fp32_master_copies(train_data, tmp_pa
     assert summary["steps"] == 3 and summary["skipped_steps"] == 0
     weights = C.load_full_model(C.resolve(str(tmp_path)))
     assert all(torch.isfinite(w).all() and w.dtype == torch.float32 for w in weights.values())
+
+
+HALF = {  # the newest families in half precision: preset, dataset fixture, first loss term, needs a teacher
+    "elmo": ("elmo-tiny", "words_data", "fwd_loss", False),  # LSTMs with clipped cells, the softmax over words
+    "distil": ("distilbert-tiny", "train_data", "soft_loss", True),  # the frozen teacher cast with the student
+    "tinybert": ("tinybert-tiny", "train_data", "attention_loss", True),  # attention scores and projected states
+}
+
+
+@pytest.mark.parametrize("family", HALF)
+def test_elmo_and_distilled_students_train_in_bf16_and_fp16(family, request, tmp_path):
+    """bf16 (ZeRO-1) and fp16 (ZeRO-2, dynamic loss scale) runs start from the fp32 run's weights, cast: their first
+    loss is the fp32 one within 2% (bf16) and 0.5% (fp16); every logged loss is finite, fp16 steps at least once, and
+    the checkpoints hold finite fp32 weights."""
+    from pretrain.train import Trainer
+
+    preset, data, key, taught = HALF[family]
+    common = [preset, f"data.path={request.getfixturevalue(data)}", "data.num_workers=0", "data.seq_len=32",
+              "model.max_position_embeddings=32", "train.global_batch_size=8", "train.micro_batch_size=4",
+              "optimizer.warmup_steps=1", "train.eval_interval=0", "data.valid_fraction=0.02", "train.steps=3",
+              "train.log_interval=1", "distill.layer_steps=-1"]
+    if taught:
+        common.append(f"distill.teacher={request.getfixturevalue('bert_teacher')}")
+    rows = {}
+    for precision, stage in (("fp32", 1), ("bf16", 1), ("fp16", 2)):
+        out = tmp_path / precision
+        summary = Trainer(config([*common, f"precision={precision}", f"zero.stage={stage}", f"out_dir={out}"])).fit()
+        rows[precision] = [json.loads(line) for line in open(out / "metrics.jsonl")]
+        assert all(torch.isfinite(torch.tensor(r[key])) for r in rows[precision]), precision
+        assert summary["skipped_steps"] < 3
+        weights = C.load_full_model(C.resolve(str(out)))
+        assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights.values())
+    first = rows["fp32"][0][key]
+    assert rows["bf16"][0][key] == pytest.approx(first, rel=2e-2) and rows["bf16"][0][key] != first  # (half precision
+    assert rows["fp16"][0][key] == pytest.approx(first, rel=5e-3) and rows["fp16"][0][key] != first  # rounds: it ran)
 
 
 VIEWS = {"detach", "view", "select", "slice", "alias", "t", "transpose", "expand", "split_with_sizes", "lift_fresh",

@@ -6,7 +6,8 @@ inside attention), GPT (a post-LN decoder), UniLM (four attention masks, one per
 span corruption, cross-attention, the bucketed relative bias split by heads; its own dataset, with sentinels), BART
 (a post-LN encoder-decoder: text infilling and sentence permutation), MASS (BART's shape, half of each sentence
 masked and decoded), XLNet (two-stream relative attention, a factorisation order per sample), ELMo (LSTMs, a
-softmax split by TP, on words) and DistilBERT (a frozen teacher in the same step), under TP=2 x DP=2 with
+softmax split by TP, on words), DistilBERT (a frozen teacher in the same step) and TinyBERT (attention scores and
+hidden states of the teacher, split by TP alike, then its soft targets), under TP=2 x DP=2 with
 ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
 
 Every loss is a sum over its elements divided by their count in the whole global batch (pretrain/losses.py); with
@@ -55,7 +56,11 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     # reaches both clips
     "distil": (["distilbert-tiny"], 2, "soft_loss"),  # a frozen 4-layer teacher (split by TP as the student) in the
     # same step: soft targets over the split vocabulary, masked LM, the hidden states' cosine
+    "tinybert": (["tinybert-tiny", "distill.layer_steps=2", "train.grad_clip=0.05"], 2, "loss"),  # a narrower
+    # student: 2 steps of attention scores (each rank its heads) and hidden states through the learned projection,
+    # then 2 of soft targets, whose gradients are smaller (0.1): clipped at 0.05 so that clipping is part of every step
 }
+TEACHER = ("distil", "tinybert")  # distilled from the bert_teacher fixture
 RECURRENT = {  # a memory carried along streams from step to step (model.mem_len > 0): each stream's samples must
     # reach the same memory under every split of the batch
     "xlnet-mem": (["xlnet-tiny", "model.mem_len=24", "model.reuse_len=16", "xlnet.perm_size=0"], 2, "lm_loss"),
@@ -71,7 +76,7 @@ def run(model: str, data: str | dict, *overrides: str) -> list:
     """`data`: the dataset, or {fixture name: dataset} with train_data's and those OWN_DATA names."""
     preset, *settings = {**MODELS, **RECURRENT}[model][0]
     path = data[OWN_DATA.get(model, "train_data")] if isinstance(data, dict) else data
-    teacher = [f"distill.teacher={data['bert_teacher']}"] if model == "distil" and isinstance(data, dict) else []
+    teacher = [f"distill.teacher={data['bert_teacher']}"] if model in TEACHER and isinstance(data, dict) else []
     return [preset, f"data.path={path}", *COMMON, *settings, *teacher, *overrides]
 
 

@@ -31,7 +31,8 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
     """Per-token softmax cross-entropy of vocab-parallel logits [..., V/tp]; 0 where labels == ignore_index.
-    Like megatron-core's kernel it works in place: fp32 logits are shifted by their row maximum."""
+    Like megatron-core's kernel it works in place: fp32 logits are overwritten (with their softmax), so anything
+    else that reads them runs first."""
     keep = labels != ignore_index
     loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), torch.where(keep, labels, 0))
     return loss * keep

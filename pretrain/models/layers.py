@@ -126,38 +126,56 @@ class Embeddings(nn.Module):
 
 # ---- attention ------------------------------------------------------------------------------------------------
 
+class Record:
+    """Tensors that modules append to as they run (each layer's attention scores), carried in their arguments. Not a
+    list: DeepSpeed's ZeRO-3 hooks copy the lists, tuples and dicts among a module's arguments, so what the module
+    appended to one would land in the copy."""
+
+    def __init__(self):
+        self.tensors: list = []
+
+    def append(self, x) -> None:
+        self.tensors.append(x)
+
+
 class DotProductAttention(nn.Module):
     """softmax(q k^T / sqrt(d) + mask) v by torch's fused kernels (SDPA: flash, memory-efficient or cuDNN where the
-    mask and dtype allow)."""
+    mask and dtype allow). Given a Record `scores`, it appends the scores q k^T / sqrt(d) before the mask [b, heads,
+    s, s] (TinyBERT distils them; SDPA keeps none, so they are computed beside it)."""
 
     def __init__(self, ctx: Context, head_dim: int, causal: bool | None = None):
         super().__init__()
         self.causal = ctx.cfg.causal if causal is None else causal
         self.scale = None if ctx.cfg.scaled_attention else 1.0  # T5: unscaled scores
 
-    def forward(self, q, k, v, mask, p: float):
+    def forward(self, q, k, v, mask, p: float, scores: Record | None = None):
+        if scores is not None:
+            scores.append(q @ k.transpose(-1, -2) * (self.scale or q.shape[-1] ** -0.5))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=self.causal,
                                               scale=self.scale)
 
 
 class RelativeAttention(nn.Module):
     """NEZHA's functional relative positions: the scores add q . a_ij and the output p_ij . a_ij, a_ij fixed sinusoids
-    of the clipped distance (`relative_positions`); computed in plain matmuls (SDPA has no value-side term)."""
+    of the clipped distance (`relative_positions`); computed in plain matmuls (SDPA has no value-side term). A Record
+    `scores` takes the scores before the mask, as DotProductAttention's."""
 
     def __init__(self, ctx: Context, head_dim: int, causal: bool | None = None):
         super().__init__()
         self.causal = ctx.cfg.causal if causal is None else causal
         self.max_distance, self.head_dim = ctx.cfg.max_relative_position, head_dim
 
-    def forward(self, q, k, v, mask, p: float):
+    def forward(self, q, k, v, mask, p: float, scores: Record | None = None):
         s = q.shape[2]
         a = relative_positions(s, self.head_dim, self.max_distance, q.device).to(q.dtype)  # [s, s, d]
-        scores = (q @ k.transpose(-1, -2) + torch.einsum("bhid,ijd->bhij", q, a)) / math.sqrt(self.head_dim)
+        x = (q @ k.transpose(-1, -2) + torch.einsum("bhid,ijd->bhij", q, a)) / math.sqrt(self.head_dim)
+        if scores is not None:
+            scores.append(x)
         if self.causal:
-            scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), -math.inf)
+            x = x.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), -math.inf)
         if mask is not None:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        probs = F.dropout(scores.float().softmax(-1).to(q.dtype), p)
+            x = x.masked_fill(~mask, torch.finfo(x.dtype).min)
+        probs = F.dropout(x.float().softmax(-1).to(q.dtype), p)
         return probs @ v + torch.einsum("bhij,ijd->bhid", probs, a)
 
 
@@ -180,7 +198,8 @@ class AttentionSubmodules:
 class SelfAttention(nn.Module):
     """Multi-head self-attention; each TP rank owns num_heads / tp whole heads. The fused QKV weight is laid out per
     head as [head][q, k, v][head_dim] (Megatron's layout) so a column split keeps heads whole. `core` attends;
-    `causal` overrides the config's (a decoder stack's self-attention)."""
+    `causal` overrides the config's (a decoder stack's self-attention); `scores`: a Record the core appends this
+    call's attention scores to."""
 
     def __init__(self, ctx: Context, submodules: AttentionSubmodules, causal: bool | None = None):
         super().__init__()
@@ -194,7 +213,7 @@ class SelfAttention(nn.Module):
         self.out = RowParallelLinear(a, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
                                      input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
 
-    def forward(self, x, mask, cache: dict | None = None):
+    def forward(self, x, mask, cache: dict | None = None, scores: Record | None = None):
         """`cache` (incremental decoding): this call's keys and values join those of the earlier calls."""
         b, s, _ = x.shape
         qkv, _ = self.qkv(x)
@@ -204,7 +223,7 @@ class SelfAttention(nn.Module):
                 k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
             cache.update(k=k, v=v)
         p = self.dropout if self.training else 0.0  # (inline: a graph break one call deeper splits more graphs)
-        y = on_tp_generator(self.core, q, k, v, mask, p) if p else self.core(q, k, v, mask, p)
+        y = on_tp_generator(self.core, q, k, v, mask, p, scores) if p else self.core(q, k, v, mask, p, scores)
         return self.out(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))  # (output, bias or None)
 
 
@@ -361,9 +380,13 @@ class Block(nn.Module):
             self.cross = build_module(submodules.cross_attention, ctx)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
-    def forward(self, x, mask, context=None, context_mask=None, cache: dict | None = None):
-        """`cache` (incremental decoding): {"self": {}, "cross": {}} that the attentions fill and reuse."""
+    def forward(self, x, mask, context=None, context_mask=None, cache: dict | None = None,
+                scores: Record | None = None):
+        """`cache` (incremental decoding): {"self": {}, "cross": {}} that the attentions fill and reuse; `scores`: a
+        Record the self-attention appends its scores to (`DotProductAttention`)."""
         attend = {} if cache is None else {"cache": cache["self"]}
+        if scores is not None:
+            attend["scores"] = scores
         crossed = {} if cache is None else {"cache": cache["cross"]}
         if self.pre_ln:
             x = x + self._out(*self.attn(self.attn_norm(x), mask, **attend))

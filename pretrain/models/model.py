@@ -35,7 +35,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from pretrain import kernels as K
 from pretrain.families.electra import generator_config
 from pretrain.models.config import embedding_width, padded_vocab_size
-from pretrain.models.layers import Context, Embeddings, approximation, block_spec
+from pretrain.models.layers import Context, Embeddings, Record, approximation, block_spec
 from pretrain.parallel import mcore
 
 
@@ -127,9 +127,14 @@ class Pretraining(nn.Module):
             self.add_module(name, head)
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, position_ids=None,
-               sample_index=None, attend_lo=None, attend_hi=None):
-        """Hidden states [b, s, hidden]."""
+               sample_index=None, attend_lo=None, attend_hi=None, trace: dict | None = None):
+        """Hidden states [b, s, hidden]. `trace`, {"hidden_states": [], "attention_scores": []}, takes every layer's:
+        the embeddings' output and each block's, and each block's q k^T / sqrt(d) [b, heads / tp, s, s] before the
+        mask (TinyBERT)."""
         x = self.embeddings(input_ids, token_type_ids, task_type_ids, position_ids)
+        layers = {} if trace is None else {"scores": Record()}
+        if trace is not None:
+            trace["hidden_states"].append(x)
         mask = None
         if attend_lo is not None:  # [b, 1, s, s]: each token sees the positions of its span
             mask = span_mask(attend_lo, attend_hi)[:, None]
@@ -139,16 +144,25 @@ class Pretraining(nn.Module):
             mask = attention_mask[:, None, None, :].bool()  # [b, 1, 1, s]: True = attend
         for i in range(self.cfg.num_layers):
             block = self.blocks[i % len(self.blocks)]  # one block for every layer with share_layers=all
-            x = checkpoint(block, x, mask) if i in self.checkpointed and self.training else block(x, mask)
+            x = checkpoint(block, x, mask, **layers) if i in self.checkpointed and self.training else \
+                block(x, mask, **layers)
+            if trace is not None:
+                trace["hidden_states"].append(x)
+        if trace is not None:
+            trace["attention_scores"].extend(layers["scores"].tensors)
         return self.final_norm(x) if self.cfg.norm == "pre" else x
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, *, positions=None,
-                labels=None, sample=None, hidden=False, with_hidden=False, cls_index=None, **fields):
-        """The heads' outputs (with `with_hidden`, the last hidden states too: distillation); `fields`: what `encode`
-        takes beyond the inputs (position_ids, sample_index, attend_lo, attend_hi)."""
+                labels=None, sample=None, hidden=False, with_hidden=False, layers=False, cls_index=None, **fields):
+        """The heads' outputs (with `with_hidden`, the last hidden states too: DistilBERT; with `layers`, every layer's
+        `hidden_states` and `attention_scores`, as `encode` traces them: TinyBERT); `fields`: what `encode` takes
+        beyond the inputs (position_ids, sample_index, attend_lo, attend_hi)."""
         out = {}
         if sample is not None:
             input_ids, out = self.corrupt(input_ids, attention_mask, token_type_ids, positions, sample)
+        if layers:
+            out = {**out, "hidden_states": [], "attention_scores": []}
+            fields["trace"] = out
         h = self.encode(input_ids, attention_mask, token_type_ids, task_type_ids, **fields)
         if hidden:  # the objective runs its heads on the hidden states (ERNIE 2.0)
             return {**out, "hidden": h}
@@ -249,7 +263,7 @@ def _checkpointed_layers(setting, num_layers) -> set[int]:
     return set(setting or ())
 
 
-def checkpoint(block, *args):
+def checkpoint(block, *args, **kwargs):
     """Activation checkpointing whose recomputation draws the dropout masks of the forward, eager or compiled, on
     CPU or CUDA, by construction: each of the two generators dropout draws from is set back to its state at the
     forward before the block runs again.
@@ -264,15 +278,15 @@ def checkpoint(block, *args):
     states = mcore.rng_tracker().get_states()
     ran = []
 
-    def run(*args):
+    def run(*args, **kwargs):
         if not ran:
             ran.append(True)
-            return block(*args)
+            return block(*args, **kwargs)
         current = mcore.rng_tracker().get_states()
         mcore.rng_tracker().set_states(states)
         try:
-            return block(*args)
+            return block(*args, **kwargs)
         finally:
             mcore.rng_tracker().set_states(current)
 
-    return torch_checkpoint(run, *args, use_reentrant=False)
+    return torch_checkpoint(run, *args, use_reentrant=False, **kwargs)

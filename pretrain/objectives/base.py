@@ -104,8 +104,9 @@ class Objective:
         """The sample source of `phase` over documents `docs` of the dataset `corpus` at `path`."""
         raise NotImplementedError
 
-    def heads(self, cfg) -> dict:
-        """Heads beyond the model's own (`cfg.model.heads`), {attribute: module}: the model registers them."""
+    def heads(self, cfg, frozen: bool = True) -> dict:
+        """Heads beyond the model's own (`cfg.model.heads`), {attribute: module}: the model registers them. `frozen`:
+        with those read from disk that do not train (a distillation's teacher)."""
         return {}
 
     def initialise(self, model) -> None:
@@ -114,6 +115,15 @@ class Objective:
 
     def head_parameters(self, cfg) -> int:
         """Parameters of `heads(cfg)`, counted without building them (pretrain/cost.py)."""
+        return 0
+
+    def teacher(self, cfg):
+        """The ModelConfig of a frozen model run beside the trained one (a distillation's teacher), or None; raises
+        FileNotFoundError where one is named but cannot be read here (`ptm plan` away from it)."""
+        return None
+
+    def kept_bytes(self, cfg, micro_batch: int) -> int:
+        """Activation bytes per GPU that the loss keeps beyond the model's own (TinyBERT's traced layers)."""
         return 0
 
     def streams(self) -> int:

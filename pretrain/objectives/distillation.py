@@ -35,11 +35,15 @@ class DistillConfig:
     teacher: str = opt("", "the frozen teacher: a ptm checkpoint or training out_dir, or a Hugging Face directory of a "
                            "BERT-family model (BERT, RoBERTa, ERNIE, ...)")
     temperature: float = opt(2.0, "softmax temperature of the soft targets", range="> 0")
-    soft_weight: float = opt(5.0, "weight of the soft-target cross-entropy (DistilBERT's alpha_ce)", range=">= 0")
-    mlm_weight: float = opt(2.0, "weight of the student's masked LM (alpha_mlm)", range=">= 0")
-    cosine_weight: float = opt(1.0, "weight of the hidden states' cosine loss (alpha_cos)", range=">= 0")
-    init_from_teacher: bool = opt(True, "a new student starts from the teacher's embeddings and heads and every "
-                                        "other teacher layer (student layer i = teacher layer 2i)")
+    soft_weight: float = opt(5.0, "distil: weight of the soft-target cross-entropy (DistilBERT's alpha_ce)",
+                             range=">= 0")
+    mlm_weight: float = opt(2.0, "distil: weight of the student's masked LM (alpha_mlm)", range=">= 0")
+    cosine_weight: float = opt(1.0, "distil: weight of the hidden states' cosine loss (alpha_cos)", range=">= 0")
+    init_from_teacher: bool = opt(True, "distil: a new student starts from the teacher's embeddings and heads and "
+                                        "every other teacher layer (student layer i = teacher layer 2i)")
+    layer_steps: int = opt(-1, "tinybert: optimizer steps of layer-wise distillation (embeddings, attention scores, "
+                               "hidden states) before prediction-layer distillation (soft targets) takes the rest; "
+                               "-1: all of train.steps (TinyBERT's general distillation)")
 
 
 def teacher_config(cfg):
@@ -107,39 +111,60 @@ class Distil(Masked):
     pair_task = "none"  # RoBERTa's full sentences
     section = Section("distill", DistillConfig)
     headline = ("soft_loss", "mlm_acc")
+    student_arch = "distilbert, bert"
 
     def check(self, cfg, need) -> None:
         super().check(cfg, need)
-        d = cfg.distill
-        need(bool(d.teacher), "data.objective=distil needs a teacher: set distill.teacher=PATH (a ptm checkpoint or "
-                              "run, or a Hugging Face BERT-family directory)")
-        need("mlm" in cfg.model.heads, f"data.objective=distil trains the student's mlm head but model.heads="
-                                       f"{cfg.model.heads}; use a model with an mlm head (arch distilbert, bert)")
-        need(not cfg.data.unpadded, "data.unpadded=true is not supported with data.objective=distil; remove it")
-        if d.teacher and os.path.exists(d.teacher):
-            try:
-                teacher, _ = teacher_config(cfg)
-            except Exception as e:  # noqa: BLE001 (the reader's own one-line reason)
-                need(False, f"distill.teacher={d.teacher}: {str(e).splitlines()[0]}")
-                return
-            m = cfg.model
-            need(teacher.hidden_size == m.hidden_size and "mlm" in teacher.heads,
-                 f"distill.teacher={d.teacher} has hidden size {teacher.hidden_size} and heads {teacher.heads}; the "
-                 f"cosine of hidden states and the soft targets need a teacher with an mlm head as wide as the student "
-                 f"(model.hidden_size={m.hidden_size})")
-            need(not m.vocab_size or teacher.vocab_size == m.vocab_size,
-                 f"distill.teacher={d.teacher} has {teacher.vocab_size} words, the student {m.vocab_size}: they must "
-                 f"share the tokenizer")
-            need(not d.init_from_teacher or (teacher.num_layers >= 2 * m.num_layers - 1
-                                             and teacher.ffn_hidden_size == m.ffn_hidden_size
-                                             and teacher.num_heads == m.num_heads),
-                 f"distill.init_from_teacher: student layer i takes teacher layer 2i, so a teacher of "
-                 f"{teacher.num_layers} layers (MLP {teacher.ffn_hidden_size}, {teacher.num_heads} heads) teaches at "
-                 f"most {(teacher.num_layers + 1) // 2} layers of the same shape (model.num_layers={m.num_layers}); "
-                 f"or set distill.init_from_teacher=false")
+        teacher, m = self.check_teacher(cfg, need), cfg.model
+        if teacher is None:
+            return
+        need(teacher.hidden_size == m.hidden_size,
+             f"distill.teacher={cfg.distill.teacher} has hidden size {teacher.hidden_size}; the cosine of hidden states "
+             f"needs a teacher as wide as the student (model.hidden_size={m.hidden_size}), or use "
+             f"data.objective=tinybert (a learned projection)")
+        need(not cfg.distill.init_from_teacher or (teacher.num_layers >= 2 * m.num_layers - 1
+                                                   and teacher.ffn_hidden_size == m.ffn_hidden_size
+                                                   and teacher.num_heads == m.num_heads),
+             f"distill.init_from_teacher: student layer i takes teacher layer 2i, so a teacher of "
+             f"{teacher.num_layers} layers (MLP {teacher.ffn_hidden_size}, {teacher.num_heads} heads) teaches at "
+             f"most {(teacher.num_layers + 1) // 2} layers of the same shape (model.num_layers={m.num_layers}); "
+             f"or set distill.init_from_teacher=false")
 
-    def heads(self, cfg) -> dict:
-        return {"teacher": load_teacher(cfg)}
+    def check_teacher(self, cfg, need):
+        """What every distillation asks of its teacher (given, readable, an mlm head, the student's words, split by
+        TP as the student) and student; the teacher's ModelConfig, or None where it cannot be read."""
+        d, m = cfg.distill, cfg.model
+        need(bool(d.teacher), f"data.objective={self.name} needs a teacher: set distill.teacher=PATH (a ptm checkpoint "
+                              f"or run, or a Hugging Face BERT-family directory)")
+        need("mlm" in m.heads, f"data.objective={self.name} trains the student's mlm head but model.heads={m.heads}; "
+                               f"use a model with an mlm head (arch {self.student_arch})")
+        need(not cfg.data.unpadded, f"data.unpadded=true is not supported with data.objective={self.name}; remove it")
+        if not d.teacher or not os.path.exists(d.teacher):
+            return None
+        try:
+            teacher, _ = teacher_config(cfg)
+        except Exception as e:  # noqa: BLE001 (the reader's own one-line reason)
+            need(False, f"distill.teacher={d.teacher}: {str(e).splitlines()[0]}")
+            return None
+        tp = cfg.parallel.tp
+        need("mlm" in teacher.heads and not teacher.causal,
+             f"distill.teacher={d.teacher} is not a bidirectional model with an mlm head (heads {teacher.heads}); "
+             f"the soft targets need one: pass a BERT-family teacher")
+        need(not m.vocab_size or teacher.vocab_size == m.vocab_size,
+             f"distill.teacher={d.teacher} has {teacher.vocab_size} words, the student {m.vocab_size}: they must "
+             f"share the tokenizer")
+        need(teacher.num_heads % tp == 0 and teacher.ffn_hidden_size % tp == 0,
+             f"distill.teacher={d.teacher} ({teacher.num_heads} heads, MLP {teacher.ffn_hidden_size}) does not split "
+             f"over parallel.tp={tp}: the teacher is split by TP as the student; choose a TP that divides both")
+        return teacher
+
+    def heads(self, cfg, frozen: bool = True) -> dict:
+        return {"teacher": load_teacher(cfg)} if frozen else {}
+
+    def teacher(self, cfg):
+        if not os.path.exists(cfg.distill.teacher):
+            raise FileNotFoundError(f"distill.teacher={cfg.distill.teacher} is not here")
+        return teacher_config(cfg)[0]
 
     def initialise(self, model) -> None:
         """Student layer i <- teacher layer 2i; embeddings and the MLM head <- the teacher's (the student has no
@@ -177,7 +202,8 @@ class Distil(Masked):
         out = model(ids, mask, positions=masked, with_hidden=True)
         with torch.no_grad():
             teacher = model.teacher(ids, mask, batch.get("token_type_ids"), positions=masked, with_hidden=True)
-        soft = losses.soft_cross_entropy(out["logits"], teacher["logits"], d.temperature)
+        soft = losses.soft_cross_entropy(out["logits"], teacher["logits"], d.temperature)  # before the cross-entropies,
+        # which overwrite fp32 logits in place (kernels.cross_entropy)
         s, t = losses.pick(out["hidden"], tokens, 2), losses.pick(teacher["hidden"], tokens, 2)
         cos = (1 - F.cosine_similarity(s.float(), t.float(), dim=-1)).sum()
         mlm = losses.token_term(out["logits"], target)

@@ -104,7 +104,7 @@ class Ernie(Masked):
         return ErnieDataset(path, self.cfg.data.seq_len, self.masker(corpus, phase), tasks=phase.tasks,
                             task_data=self.cfg.ernie.task_data, seed=self.cfg.seed, docs=docs, cache_dir=cache_dir)
 
-    def heads(self, cfg) -> dict:
+    def heads(self, cfg, frozen: bool = True) -> dict:
         """`tasks`: a classifier per token task (`tasks.token`) and per sequence task (`tasks.sequence`, on the pooled
         [CLS] state; the labelled tasks with their datasets' classes). ptm-only: the Hugging Face export keeps the MLM
         and NSP heads."""
