@@ -231,3 +231,30 @@ def test_a_missing_teacher_is_named_in_one_line(train_data, tmp_path):
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert f"distill.teacher={tmp_path / 'nowhere'} does not exist" in last and "Traceback" not in proc.stderr, last
+
+
+def test_plan_counts_a_teacher_it_can_read_and_names_one_it_cannot(train_data, bert_teacher, tmp_path):
+    """`ptm plan` shows the frozen teacher's parameters (those of the teacher the trainer builds) and its weights' row
+    (bf16, split over 4 data-parallel ranks by ZeRO-3); a teacher that is not on this machine is named, not counted."""
+    from conftest import run_cli
+
+    from pretrain import plan
+    from pretrain.config import load
+    from pretrain.train import Trainer
+
+    sets = [f"data.path={train_data}", "precision=bf16", "zero.stage=3", "distill.layer_steps=-1"]
+    shown = run_cli("pretrain", "plan", "--config", "tinybert-tiny", "--gpus", "4", "--set", *sets,
+                    f"distill.teacher={bert_teacher}").stdout
+    trainer = Trainer(load("tinybert-tiny", [*sets[:1], *COMMON, f"distill.teacher={bert_teacher}",
+                                             f"out_dir={tmp_path / 'run'}", "train.steps=1", "distill.layer_steps=-1"]))
+    n = sum(p.numel() for p in trainer.model.teacher.parameters())
+    trainer.close()
+    assert f"teacher: {n / 1e6:.1f}M parameters per TP rank, frozen" in shown
+    assert any(line.startswith("frozen teacher") for line in shown.splitlines())
+    cfg = load("tinybert-tiny", [*sets, f"distill.teacher={bert_teacher}"])
+    plan._resolve_vocab(cfg, None)  # the dataset's, as `ptm plan` reads it
+    assert plan.estimate(cfg, 4).teacher == 2 * n // 4
+    missing = run_cli("pretrain", "plan", "--config", "tinybert-tiny", "--set", *sets,
+                      f"distill.teacher={tmp_path / 'nowhere'}").stdout
+    assert f"distill.teacher={tmp_path / 'nowhere'} is not here: its weights are not counted" in missing
+    assert "frozen teacher" not in missing
