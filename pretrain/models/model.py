@@ -132,7 +132,7 @@ class Pretraining(nn.Module):
         the embeddings' output and each block's, and each block's q k^T / sqrt(d) [b, heads / tp, s, s] before the
         mask (TinyBERT)."""
         x = self.embeddings(input_ids, token_type_ids, task_type_ids, position_ids)
-        layers = {} if trace is None else {"scores": Record()}
+        record = {} if trace is None else {"scores": Record()}
         if trace is not None:
             trace["hidden_states"].append(x)
         mask = None
@@ -144,12 +144,12 @@ class Pretraining(nn.Module):
             mask = attention_mask[:, None, None, :].bool()  # [b, 1, 1, s]: True = attend
         for i in range(self.cfg.num_layers):
             block = self.blocks[i % len(self.blocks)]  # one block for every layer with share_layers=all
-            x = checkpoint(block, x, mask, **layers) if i in self.checkpointed and self.training else \
-                block(x, mask, **layers)
+            x = checkpoint(block, x, mask, **record) if i in self.checkpointed and self.training else \
+                block(x, mask, **record)
             if trace is not None:
                 trace["hidden_states"].append(x)
         if trace is not None:
-            trace["attention_scores"].extend(layers["scores"].tensors)
+            trace["attention_scores"].extend(record["scores"].tensors)
         return self.final_norm(x) if self.cfg.norm == "pre" else x
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, *, positions=None,

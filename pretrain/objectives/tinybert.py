@@ -82,13 +82,20 @@ class TinyBert(Distil):
         width (initialised as the model's linears)."""
         from torch import nn
 
-        fit = nn.Linear(cfg.model.hidden_size, teacher_width(cfg))
+        fit = nn.Linear(cfg.model.hidden_size, self.teacher_or_student(cfg).hidden_size)
         nn.init.normal_(fit.weight, std=cfg.model.init_std)
         nn.init.zeros_(fit.bias)
         return {**super().heads(cfg, frozen), "fit": fit}
 
     def head_parameters(self, cfg) -> int:
-        return (cfg.model.hidden_size + 1) * teacher_width(cfg)
+        return (cfg.model.hidden_size + 1) * self.teacher_or_student(cfg).hidden_size
+
+    def teacher_or_student(self, cfg):
+        """The teacher's ModelConfig; where it cannot be read (`ptm plan` away from it), the student's in its place."""
+        try:
+            return self.teacher(cfg)
+        except FileNotFoundError:
+            return cfg.model
 
     def initialise(self, model) -> None:
         """TinyBERT's student starts at random."""
@@ -99,10 +106,7 @@ class TinyBert(Distil):
         of the mapped layers' (each rank its heads)."""
         m, s, b, t = cfg.model, cfg.data.seq_len, micro_batch, cfg.parallel.tp
         size = 4 if cfg.precision == "fp32" else 2
-        try:
-            teacher = self.teacher(cfg)
-        except FileNotFoundError:
-            teacher = m
+        teacher = self.teacher_or_student(cfg)
         scores = b * s * s * m.num_heads // t
         return (teacher.num_layers * (b * s * teacher.hidden_size + scores) * size
                 + m.num_layers * (scores * (size + 4) + b * s * teacher.hidden_size * 4))
@@ -186,15 +190,6 @@ def squared_error(fit, student, teacher, attention_mask):
     """The squared error of the projected student states and the teacher's, summed over the real tokens and averaged
     over the teacher's width."""
     return ((fit(student).float() - teacher.float()) ** 2 * attention_mask[..., None]).sum() / teacher.shape[-1]
-
-
-def teacher_width(cfg) -> int:
-    """The teacher's hidden size; where its config cannot be read (`ptm plan` away from it), the student's."""
-    import os
-
-    from pretrain.objectives.distillation import teacher_config
-
-    return teacher_config(cfg)[0].hidden_size if os.path.exists(cfg.distill.teacher) else cfg.model.hidden_size
 
 
 OBJECTIVES = (TinyBert(),)
