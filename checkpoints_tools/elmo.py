@@ -85,16 +85,27 @@ def to_files(state: dict, cfg: ModelConfig) -> tuple[dict, dict[str, np.ndarray]
 def from_files(options: dict, weights: dict[str, np.ndarray], vocab_size: int = 0) -> tuple[ModelConfig, dict, list[str]]:
     """(the ptm model config, its state dict, the parameters the files lacked) of bilm-tf's options and weights
     (`vocab_size`: the vocabulary file's, where the weights have no softmax)."""
-    lstm, cnn = options["lstm"], options["char_cnn"]
-    if not lstm.get("use_skip_connections", False) and lstm["n_layers"] > 1:
-        raise C.CheckpointError("options.json: use_skip_connections is false; ptm's ELMo (as AllenNLP's) adds each "
-                                "layer's input from the second layer on")
-    vocab = len(weights["softmax/W"]) if "softmax/W" in weights else options.get("n_tokens_vocab") or vocab_size
-    cfg = ModelConfig(arch="elmo", vocab_size=vocab, vocab_pad_to=1, hidden_size=lstm["projection_dim"],
-                      ffn_hidden_size=lstm["dim"], num_layers=lstm["n_layers"], num_heads=1, type_vocab_size=0,
-                      char_filters=[list(f) for f in cnn["filters"]], char_embedding_size=cnn["embedding"]["dim"],
-                      highway_layers=cnn.get("n_highway", 0) or 0, cell_clip=lstm.get("cell_clip") or 0.0,
-                      proj_clip=lstm.get("proj_clip") or 0.0, activation=cnn["activation"])
+    try:
+        lstm, cnn = options["lstm"], options["char_cnn"]
+        if not lstm.get("use_skip_connections", False) and lstm["n_layers"] > 1:
+            raise C.CheckpointError("options.json: use_skip_connections is false; ptm's ELMo (as AllenNLP's) adds "
+                                    "each layer's input from the second layer on")
+        vocab = len(weights["softmax/W"]) if "softmax/W" in weights else options.get("n_tokens_vocab") or vocab_size
+        cfg = ModelConfig(arch="elmo", vocab_size=vocab, vocab_pad_to=1, hidden_size=lstm["projection_dim"],
+                          ffn_hidden_size=lstm["dim"], num_layers=lstm["n_layers"], num_heads=1, type_vocab_size=0,
+                          char_filters=[list(f) for f in cnn["filters"]], char_embedding_size=cnn["embedding"]["dim"],
+                          highway_layers=cnn.get("n_highway", 0) or 0, cell_clip=lstm.get("cell_clip") or 0.0,
+                          proj_clip=lstm.get("proj_clip") or 0.0, activation=cnn["activation"])
+    except (KeyError, TypeError, AttributeError) as e:
+        what = f"has no {e.args[0]!r}" if isinstance(e, KeyError) else "has another structure"
+        raise C.CheckpointError(f"options.json {what}: it is not bilm-tf's ELMo options (lstm, char_cnn); pass the "
+                                "options.json that came with weights.hdf5") from None
+    lacking = [name for _, (name, _) in key_map(cfg).items() if name not in weights and not name.startswith("softmax/")]
+    lacking += [name for _, _, name in kernels(cfg) if name not in weights]
+    if lacking:
+        raise C.CheckpointError(f"weights.hdf5 has no {lacking[0]} ({len(lacking)} datasets missing) that "
+                                "options.json's model has: the two files are not one model's; pass the files exported "
+                                "together")
     w = {k: torch.from_numpy(np.asarray(a, dtype=np.float32)) for k, a in weights.items()}
     state = {k: move[1](w[name]).contiguous() for k, (name, move) in key_map(cfg).items() if name in w}
     for inputs, recurrent, name in kernels(cfg):
@@ -138,15 +149,35 @@ def to_elmo(ckpt_or_run: str, out: str) -> str:
 
 
 def read_files(elmo_dir: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """options.json and every dataset of weights.hdf5 ({name: array}) in `elmo_dir`."""
+    """options.json and every dataset of weights.hdf5 ({name: array}) in `elmo_dir`; a file that does not read is a
+    CheckpointError naming it."""
     import h5py
 
-    with open(os.path.join(elmo_dir, "options.json")) as f:
-        options = json.load(f)
-    weights = {}
-    with h5py.File(os.path.join(elmo_dir, "weights.hdf5"), "r") as f:
-        f.visititems(lambda name, node: weights.__setitem__(name, node[()]) if isinstance(node, h5py.Dataset) else None)
+    fix = "export it again (`ptm convert to-elmo`) or download the model's files again"
+    path = os.path.join(elmo_dir, "options.json")
+    try:
+        with open(path) as f:
+            options = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not even text
+        raise C.CheckpointError(f"{path} is unreadable ({str(e).splitlines()[0]}); {fix}") from None
+    weights, path = {}, os.path.join(elmo_dir, "weights.hdf5")
+    try:
+        with h5py.File(path, "r") as f:
+            f.visititems(lambda name, node: weights.__setitem__(name, node[()]) if isinstance(node, h5py.Dataset)
+                         else None)
+    except OSError as e:  # h5py's truncated or foreign file: "Unable to synchronously open file (...)"
+        raise C.CheckpointError(f"{path} is not a readable HDF5 file ({str(e).splitlines()[0]}): truncated or "
+                                f"damaged; {fix}") from None
     return options, weights
+
+
+def read_model(elmo_dir: str, vocab_size: int = 0) -> tuple[ModelConfig, dict, list[str]]:
+    """`from_files` of the files in `elmo_dir`, its errors naming the directory."""
+    options, weights = read_files(elmo_dir)
+    try:
+        return from_files(options, weights, vocab_size)
+    except C.CheckpointError as e:
+        raise C.CheckpointError(f"{elmo_dir}/{e}") from None
 
 
 def from_elmo(elmo_dir: str, out: str) -> tuple[str, list[str]]:
@@ -157,10 +188,9 @@ def from_elmo(elmo_dir: str, out: str) -> tuple[str, list[str]]:
         if not os.path.isfile(os.path.join(elmo_dir, name)):
             raise C.CheckpointError(f"{elmo_dir} has no {name}: an ELMo directory holds options.json, weights.hdf5 "
                                     f"and vocab.txt (bilm-tf's files, or `ptm convert to-elmo`)")
-    options, weights = read_files(elmo_dir)
-    with open(os.path.join(elmo_dir, "vocab.txt"), encoding="utf-8") as f:
+    with open(os.path.join(elmo_dir, "vocab.txt"), encoding="utf-8", errors="replace") as f:
         words = sum(1 for _ in f)
-    cfg, state, missing = from_files(options, weights, words)
+    cfg, state, missing = read_model(elmo_dir, words)
     os.makedirs(os.path.join(out, "tokenizer"), exist_ok=True)
     C.save_model(out, state)
     for name in TOKENIZER_FILES:

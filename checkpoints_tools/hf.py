@@ -29,6 +29,9 @@ def hf_config(cfg: ModelConfig, special: dict):
 
 # ---- tokenizers -------------------------------------------------------------------------------------
 
+TEMPLATES = ("bert", "roberta", "none", "t5", "xlnet")  # the special-token templates an adapter's `tokenizer` names
+
+
 def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int) -> None:
     """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json) with the
     family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's; t5:
@@ -36,6 +39,8 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     the original files are copied too, so `from-hf` brings the same tokenizer back."""
     import transformers
 
+    if template not in TEMPLATES:
+        raise ValueError(f"tokenizer template {template!r} is not one of {' | '.join(TEMPLATES)}")
     with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
         meta = json.load(f)
     files = [os.path.join(tok_dir, name) for name in meta["files"]]
@@ -160,6 +165,10 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     ckpt = C.check_complete(C.resolve(ckpt_or_run))
     meta = C.read_meta(ckpt)
     cfg = C.model_config(meta)
+    if families.get(cfg.arch).adapter is None:  # a character CNN is what to_elmo exports
+        fix = ("export it with `ptm convert to-elmo` (bilm-tf's files, which AllenNLP reads)" if cfg.char_filters
+               else "keep the model in ptm's format")
+        raise C.CheckpointError(f"{ckpt} holds model.arch={cfg.arch}, which has no Hugging Face class; {fix}")
     family = adapter(cfg.arch)
     models = family.models(cfg)
     problems = [p for _, m, _ in models for p in family.problems(m)]
@@ -203,6 +212,10 @@ def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
         raise C.CheckpointError(f"{hf_dir} {what}: not a Hugging Face model directory; pass the directory that "
                                 "save_pretrained wrote (config.json, weights, tokenizer files)")
     family, hf_cfg = read_config(hf_dir)
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    if not any(os.path.isfile(os.path.join(hf_dir, w)) for w in weights):
+        raise C.CheckpointError(f"{hf_dir} has config.json but no weights ({' or '.join(weights[::2])}); pass the "
+                                "whole directory that save_pretrained wrote")
     try:
         cfg = ModelConfig(**family.read_model_config(hf_dir, hf_cfg, read_config))
     except families.ExportError as e:
@@ -224,8 +237,13 @@ def read_config(hf_dir: str):
     as NEZHA's, reads it with that class: transformers does not know the model type)."""
     import transformers
 
-    with open(os.path.join(hf_dir, "config.json")) as f:
-        model_type = json.load(f).get("model_type")
+    path = os.path.join(hf_dir, "config.json")
+    try:
+        with open(path) as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:  # not JSON, not text, or not an object
+        raise C.CheckpointError(f"{path} is not a readable config ({str(e).splitlines()[0] or type(e).__name__}); "
+                                "save the model again (save_pretrained) or download it again") from None
     family = families.by_model_type(model_type)
     if family is None:
         known = ", ".join(f.adapter.model_type for f in families.REGISTRY.values() if f.adapter)
@@ -263,7 +281,11 @@ def _new_model(cfg: ModelConfig, shared: tuple[str, ...]) -> dict:
 def _import_weights(family: families.Adapter, cfg: ModelConfig, hf_dir: str, cls: str) -> tuple[dict, list[str]]:
     """The ptm state dict of the HF model `cls` in `hf_dir`, and what HF lacked (initialised)."""
     torch.manual_seed(0)
-    model, info = family.hf_model_class(cls).from_pretrained(hf_dir, output_loading_info=True)
+    try:
+        model, info = family.hf_model_class(cls).from_pretrained(hf_dir, output_loading_info=True)
+    except Exception as e:  # safetensors', torch's or transformers' own reasons a file does not load
+        raise C.CheckpointError(f"{hf_dir}: transformers cannot load the weights ({str(e).splitlines()[0]}); the files "
+                                "are damaged or incomplete: save the model again or download it again") from None
     state, missing = family.from_hf(model.state_dict(), cfg.num_layers, cfg.num_heads, cfg.vocab_size,
                                     task_types=cfg.task_type_vocab_size > 0)
     ours = set(_param_names(cfg))  # a key map may name parameters this model does not have (another head)

@@ -25,6 +25,9 @@ def reshard(src: str, out: str, tp: int = 1, weights_only: bool = False) -> str:
                                 f"choose a --tp that divides {', '.join(sizes)}")
     if os.path.exists(os.path.join(out, "meta.json")):
         raise C.CheckpointError(f"{out} already holds a checkpoint; choose another --out or remove it")
+    if os.path.isdir(out) and os.listdir(out):
+        raise C.CheckpointError(f"{out} is a directory that is not empty; the checkpoint is written as a whole new "
+                                "directory: choose another --out")
     tmp = out.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     kinds = [k for k in C.KINDS if pieces.has(k) and (k == "param" or not weights_only)]

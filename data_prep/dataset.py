@@ -68,8 +68,15 @@ class Corpus:
         if not os.path.isfile(manifest):
             raise PrepError(f"{path} is not a finished ptm dataset (no manifest.json); build it with "
                             "`python -m data_prep build`, or re-run an interrupted build to complete it")
-        with open(manifest) as f:
-            self.manifest = json.load(f)
+        try:
+            with open(manifest) as f:
+                self.manifest = json.load(f)
+        except (OSError, ValueError) as e:  # ValueError: not JSON, or not even text
+            raise PrepError(f"{manifest} is unreadable ({str(e).splitlines()[0]}); the dataset is damaged: run "
+                            f"`python -m data_prep verify {path}` and rebuild it") from None
+        if not isinstance(self.manifest, dict) or not {"shards", "tokenizer"} <= self.manifest.keys():
+            raise PrepError(f"{manifest} is not a ptm dataset's manifest (another tool's?); pass a dataset built by "
+                            "`python -m data_prep build`")
         self.path = path
         self.shards = [_Shard(path, s) for s in self.manifest["shards"]]
         counts = [s.batch.num_rows for s in self.shards]

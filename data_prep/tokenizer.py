@@ -210,9 +210,7 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
     if os.path.isdir(path):
         for sub in (path, os.path.join(path, "tokenizer")):
             if os.path.isfile(os.path.join(sub, META)):
-                with open(os.path.join(sub, META)) as f:
-                    m = json.load(f)
-                return Tokenizer(m["kind"], sub, m["files"], m["lowercase"], threads, m.get("sentinels", 0))
+                return _opened(os.path.join(sub, META), lambda: _from_meta(sub, threads))
         names = sorted(os.listdir(path))
         models = [n for n in names if n.endswith(".model")]
         for candidate in (*models, "vocab.txt", "vocab.json"):
@@ -221,14 +219,33 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
         raise PrepError(f"no tokenizer in {path}: expected a .model, vocab.txt or vocab.json + merges.txt")
     directory, name = os.path.split(os.path.abspath(path))
     if name.endswith(".model"):
-        return Tokenizer("sentencepiece", directory, [name], threads=threads)
+        return _opened(path, lambda: Tokenizer("sentencepiece", directory, [name], threads=threads))
     if name.endswith(".txt"):
-        return Tokenizer("wordpiece", directory, [name], lowercase=_vocab_is_uncased(path), threads=threads)
+        return _opened(path, lambda: Tokenizer("wordpiece", directory, [name], lowercase=_vocab_is_uncased(path),
+                                               threads=threads))
     if name.endswith(".json"):
         if not os.path.isfile(os.path.join(directory, "merges.txt")):
             raise PrepError(f"GPT-2 BPE vocabulary {path} needs merges.txt beside it")
-        return Tokenizer("bpe", directory, [name, "merges.txt"], threads=threads)
+        return _opened(path, lambda: Tokenizer("bpe", directory, [name, "merges.txt"], threads=threads))
     raise PrepError(f"cannot tell what tokenizer {path} is; pass a .model, vocab.txt or vocab.json")
+
+
+def _from_meta(directory: str, threads: int) -> Tokenizer:
+    with open(os.path.join(directory, META)) as f:
+        m = json.load(f)
+    return Tokenizer(m["kind"], directory, m["files"], m["lowercase"], threads, m.get("sentinels", 0))
+
+
+def _opened(path: str, make) -> Tokenizer:
+    """`make()`, a tokenizer file that does not load (truncated, another format) a PrepError naming `path`."""
+    try:
+        return make()
+    except PrepError:
+        raise
+    except Exception as e:  # sentencepiece's RuntimeError, tokenizers' Exception, JSON, a missing or binary file
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PrepError(f"{path}: the tokenizer does not load ({reason}); it is truncated or not a tokenizer file: "
+                        "copy or rebuild it, or pass another tokenizer") from None
 
 
 def train_sentencepiece(sentences: list[str], directory: str, *, vocab_size: int, model_type: str,

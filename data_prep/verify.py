@@ -89,7 +89,7 @@ def verify(directory: str) -> list[str]:
         with open(mpath) as f:
             m = json.load(f)
         shards, vocab = m["shards"], m["vocab_size"]
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, or not a ptm manifest (another tool's)
         return [f"{mpath}: unreadable manifest ({e})"]
     if m.get("format_version") != FORMAT_VERSION:
         return [f"{mpath}: format_version {m.get('format_version')} is not {FORMAT_VERSION}"]

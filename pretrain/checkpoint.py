@@ -41,6 +41,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pretrain import device as dev
+from pretrain import signals
 from pretrain.families.base import VOCAB_ROWS
 from pretrain.models.config import FEATURES, ModelConfig
 from ptm.files import fsync_dir, sha256_file, write_json, write_text
@@ -61,20 +62,33 @@ def resolve(path: str) -> str:
         return path
     pointer = os.path.join(path, "checkpoints", LATEST)
     if os.path.isfile(pointer):
-        with open(pointer) as f:
-            return os.path.join(path, "checkpoints", f.read().strip())
+        with open(pointer, errors="replace") as f:
+            name = f.read().strip()
+        if not os.path.isdir(os.path.join(path, "checkpoints", name)):
+            raise CheckpointError(f"{pointer} names {name!r}, which is not a checkpoint of this run; pass one of its "
+                                  f"checkpoints/step_N directories")
+        return os.path.join(path, "checkpoints", name)
     raise CheckpointError(f"{path} is neither a ptm checkpoint (no meta.json) nor a run directory with "
                           f"checkpoints/{LATEST}; pass a checkpoint directory or a training out_dir")
 
 
-def read_meta(ckpt: str) -> dict:
+def _meta(ckpt: str) -> tuple[dict | None, str | None, str | None]:
+    """(meta.json, None, None), or (None, what is wrong with it naming the file, the fix)."""
+    path = os.path.join(ckpt, "meta.json")
     try:
-        with open(os.path.join(ckpt, "meta.json")) as f:
+        with open(path) as f:
             meta = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{ckpt}/meta.json is unreadable ({e}); use another checkpoint") from None
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise CheckpointError(f"{ckpt}/meta.json is not a {FORMAT} v{VERSION} file; convert it with this ptm version")
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not even text
+        return None, f"{path} is unreadable ({str(e).splitlines()[0]})", "use another checkpoint"
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        return None, f"{path} is not a {FORMAT} v{VERSION} file", "convert it with this ptm version"
+    return meta, None, None
+
+
+def read_meta(ckpt: str) -> dict:
+    meta, problem, fix = _meta(ckpt)
+    if problem:
+        raise CheckpointError(f"{problem}; {fix}")
     return meta
 
 
@@ -155,10 +169,9 @@ def verify(ckpt: str, rank: int = 0, world: int = 1, hashes: bool = True) -> str
     """What is wrong with `ckpt` (a one-line reason naming the file), or None when it is complete: meta.json
     readable, every file it records present with its size, and (with `hashes`, this rank's share `rank::world`
     of them) its sha256."""
-    try:
-        meta = read_meta(ckpt)
-    except CheckpointError as e:
-        return str(e)
+    meta, problem, _ = _meta(ckpt)
+    if problem:
+        return problem
     files = meta.get("files")
     if files is None:  # written before ptm recorded files: each shard must at least open
         folder = os.path.join(ckpt, "shards")
@@ -482,6 +495,7 @@ class Checkpoints:
             written.append(path)
         rng = os.path.join(tmp, "rng", f"rank{dist.get_rank():05d}.pt")
         torch.save(_rng_states(), rng)
+        signals.pause("checkpoint")
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, file_records(tmp, [*written, rng]))
         if rank0:

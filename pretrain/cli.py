@@ -14,7 +14,7 @@ def parser() -> argparse.ArgumentParser:
     from pretrain.config import describe
 
     prog = sys.argv[0] if sys.argv[0].split(" ")[0] == "ptm" else "python -m pretrain"
-    ap = argparse.ArgumentParser(prog=prog, description="Pretrain BERT, GPT-2 and ERNIE models.")
+    ap = argparse.ArgumentParser(prog=prog, description="Pretrain a model of any family of configs/ (BERT, GPT-2, ERNIE, RoBERTa, ALBERT, ELECTRA, NEZHA, UniLM, T5, BART, MASS, XLNet, ELMo, DistilBERT, TinyBERT, ...).")
     ap.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # the deepspeed launcher adds it
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     t = sub.add_parser(
@@ -56,24 +56,28 @@ def main(argv=None) -> None:
 
         sys.exit(run(a))
     if a.command == "report":
-        from pretrain.report import report
+        from pretrain.report import ReportError, report
 
         try:
             print(f"wrote {report(a.run_dir, a.out)}")
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ReportError) as e:
             sys.exit(f"pretrain: error: {e}")
         summary = os.path.join(a.run_dir, "summary.json")
         if os.path.isfile(summary):
             print(open(summary).read())
         return
     if a.command == "elmo":
+        from pretrain.checkpoint import CheckpointError
         from pretrain.elmo import describe
 
-        print(describe(a.path, a.text))
+        try:
+            print(describe(a.path, a.text))
+        except CheckpointError as e:
+            sys.exit("\n".join(f"pretrain: error: {line}" for line in str(e).splitlines()))
         return
     from pretrain import signals
 
-    signals.watch()  # before the slow imports: a stop signal during start-up is kept for the first step
+    signals.watch()  # (`python -m pretrain train` has blocked them at its first line: pretrain/__main__.py)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d's retry warnings carry C++ stacks; errors stay
     import torch
 
@@ -110,8 +114,13 @@ def main(argv=None) -> None:
         if _rank() == 0:
             print(f"pretrain: {e}", file=sys.stderr)
         sys.exit(PREEMPTED)
-    except RuntimeError as e:
-        if not _lost_contact(e, torch.distributed.DistError):
+    except Exception as e:
+        if signals.received:  # a peer or a child that died of the stop signal before it was blocked, or any failure
+            line, code = signals.stopped_during(heartbeat.first_line(e))
+            if _rank() == 0:
+                print(line, file=sys.stderr)
+            sys.exit(code)
+        if not isinstance(e, RuntimeError) or not _lost_contact(e, torch.distributed.DistError):
             raise
         print(heartbeat.lost_contact(_rank(), f"{heartbeat.first_line(e)}; the launcher's log names the rank that "
                                               "failed"), file=sys.stderr)

@@ -258,6 +258,8 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(dp >= 1, f"data-parallel size {dp} must be positive; launch at least parallel.tp processes")
     errors.need(cfg.data.paths and all(cfg.data.paths),
                 "data.path is empty; set data.path=DIR (a dataset built by `ptm prep`) or a list of them")
+    errors.need(not os.path.exists(cfg.out_dir) or os.path.isdir(cfg.out_dir),
+                f"out_dir={cfg.out_dir} is a file; set out_dir to a directory (a new one, or a run's to resume it)")
     return errors
 
 

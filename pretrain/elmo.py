@@ -56,19 +56,27 @@ class ELMoEmbedder(nn.Module):
 
     @classmethod
     def load(cls, path: str, mixes: int = 1, layer_norm: bool = False) -> "ELMoEmbedder":
-        """From a ptm checkpoint (or a run's latest) or a directory of bilm-tf's options.json + weights.hdf5."""
+        """From a ptm checkpoint (or a run's latest) or a directory of bilm-tf's options.json + weights.hdf5; anything
+        else is a CheckpointError naming it."""
+        from pretrain import checkpoint as C
         from pretrain.models.elmo import ELMo
         from pretrain.parallel import mcore
 
+        takes = ("an ELMo checkpoint or run (model.arch=elmo), or a directory of bilm-tf's options.json + "
+                 "weights.hdf5 (`ptm convert to-elmo`)")
         if os.path.isfile(os.path.join(path, "options.json")):
-            from checkpoints_tools.elmo import from_files, read_files
+            from checkpoints_tools.elmo import read_model
 
-            cfg, state, _ = from_files(*read_files(path), 1)
+            cfg, state, _ = read_model(path, 1)
         else:
-            from pretrain import checkpoint as C
-
-            ckpt = C.check_complete(C.resolve(path))
-            cfg, state = C.model_config(C.read_meta(ckpt)), C.load_full_model(ckpt)
+            try:
+                ckpt = C.resolve(path)
+            except C.CheckpointError:
+                raise C.CheckpointError(f"{path} holds no ELMo; pass {takes}") from None
+            cfg = C.model_config(C.read_meta(C.check_complete(ckpt)))
+            if not cfg.char_filters:  # the ELMo family's model: a character CNN and LSTMs
+                raise C.CheckpointError(f"{ckpt} holds model.arch={cfg.arch}, not an ELMo; pass {takes}")
+            state = C.load_full_model(ckpt)
         cfg.hidden_dropout = 0.0
         bilm = ELMo(cfg, tp=mcore.OneRank())
         bilm.load_state_dict({k: v[:len(bilm.state_dict()[k])] for k, v in state.items()})

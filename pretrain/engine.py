@@ -7,14 +7,18 @@ choose the kernels. The model stays unaware of all of it; what was decided comes
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import sys
 from dataclasses import dataclass
 
 import deepspeed
 from deepspeed.accelerator import get_accelerator
 
 from pretrain import kernels as K
+from pretrain import signals
 from pretrain.config import Config, ConfigError
 from pretrain.optim import Lamb
 from pretrain.parallel import mcore, multi_tensor
@@ -107,6 +111,23 @@ def _allow_half_on_cpu() -> None:
         accelerator.is_fp16_supported = lambda: True
 
 
+def _nothing_to_build() -> None:
+    """A job start compiles nothing: a build is a child process that a stop signal kills, it costs every restart, and
+    two installations sharing torch's extensions cache (~/.cache/torch_extensions) race on it. The one op DeepSpeed
+    JIT-builds as a run starts is its CPU shared-memory all-reduce (`deepspeed_shm_comm`, ~40 s), which serves only
+    `inference_all_reduce` (DeepSpeed-Inference's AutoTP layers); ptm's training reduces through torch.distributed
+    and megatron-core, so ptm marks the op unavailable (DeepSpeed's own switch: its comm backend then keeps torch's
+    all-reduce). Anything else that JIT-builds (an optimizer op a user's DeepSpeed JSON asks for) builds in a
+    directory of this installation's own, unless TORCH_EXTENSIONS_DIR says otherwise."""
+    import deepspeed.ops
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(
+        os.path.expanduser("~"), ".cache", "torch_extensions", "ptm-" + hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]))
+    shm = get_accelerator().get_op_builder("ShareMemCommBuilder")
+    if shm is not None:
+        deepspeed.ops.__compatible_ops__[shm.NAME] = False
+
+
 @dataclass
 class Parallelized:
     """What the parallelize step decided: the DeepSpeed engine, the layout of its optimizer's tensors (ZeRO
@@ -135,6 +156,8 @@ def build(cfg: Config, model, optimizer, scheduler) -> Parallelized:
     partitioning."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     _allow_half_on_cpu()
+    _nothing_to_build()
+    signals.pause("build")
     kernels = cfg.kernels_on(next(model.parameters()).device.type == "cuda")
     if kernels == "compile":
         K.compile_model(model, dynamic=cfg.data.unpadded)

@@ -38,6 +38,8 @@ import time
 
 import torch.distributed as dist
 
+from pretrain import signals
+
 LOST_CONTACT = 4  # the exit status of a rank that lost contact with the others
 NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_BLOCKING_WAIT": "0"}
 
@@ -169,8 +171,11 @@ class Heartbeat:
                     post = threading.Thread(target=self._post, args=(reason,), daemon=True)
                     post.start()
                     post.join(self.interval_s)
-                os.write(2, (lost_contact(self.rank, reason) + "\n").encode())
-                os._exit(LOST_CONTACT)
+                line, code = signals.stopped_during(reason) if signals.received else (
+                    lost_contact(self.rank, reason), LOST_CONTACT)
+                if code == LOST_CONTACT or self.rank == 0:
+                    os.write(2, (line + "\n").encode())
+                os._exit(code)
 
     def _post(self, reason: str) -> None:
         try:

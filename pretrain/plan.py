@@ -308,7 +308,7 @@ def _checkpoint_time(cfg: Config, plan: Plan, world_size: int, gpus_per_node: in
     lead = max(120, math.ceil((2 * seconds + 60) / 30) * 30)
     return (f"\ncheckpoint: {_gib(per_process * writers)} GiB in all, up to {_gib(per_node)} GiB per node of "
             f"{gpus_per_node} GPUs: about {seconds:.0f} s at {write_gbps:g} GB/s per node; ask Slurm for the warning "
-            f"at least that plus one step before the time limit: sbatch --signal=USR1@{lead} (slurm/pretrain.sbatch)")
+            f"at least that plus one step before the time limit: sbatch --signal=B:USR1@{lead} (slurm/pretrain.sbatch)")
 
 
 def _suggestions(cfg: Config, plan: Plan, world_size: int) -> list[tuple[dict, Plan]]:

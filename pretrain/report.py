@@ -13,15 +13,28 @@ PANELS = (  # (title, keys from the training rows, validation too)
 )
 
 
+class ReportError(ValueError):
+    """A log or output that cannot be used; the message names it and the fix."""
+
+
 def _rows(path: str) -> list[dict]:
-    """A jsonl log, the last row of each step winning (a resumed run logs the steps after its checkpoint again)."""
+    """A jsonl log, the last row of each step winning (a resumed run logs the steps after its checkpoint again); a
+    last line cut short (the run killed while writing it) is left out."""
     if not os.path.isfile(path):
         return []
     by_step = {}
-    with open(path) as f:
-        for line in f:
-            row = json.loads(line)
-            by_step[row["step"]] = row
+    with open(path, errors="replace") as f:
+        lines = f.read().split("\n")
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line) if line.strip() else None
+            if row is not None:
+                by_step[row["step"]] = row
+        except (ValueError, KeyError, TypeError):
+            if number == len(lines):  # after the last newline: a row being written
+                break
+            raise ReportError(f"{path}:{number} is not a ptm log row (JSON with a step); pass a run's out_dir, or "
+                              "remove that line if the file was edited") from None
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -35,6 +48,9 @@ def report(run_dir: str, out: str | None = None) -> str:
     train, valid = _rows(os.path.join(run_dir, "metrics.jsonl")), _rows(os.path.join(run_dir, "valid.jsonl"))
     if not train:
         raise FileNotFoundError(f"{run_dir}/metrics.jsonl is missing or empty; pass a run's out_dir")
+    out = out or os.path.join(run_dir, "report.png")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        raise ReportError(f"--out {out}: its directory does not exist; create it or write elsewhere")
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
     for ax, (title, keys, with_valid) in zip(axes.flat, PANELS):
         for key in keys:
@@ -49,7 +65,6 @@ def report(run_dir: str, out: str | None = None) -> str:
         if ax.lines:
             ax.legend(fontsize=8)
     fig.suptitle(os.path.abspath(run_dir), fontsize=9)
-    out = out or os.path.join(run_dir, "report.png")
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

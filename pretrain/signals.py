@@ -1,23 +1,62 @@
-"""Stop signals: Slurm's warning before the time limit (--signal=USR1@N), scancel and preemption (SIGTERM).
-Watched from the start of the process, so that one arriving while a run is still starting is not lost: the
-trainer checkpoints at its next step boundary and exits."""
+"""Stop signals: Slurm's warning before the time limit (--signal=USR1@N, or B:USR1@N forwarded by
+slurm/pretrain.sbatch), scancel and preemption (SIGTERM).
+
+A training process blocks them at its first line (`block`, from pretrain/__main__.py) and takes them in a thread of
+its own (`sigwait`), so that one arriving while the run is still starting is kept for the first step boundary: the
+trainer checkpoints there and exits. A blocked signal mask is inherited across fork and exec, so the children
+started afterwards (DeepSpeed's compiler probes, a ninja build, Inductor's and Triton's compile workers, data-loader
+workers) never die of a stop signal that Slurm sends to every process of the step: only the rank acts on it.
+
+Stdlib only: this module runs before the slow imports (torch, DeepSpeed)."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
+import threading
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+PREEMPTED = 75  # the exit status of a run stopped by a signal after checkpointing (EX_TEMPFAIL: requeue and resume)
+NO_PROGRESS = 5  # the exit status of a run stopped before its first step: requeueing it would loop without progress
 received: str | None = None  # the name of the first stop signal this process got
+trained_steps = 0  # steps trained since this process started (a failure while a stop is pending reads it)
+PAUSE_ENV = "PTM_TEST_PAUSE"  # "PHASE:DIR" makes `pause(PHASE)` wait (tests: a signal at a named moment)
+_waiter: threading.Thread | None = None
+_paused: set[str] = set()
 
 
-def _note(signum, frame) -> None:
+def _note(signum, frame=None) -> None:
     global received
     received = received or signal.Signals(signum).name
+    where = os.environ.get(PAUSE_ENV, "").partition(":")[2]
+    if where:  # (tests: the signal reached this rank)
+        with open(os.path.join(where, f"signalled.{_rank()}"), "w") as f:
+            f.write(received)
+
+
+def _rank() -> str:
+    return next((os.environ[k] for k in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK") if k in os.environ), "0")
+
+
+def _take() -> None:
+    while True:
+        _note(signal.sigwait(STOP_SIGNALS))
+
+
+def block() -> None:
+    """From now on, stop signals are blocked in this process and every thread and child it starts, and a thread
+    of this process records them (`received`). Idempotent."""
+    global _waiter
+    if _waiter is None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        _waiter = threading.Thread(target=_take, name="ptm-stop-signals", daemon=True)
+        _waiter.start()
 
 
 def watch() -> dict:
-    """Remember stop signals from now on instead of dying of them; returns the handlers this replaced."""
+    """Remember stop signals from now on instead of dying of them (in a process that did not `block` them, e.g. a
+    training run called from Python); returns the handlers this replaced."""
     return {s: signal.signal(s, _note) for s in STOP_SIGNALS}
 
 
@@ -33,6 +72,47 @@ def restore(previous: dict) -> None:
         signal.signal(s, handler)
 
 
+def pause(phase: str) -> None:
+    """A test hook at a named moment of a run: with PTM_TEST_PAUSE=PHASE[@RANK]:DIR, the process (of that rank, or
+    every one) reaching PHASE the first time writes DIR/PHASE.RANK and waits until DIR/go exists (at most 10
+    minutes), in a child process, as a ninja build or a compile worker would: a child that dies fails the run, as a
+    build that a stop signal killed did. A stop signal a rank records then writes DIR/signalled.RANK. Phases: start
+    (before `block`), imports, build, workers, collective, evaluation, checkpoint, last (pretrain/__main__.py,
+    engine.py, train.py, checkpoint.py)."""
+    at, _, where = os.environ.get(PAUSE_ENV, "").partition(":")
+    at, _, only = at.partition("@")
+    if at != phase or not where or only not in ("", _rank()) or phase in _paused:
+        return
+    _paused.add(phase)
+    with open(os.path.join(where, f"{phase}.{_rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+    go = os.path.join(where, "go")
+    subprocess.run([sys.executable, "-c", f"import os, time\nfor _ in range(6000):\n    if os.path.exists({go!r}): "
+                                          "break\n    time.sleep(0.1)"], check=True)
+
+
+def no_progress(signal_name: str | None, since: str) -> str:
+    """The line that ends a job stopped before its first step since it (re)started (exit 5): a requeue would stop at
+    the same step again, forever."""
+    limit = slurm_time_limit()
+    return (f"stopped by {signal_name or 'a signal to another rank'} before the first step {since}: a requeue would "
+            "stop here again, so the job ends (exit 5, not requeued); "
+            + (f"its time limit ({limit}) is" if limit else "a time limit") + " shorter than the stop signal's lead "
+            "plus start-up: raise --time, or lower the lead (--signal=B:USR1@LEAD; slurm/pretrain.sbatch sets 300 s)")
+
+
+def stopped_during(failure: str) -> tuple[str, int]:
+    """A failure while a stop signal is pending (a peer or child that died of it before it was blocked, a collective
+    that broke) is that stop: the line and exit status 5 (the no-progress stop) when this process trained no step,
+    else 75 (requeue: the last complete checkpoint stays, its writes being atomic)."""
+    ignore()
+    if trained_steps == 0:
+        return "pretrain: error: " + no_progress(received, "since the job (re)started"), NO_PROGRESS
+    return (f"pretrain: stopped by {received} after {trained_steps} steps, but the ranks could not checkpoint together "
+            f"({failure}): the last complete checkpoint stays; exit {PREEMPTED}: requeue or resubmit the job to resume "
+            "from it"), PREEMPTED
+
+
 def slurm_time_limit() -> str | None:
     """This Slurm job's time limit as scontrol shows it (e.g. "00:05:00"), or None outside Slurm."""
     job = os.environ.get("SLURM_JOB_ID")
@@ -43,3 +123,8 @@ def slurm_time_limit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return info.split("TimeLimit=", 1)[1].split()[0] if "TimeLimit=" in info else None
+
+
+if __name__ == "__main__":  # slurm/pretrain.sbatch: `python -m pretrain.signals no-progress SIGNAL`
+    print("pretrain: error: " + no_progress(sys.argv[2] if len(sys.argv) > 2 else None,
+                                            "since the job (re)started (a task ended during start-up)"))

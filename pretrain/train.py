@@ -28,8 +28,7 @@ from pretrain.parallel.layout import loss_scale, unapplied_loss_scale
 from pretrain.resolve import log, resolve
 from pretrain.runlog import RunLog
 
-PREEMPTED = 75  # the exit status of a run stopped by a signal after checkpointing (EX_TEMPFAIL: requeue and resume)
-NO_PROGRESS = 5  # the exit status of a run stopped before its first step: requeueing it would loop without progress
+PREEMPTED, NO_PROGRESS = signals.PREEMPTED, signals.NO_PROGRESS
 
 
 class Preempted(Exception):
@@ -179,9 +178,11 @@ class Trainer:
             self.engine.backward(loss)
             if i == self.accumulation - 1:
                 heartbeat.progress(f"step {step}: its metrics and optimizer step")
+                signals.pause("collective")  # (tests, with a rank: the others wait in `_agree`'s all-reduce)
                 metrics = self._agree(tally, finite, padding)
             self.engine.step()
         self.step += 1
+        signals.trained_steps += 1
         self.consumed += self.cfg.train.global_batch_size
         norm = self.engine.get_global_grad_norm()  # read with the next step's transfer, or by `_read_norm`
         # on the device even where DeepSpeed computes it elsewhere (ZeRO-Offload: on the host)
@@ -247,6 +248,7 @@ class Trainer:
             if n == self.cfg.train.eval_steps:
                 break
             batch = self._to_device(batch)
+            signals.pause("evaluation")
             terms = self.objective.compute(self.engine, batch, phase)
             tally.add(terms, self.objective.baselines(batch, terms, self.run.most_frequent))
         means = tally.metrics(mcore.dp_group())
@@ -279,12 +281,8 @@ class Trainer:
         return bool(dev.all_reduce(flag, op=dist.ReduceOp.MAX).item())
 
     def _no_progress(self) -> str:
-        since = f"since resuming from step {self.step}" if self.run.resume else "of the run"
-        limit = signals.slurm_time_limit()
-        return (f"stopped by {signals.received or 'a signal to another rank'} before the first step {since}: a requeue "
-                f"would stop here again, so the job ends (exit {NO_PROGRESS}, not requeued); "
-                + (f"its time limit ({limit}) is" if limit else "a time limit") + " shorter than the stop signal's lead "
-                "plus start-up: raise --time, or lower the lead (--signal=USR1@LEAD; slurm/pretrain.sbatch sets 300 s)")
+        return signals.no_progress(signals.received, f"since resuming from step {self.step}" if self.run.resume
+                                   else "of the run")
 
     def fit(self) -> dict:
         """Train to train.steps. SIGUSR1 or SIGTERM (a warning before the time limit, scancel, preemption) makes
@@ -299,12 +297,14 @@ class Trainer:
         cfg, first = self.cfg, self.step
         out = RunLog(cfg.out_dir, self.rank0, log)
         out.start(cfg.to_yaml(), {"device": self.device_name, "world_size": self.world, "tp": mcore.tp_size(),
-                                  "dp": self.dp, "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.world))},
+                                  "dp": self.dp, "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.world)),
+                                  "threads_per_rank": torch.get_num_threads()},
                   cfg.train.steps, self.step)
         log("kernels: " + K.describe(cfg, self.parallel.kernels, self.parallel.fused_lm_loss, self.optimizer,
                                      self.device, self.objective.attention_mask))
         phase = self.objective.phase_index(self.step)
         micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
+        signals.pause("workers")  # (tests: the data-loader workers run)
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         t0, last_eval, history, held = time.time(), {}, [], None
         while self.step < cfg.train.steps:
@@ -322,6 +322,8 @@ class Trainer:
                 micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
                 log(f"step {self.step}: stage {phase + 1}: " + self.objective.describe(self.objective.phase(self.step)))
             start = time.time()
+            if self.step == cfg.train.steps - 1:
+                signals.pause("last")
             metrics = self.train_step(micro)
             dt = time.time() - start
             if self.step == first + 1 and self.parallel.kernels == "compile":

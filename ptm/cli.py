@@ -5,7 +5,7 @@ import sys
 
 COMMANDS = {
     "prep": ("data_prep", "raw text to sharded Arrow datasets, tokenizers"),
-    "train": ("pretrain train", "pretrain BERT, GPT-2 and ERNIE models"),
+    "train": ("pretrain train", "pretrain a model of any family (BERT, GPT-2, T5, XLNet, ELMo, ...)"),
     "plan": ("pretrain plan", "before launch: does a config fit, how fast will it train?"),
     "report": ("pretrain report", "a run's curves as a PNG (loss, learning rate, throughput) and its summary"),
     "elmo": ("pretrain elmo", "ELMo representations of text from a trained ELMo (a scalar mix of its layers)"),

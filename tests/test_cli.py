@@ -2,7 +2,9 @@
 import argparse
 import importlib
 import os
+import re
 import subprocess
+import sys
 
 import pytest
 
@@ -35,3 +37,48 @@ def test_size_arguments():
     assert size_arg("256MB") == 256 << 20 and size_arg("64KiB") == 64 << 10 and size_arg("1000") == 1000
     proc = run_cli("data_prep", "build", "x.txt", "--out", "o", "--shard-size", "lots", check=False)
     assert proc.returncode == 2 and "is not a size" in proc.stderr
+
+
+def test_convert_help_names_every_family_it_converts(monkeypatch):
+    """`checkpoints_tools --help` names every registered family with a Hugging Face class, to-hf each one's class,
+    from-hf each one's model_type, and ELMo's own converters; --help is answered before torch is imported."""
+    from checkpoints_tools import cli
+    from pretrain import families
+
+    monkeypatch.setenv("COLUMNS", "2000")  # argparse wraps at hyphens: to-elmo on one line
+    ap = cli.parser()
+    subs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
+    top, to_hf, from_hf = (" ".join(p.format_help().split()) for p in (ap, subs["to-hf"], subs["from-hf"]))
+    exported = [f for f in families.REGISTRY.values() if f.adapter]
+    assert len(exported) >= 12 and len(exported) == len(families.REGISTRY) - 1  # all but ELMo
+    for f in exported:
+        assert f.help.split(":")[0] in top and f.adapter.hf_class in to_hf and f.adapter.model_type in from_hf, f.name
+    assert "ELMo" in top and "to-elmo" in top and "to-elmo" in to_hf
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "checkpoints_tools", "--help"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "import time:" in proc.stderr
+    assert not re.search(r"\|\s+torch$", proc.stderr, re.M)
+
+
+def test_every_adapter_names_a_tokenizer_template_that_export_writes():
+    """The special-token template each adapter names is one `export_tokenizer` knows, and base.Adapter's comment lists
+    them all; an unknown one is refused."""
+    from checkpoints_tools.hf import TEMPLATES, export_tokenizer
+    from pretrain import families
+    from pretrain.families import base
+
+    assert {f.adapter.tokenizer for f in families.REGISTRY.values() if f.adapter} == set(TEMPLATES)
+    line = next(line for line in open(base.__file__) if line.strip().startswith("tokenizer = "))
+    assert all(f" {t}" in line for t in TEMPLATES)
+    with pytest.raises(ValueError, match="tokenizer template 'gpt' is not one of"):
+        export_tokenizer("unused", "unused", "gpt", False, 8)
+
+
+def test_readme_opening_names_every_family():
+    """README's first paragraph names every registered family (its help's name, e.g. "ELECTRA")."""
+    from pretrain import families
+
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    opening = " ".join(text.split("\n\n")[1].split())
+    for f in families.REGISTRY.values():
+        assert f.help.split(":")[0].split(" ")[0] in opening, f.name

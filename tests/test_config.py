@@ -393,3 +393,15 @@ def test_a_config_written_before_the_plugin_sections_loads(tmp_path):
     shutil.copy(os.path.join(C.PRESETS_DIR, "electra-base.yaml"), tmp_path)
     cfg = C.load(str(old))
     assert cfg.electra.rtd_weight == 20.0 and cfg.data.seq_len == 64 and cfg.data.path == "somewhere"
+
+
+def test_an_out_dir_that_is_a_file_and_a_compiled_elmo_are_refused_in_one_line(tmp_path):
+    """`out_dir` naming a file (a FileExistsError traceback from the run log before), and kernels=compile for ELMo
+    (which has no transformer blocks to compile): one line each, with the fix."""
+    path = write(tmp_path / "notes.txt", "")
+    with pytest.raises(ConfigError) as e:
+        load("bert-tiny", [f"out_dir={path}", "data.path=data"]).validate()
+    assert str(e.value) == f"out_dir={path} is a file; set out_dir to a directory (a new one, or a run's to resume it)"
+    with pytest.raises(ConfigError) as e:
+        load("elmo-tiny", ["kernels=compile", "data.path=data"]).validate()
+    assert str(e.value) == "kernels=compile compiles transformer blocks; ELMo has none: set kernels=auto"

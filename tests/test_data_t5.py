@@ -100,6 +100,24 @@ def test_samples_are_windows_of_the_document_stream_corrupted_by_their_own_draws
     assert not (first[0]["input_ids"] == source.sample(1, 0)["input_ids"]).all()  # another epoch, other draws
 
 
+def test_every_sample_predicts_as_many_tokens_however_short_the_documents(train_data):
+    """SpanCorruption's invariant, which makes T5's per-micro-batch loss mean its global-batch mean: every sample of an
+    epoch, over documents mostly shorter than a window, has seq_len inputs and the objective's `predicted_tokens`
+    labels, none ignored."""
+    from types import SimpleNamespace
+
+    from data_prep.dataset import Corpus
+    from pretrain.objectives import get
+
+    source = t5.SpanCorruption(train_data, 256, np.arange(10 ** 6, 10 ** 6 - 100, -1), seed=5)
+    assert np.median(Corpus(train_data).doc_lengths()) < source.raw  # most windows hold several documents
+    predicted = get("span_corruption").predicted_tokens(SimpleNamespace(seq_len=256))
+    for i in range(len(source)):
+        s = source.sample(0, i)
+        assert (len(s["input_ids"]), len(s["labels"]), int((s["labels"] != -100).sum())) == (256, predicted,
+                                                                                           predicted), i
+
+
 def test_sentinels_follow_the_vocabulary_and_no_text_encodes_to_them(t5_data, sp_model):
     """--sentinels 100: the vocabulary grows by 100 ids, <extra_id_0> the last as in T5's vocabularies, the
     tokenizer names them, the dataset lists them, and no document's tokens reach them."""

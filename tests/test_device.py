@@ -23,15 +23,18 @@ LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "L
                       "CROSS_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")
 
 
-def gpus(monkeypatch, count: int, capability=(8, 0), name="NVIDIA A100-SXM4-80GB"):
-    """A node whose process sees `count` GPUs, cuda:i with UUID GPU-i."""
-    current = [0]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.__setitem__(0, torch.device(d).index))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+def gpus(monkeypatch, count: int, capability=(8, 0), name="NVIDIA A100-SXM4-80GB", uuids=None):
+    """A node whose process sees `count` GPUs, cuda:i with UUID `uuids[i]` (default GPU-i). `monkeypatch` None: for
+    the rest of the process (a spawned rank's)."""
+    current, uuids = [0], uuids or [f"GPU-{i}" for i in range(count)]
+    patch = monkeypatch.setattr if monkeypatch else setattr
+    patch(torch.cuda, "is_available", lambda: True)
+    patch(torch.cuda, "device_count", lambda: count)
+    patch(torch.cuda, "get_device_capability", lambda *a: capability)
+    patch(torch.cuda, "get_device_name", lambda *a: name)
+    patch(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(name=name, uuid=uuids[i]))
+    patch(torch.cuda, "set_device", lambda d: current.__setitem__(0, torch.device(d).index))
+    patch(torch.cuda, "current_device", lambda: current[0])
 
 
 def srun(task: int, tasks: int, **slurm) -> dict:
@@ -92,37 +95,62 @@ def test_each_rank_takes_its_gpu_under_every_launcher_and_slurm_binding(monkeypa
     assert os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", str(index)) == str(index)  # DeepSpeed asserts they agree
 
 
-def _post(rank: int, port: int, out: str) -> None:
-    """One rank of a node at start-up, twice (a fresh store each time): first on a GPU of its own (UUID GPU-rank), then
-    on the one GPU both ranks see (GPU-a)."""
-    torch.cuda.is_available = lambda: True
-    torch.cuda.current_device = lambda: 0
-    os.environ["CUDA_VISIBLE_DEVICES"] = "0"
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60))
+def _post(rank: int, ports: tuple[int, int], out: str) -> None:
+    """One of two ranks that torchrun started on a node, at start-up: `check_unshared` twice (a fresh store each time),
+    first on a GPU of its own (UUID GPU-rank), then on the one GPU both ranks see (GPU-a); then the run's start,
+    `init_processes`, on GPU-a: what each said, and whether a process group exists after the start."""
+    from pretrain.parallel import mcore
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[1]), CUDA_VISIBLE_DEVICES="0")
+    store = dist.TCPStore("127.0.0.1", ports[0], 2, is_master=rank == 0, timeout=timedelta(seconds=60))
     answers = []
     for start, uuid in enumerate([f"GPU-{rank}", "GPU-a"]):
-        torch.cuda.get_device_properties = lambda i: SimpleNamespace(uuid=uuid)
+        gpus(None, 1, uuids=[uuid])
         try:
             dev.check_unshared(dist.PrefixStore(f"start{start}", store), rank, 2)
             answers.append("ok")
         except dev.DeviceError as e:
             answers.append(str(e))
+    try:
+        mcore.init_processes(timeout_s=60)
+        answers.append("started")
+    except Exception as e:  # a DeviceError, or what a start without the check raises (NCCL is not built here)
+        error = e  # noqa: F841  its frames hold the rendezvous store (rank 0's): kept until the other rank is done
+        answers.append(f"{type(e).__name__}: {e}")
+    answers.append(dist.is_initialized())
     with open(os.path.join(out, f"answers{rank}.json"), "w") as f:
         json.dump(answers, f)
     if rank == 0:
-        store.wait(["done"])  # the master's store outlives the other rank's reads
+        store.wait(["done"])  # the master's stores outlive the other rank's reads
     else:
         store.set("done", "1")
 
 
-def test_two_ranks_on_one_gpu_are_refused_in_one_line_naming_both(tmp_path):
-    mp.start_processes(_post, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
-    (distinct, shared), again = (json.load(open(tmp_path / f"answers{r}.json")) for r in range(2))
+@pytest.fixture(scope="module")
+def node_start(tmp_path_factory):
+    """Both ranks' answers (`_post`), by rank."""
+    out, ports = tmp_path_factory.mktemp("start"), (free_port(), free_port())
+    while ports[1] == ports[0]:
+        ports = ports[0], free_port()
+    mp.start_processes(_post, args=(ports, str(out)), nprocs=2, start_method="spawn")
+    return [json.load(open(out / f"answers{r}.json")) for r in range(2)]
+
+
+def test_two_ranks_on_one_gpu_are_refused_in_one_line_naming_both(node_start):
+    (distinct, shared, _, _), again = node_start
     assert distinct == again[0] == "ok"
     assert shared == again[1], (shared, again[1])  # every rank stops, saying the same
     assert shared.startswith(f"ranks 0 and 1 on {socket.gethostname()} both use GPU GPU-a (as cuda:0 and cuda:0, "
                              "CUDA_VISIBLE_DEVICES=0 and 0): start one process per GPU")
     assert "srun --gpus-per-task=1" in shared and "MIG" in shared and "\n" not in shared
+
+
+def test_the_run_s_start_refuses_two_ranks_on_one_gpu_before_any_process_group(node_start):
+    """The check is part of the start: `init_processes` raises that DeviceError on both ranks, out of the rendezvous,
+    before a process group exists (NCCL's would bind both ranks to the one GPU)."""
+    for _, shared, started, grouped in node_start:
+        assert started == f"DeviceError: {shared}" and not grouped, started
 
 
 def test_bf16_without_native_bf16_is_refused(monkeypatch):

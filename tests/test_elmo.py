@@ -215,3 +215,14 @@ def test_plan_counts_elmo_as_built_and_as_published():
         out = model(chars)
         model.softmax(torch.cat([out["forward"][:, :-1], out["backward"][:, 1:]]))
     assert cost.flops_per_sample(cfg) == 3 * counter.get_total_flops()
+
+
+def test_the_kernels_line_names_no_attention_for_elmo():
+    """ELMo's model attends nowhere: the training log's `kernels:` line says so instead of naming an SDPA kernel."""
+    from pretrain import kernels as K
+    from pretrain.config import load
+    from pretrain.optim import Lamb
+
+    cfg = load("elmo-tiny", ["data.path=none", "model.vocab_size=100"])
+    line = K.describe(cfg, "eager", False, Lamb([torch.zeros(1)]), torch.device("cpu"))
+    assert "; attention none (a character CNN and LSTMs); " in line and "SDPA" not in line

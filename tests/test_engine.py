@@ -101,18 +101,25 @@ def test_a_nan_loss_stops_the_run_with_its_step_and_samples(train_data, tmp_path
 
 def test_torchrun_command_line_tp2_zero2_lamb(train_data, tmp_path):
     """The README's command: `torchrun --nproc_per_node 4 -m pretrain train --config configs/bert-tiny.yaml --set
-    parallel.tp=2 zero.stage=2 optimizer.name=lamb` (plus a small data set-up); rank 0 alone prints the summary."""
+    parallel.tp=2 zero.stage=2 optimizer.name=lamb` (plus a small data set-up); rank 0 alone prints the summary.
+    Four processes start side by side in one home directory and build nothing: no extension is compiled or loaded
+    from torch's shared extensions cache (DeepSpeed JIT-built its CPU shared-memory op there at every start)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", f"--master_port={free_port()}",
            "-m", "pretrain", "train", "--config", "configs/bert-tiny.yaml", "--set", "parallel.tp=2", "zero.stage=2",
            "optimizer.name=lamb", *bert(train_data, "train.steps=3", "optimizer.warmup_steps=1")[1:], f"out_dir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    home = tmp_path / "home"
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**environ, "HOME": str(home)})
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not (home / ".cache" / "torch_extensions").exists()
+    assert not [line for line in (proc.stdout + proc.stderr).splitlines()
+                if "built successfully" in line or "extension module" in line or "ninja" in line]
     summary = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert summary["steps"] == 3 and summary["layout"] == {"tp": 2, "dp": 2, "zero_stage": 2, "precision": "fp32"}
     meta = C.read_meta(C.resolve(str(tmp_path)))
     assert (meta["tp"], meta["dp"], meta["zero_stage"]) == (2, 2, 2)
     launch = json.load(open(tmp_path / "launch.json"))  # for `ptm plan --check`: torchrun's processes per node
-    assert launch == {"device": "cpu", "world_size": 4, "tp": 2, "dp": 2, "gpus_per_node": 4}
+    assert launch == {"device": "cpu", "world_size": 4, "tp": 2, "dp": 2, "gpus_per_node": 4, "threads_per_rank": 1}
 
 
 def test_deepspeed_launcher_zero3(train_data, tmp_path):

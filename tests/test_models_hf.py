@@ -346,15 +346,21 @@ def test_shared_layers_equal_an_unshared_model_holding_copies(share):
             torch.testing.assert_close(p.grad, summed[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
-def _t5(gated: bool):
+T5S = {"t5-1.0": (False, 20), "t5-1.1": (True, 20), "t5-1.0-past-max-distance": (False, 6)}  # (gated, max distance)
+# 20: every distance of S = 16 inputs and 9 targets in a bucket of its own or a logarithmic one; 6: most of them at or
+# past relative_max_distance, in the last bucket of their direction
+
+
+def _t5(gated: bool, max_distance: int = 20):
     """A tiny HF T5 (1.0: ReLU, scaled tied logits; 1.1: gated GELU, unscaled, heads narrower than hidden / heads as
-    in t5-v1_1-small) with random RMSNorm weights, and ptm's encoder-decoder holding its weights (float32: HF's
-    T5LayerNorm computes in float32 whatever the input)."""
+    in t5-v1_1-small) with random RMSNorm weights, 8 relative buckets over `max_distance`, and ptm's encoder-decoder
+    holding its weights (float32: HF's T5LayerNorm computes in float32 whatever the input)."""
     from pretrain.models.seq2seq import EncoderDecoder
 
     torch.manual_seed(0)
     hf_cfg = transformers.T5Config(vocab_size=V, d_model=H, d_kv=12 if gated else H // HEADS, d_ff=48, num_layers=L, num_decoder_layers=3,
-                                   num_heads=HEADS, relative_attention_num_buckets=8, relative_attention_max_distance=20,
+                                   num_heads=HEADS, relative_attention_num_buckets=8,
+                                   relative_attention_max_distance=max_distance,
                                    dropout_rate=0.0, feed_forward_proj="gated-gelu" if gated else "relu",
                                    tie_word_embeddings=not gated, attn_implementation="eager")
     hf = transformers.T5ForConditionalGeneration(hf_cfg)
@@ -372,12 +378,32 @@ def _t5(gated: bool):
     return hf.eval(), ours.eval(), cfg
 
 
-@pytest.mark.parametrize("gated", [False, True], ids=["t5-1.0", "t5-1.1"])
-def test_t5_encoder_decoder_matches_hf(gated):
+@pytest.mark.parametrize("buckets, max_distance", [(32, 128), (8, 20), (8, 6)])
+def test_t5_relative_buckets_are_hfs_at_and_past_the_max_distance(buckets, max_distance):
+    """ptm's bucket of every key-minus-query distance from -2 to +2 x relative_max_distance is HF's
+    (`T5Attention._relative_position_bucket`), split by direction (an encoder's) and looking back (a decoder's): the
+    exact buckets, the logarithmic ones and, from relative_max_distance on, the last of each direction."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from pretrain.models.layers import relative_bucket
+
+    distance = torch.arange(-2 * max_distance, 2 * max_distance + 1)
+    for bidirectional, last in ((True, {buckets // 2 - 1, buckets - 1}), (False, {buckets - 1})):
+        theirs = T5Attention._relative_position_bucket(distance, bidirectional, buckets, max_distance)
+        mine = relative_bucket(distance, bidirectional, buckets, max_distance)
+        odd = mine != theirs
+        assert torch.equal(mine, theirs), (bidirectional, distance[odd].tolist(), mine[odd].tolist(),
+                                           theirs[odd].tolist())
+        far = distance.abs() >= max_distance if bidirectional else distance <= -max_distance
+        assert set(theirs[far].tolist()) == last  # the distances reach the clamp
+
+
+@pytest.mark.parametrize("t5", T5S)
+def test_t5_encoder_decoder_matches_hf(t5):
     """T5: RMSNorm, no biases, unscaled attention, the bucketed relative bias of each stack (bidirectional in the
-    encoder, looking back in the decoder), cross-attention, ReLU or gated-GELU MLPs, tied logits scaled (1.0) or not
-    (1.1): `_matches_hf`."""
-    hf, ours, cfg = _t5(gated)
+    encoder, looking back in the decoder; distances within and past relative_max_distance), cross-attention, ReLU or
+    gated-GELU MLPs, tied logits scaled (1.0) or not (1.1): `_matches_hf`."""
+    hf, ours, cfg = _t5(*T5S[t5])
     _matches_hf(hf, ours, cfg, {"pad": 0, "eod": 1})
 
 
@@ -431,12 +457,12 @@ def test_encoder_decoder_presets_count_as_many_parameters_as_hf_builds(preset):
         assert cost.count_parameters(cfg.model) == 60_506_624
 
 
-@pytest.mark.parametrize("gated", [False, True], ids=["t5-1.0", "t5-1.1"])
-def test_t5_greedy_decoding_with_a_kv_cache_gives_hfs_generate_tokens(gated):
+@pytest.mark.parametrize("t5", T5S)
+def test_t5_greedy_decoding_with_a_kv_cache_gives_hfs_generate_tokens(t5):
     """ptm's decoding loop (the encoder once, the decoder a token at a time over cached self- and cross-attention keys
-    and values, the bucketed bias at the token's position) picks the tokens HF's `generate` picks (greedy, T5's start
+    and values, the bucketed bias at the token's position, within and past relative_max_distance) picks the tokens HF's `generate` picks (greedy, T5's start
     and end tokens), with a padded row; and each equals the argmax of a full forward pass over the prefix."""
-    hf, ours, cfg = _t5(gated)
+    hf, ours, cfg = _t5(*T5S[t5])
     g = torch.Generator().manual_seed(4)
     ids = torch.randint(2, V, (B, S), generator=g)
     mask = torch.ones_like(ids)

@@ -186,7 +186,7 @@ def test_checkpoint_size_and_the_warning_lead_time():
     assert checkpoint_bytes(cfg, estimate(cfg, 16)) == (12 * plan.params_per_rank, 2)
     slow = run_cli("pretrain", "plan", "--config", "gpt2-xl", "--gpus", "8", "--write-gbps", "0.05")
     fast = run_cli("pretrain", "plan", "--config", "gpt2-xl", "--gpus", "8", "--write-gbps", "10")
-    lead = [int(p.stdout.split("--signal=USR1@")[1].split()[0]) for p in (slow, fast)]
+    lead = [int(p.stdout.split("--signal=B:USR1@")[1].split()[0]) for p in (slow, fast)]
     assert lead[0] > lead[1] >= 120 and "GiB per node of 8 GPUs" in slow.stdout
 
 

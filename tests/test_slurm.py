@@ -1,10 +1,13 @@
 """Training under a real Slurm with two simulated nodes (tests/slurm_cluster.py: slurmctld and two slurmd on
 loopback), through the real `sbatch --wait`: slurm/pretrain.sbatch with srun, the deepspeed launcher's slurm
 backend and mpirun across the nodes; a time limit's warning signal, scancel and a killed task, each resumed
-exactly; the prep -> train -> convert chain of `ptm launch slurm`.
+exactly; a stop signal at every phase of start-up and at the other moments of a run, under each launcher (1 node x
+2 tasks); the prep -> train -> convert chain of `ptm launch slurm`.
 
-Every training job here is 2 nodes x 2 tasks, TP=2 x DP=2 under ZeRO-2, dropout on, so a resumed run that is
+Every other training job here is 2 nodes x 2 tasks, TP=2 x DP=2 under ZeRO-2, dropout on, so a resumed run that is
 bit-identical to an uninterrupted one restored every RNG stream, the data position and the optimizer."""
+import concurrent.futures
+import json
 import os
 import shutil
 import signal
@@ -12,12 +15,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import psutil
 import pytest
 
 from conftest import ROOT, free_port, run_cli
 from launchers.cli import wait_for
+from pretrain import checkpoint as C
 from runs import assert_same_checkpoints, latest_step, max_rel_diff, summary, weights
 
 pytestmark = pytest.mark.distributed
@@ -98,14 +103,16 @@ def release_requeued(slurm, stop: threading.Event):
 
 
 def test_a_time_limit_warning_checkpoints_requeues_and_resumes_exactly(slurm, train_data, reference, tmp_path):
-    """--time=1 --signal=USR1@20: 20 s before its limit every task gets SIGUSR1, the ranks checkpoint at one step,
-    exit 75, the script requeues the job, which resumes (as often as the limit comes) and ends bit-identical to the
-    uninterrupted job."""
+    """--time=1 --signal=B:USR1@5: before its limit the script gets SIGUSR1 and forwards it to every task, the ranks
+    checkpoint at one step, exit 75, the script requeues the job, which resumes (as often as the limit comes) and ends
+    bit-identical to the uninterrupted job. slurmctld sends the warning at its first periodic check (every 30 s)
+    within 30 s of the lead, so 25 to 55 s into each start: after start-up (a lead of 20 s could land at 10 s, before
+    the first step, and end the job with exit 5, rightly)."""
     stop = threading.Event()
     helper = threading.Thread(target=release_requeued, args=(slurm, stop), daemon=True)
     helper.start()
     try:
-        out, log = train_job(slurm, tmp_path, "limited", *LONG, sbatch_args=("--time=1", "--signal=USR1@20"),
+        out, log = train_job(slurm, tmp_path, "limited", *LONG, sbatch_args=("--time=1", "--signal=B:USR1@5"),
                              data=train_data)
     finally:
         stop.set()
@@ -133,34 +140,132 @@ def steps_done(out) -> int:
         return 0
 
 
-def test_a_time_limit_inside_the_signal_lead_ends_the_job_instead_of_requeueing_it_forever(slurm, train_data,
-                                                                                           reference, tmp_path):
-    """--time=1 with the script's --signal=USR1@300: the warning is due as every run starts. A resumed run that gets it
-    before its first step ends the job (exit 5, not requeued, no checkpoint written) with one line naming the time
-    limit, the lead and the fix; requeued, it would stop at the same step again, forever. slurmctld checks signal
-    times every 30 s or so, so the test sends the warning itself (`scancel -s USR1`, Slurm's own delivery to the
-    job's tasks) once the tasks run, 3 s into their start-up: on a cluster start-up takes longer than that check."""
-    out = tmp_path / "short"
-    shutil.copytree(reference["torchrun"], out)  # checkpointed at step 6
-    proc, _ = sbatch(slurm, tmp_path / "short.log", *NODES, "--time=1", SCRIPT, "bert-tiny", "--set",
-                     *settings(train_data, out, *LONG), wait=False)
+@dataclass(frozen=True)
+class Stop:
+    """A stop signal at a named moment of a job (1 node x 2 tasks, TP=2): the phase the ranks pause at
+    (pretrain/signals.py `pause`; PHASE@0: rank 0 alone, the other waits in a collective), the signal (USR1: Slurm's
+    time-limit warning to the batch shell, --signal=B:USR1@N; TERM: scancel), and the outcome: "no-progress" (exit 5,
+    one line), "requeued" (a checkpoint at `step`, exit 75, requeued), "completed" or "cancelled"."""
+
+    name: str
+    launcher: str
+    phase: str
+    outcome: str
+    step: int = 0
+    signal: str = "USR1"
+    more: tuple = ()
+    sbatch: tuple = ()
+    resumed: bool = False
+
+
+STOPS = [Stop("before-handlers", "srun", "start", "no-progress"),
+         Stop("one-before-handlers", "srun", "start@1", "no-progress"),
+         Stop("imports", "srun", "imports", "no-progress"),
+         Stop("build", "srun", "build", "no-progress"),
+         Stop("workers-resumed", "srun", "workers", "no-progress", more=("data.num_workers=1", *LONG), resumed=True),
+         Stop("collective", "srun", "collective@0", "requeued", 1, sbatch=("--cpus-per-task=2",)),
+         Stop("evaluation", "srun", "evaluation", "requeued", 2, more=("train.eval_interval=1",)),
+         Stop("checkpoint", "srun", "checkpoint", "requeued", 2, more=("checkpoint.interval=1",)),
+         Stop("last-step", "srun", "last", "completed", 3),
+         Stop("scancel-build", "srun", "build", "cancelled", signal="TERM"),
+         Stop("deepspeed-build", "deepspeed", "build", "no-progress"),
+         Stop("deepspeed-collective", "deepspeed", "collective@0", "requeued", 1),
+         Stop("mpirun-build", "mpirun", "build", "no-progress"),
+         Stop("mpirun-collective", "mpirun", "collective@0", "requeued", 1)]
+
+
+def stopped_job(slurm, data, tmp, resumed_from, case: Stop) -> dict:
+    """Submit `case`'s job, wait until its ranks pause at the phase, signal it as Slurm would, wait until every rank
+    recorded the signal (or, before the handlers, the job ended), let them go; the job's end state and log."""
+    d, out = tmp / case.name, tmp / case.name / "out"
+    (d / "pause").mkdir(parents=True)
+    if case.resumed:
+        shutil.copytree(resumed_from, out)
+    proc = subprocess.run(["sbatch", "--parsable", "-o", str(d / "log"), "--nodes=1", "--ntasks-per-node=2",
+                           *case.sbatch, SCRIPT, "bert-tiny", "--set",
+                           *settings(data, out, "train.steps=3", "checkpoint.keep=0", *case.more)],
+                          capture_output=True, text=True, cwd=d, timeout=60,
+                          env={**env(slurm, case.launcher), "PTM_TEST_PAUSE": f"{case.phase}:{d / 'pause'}"})
     job = proc.stdout.strip().split(";")[0]
+    paused = lambda prefix: len(list((d / "pause").glob(prefix + ".*")))  # noqa: E731
     try:
-        wait_until(lambda: subprocess.run(["squeue", "-h", "-s", "-j", job], capture_output=True, text=True,
-                                          env=slurm.env).stdout.strip(), what="the job's tasks")
-        time.sleep(3)
-        subprocess.run(["scancel", "-s", "USR1", job], env=slurm.env, check=True)
-        wait_until(lambda: job_state(slurm, job) in ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "GONE"),
-                   timeout=240, what="the job to end")
+        wait_until(lambda: paused(case.phase.split("@")[0]) == (1 if "@" in case.phase else 2), timeout=600,
+                   what=f"{case.name}'s ranks at {case.phase}")
+        if case.signal == "TERM":
+            subprocess.run(["scancel", job], env=slurm.env, check=True)
+        else:  # what --signal=B:USR1@N does: the batch shell alone; slurm/pretrain.sbatch forwards it to the ranks
+            subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm.env, check=True)
+        ended = ("FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "GONE")
+        if case.phase.startswith("start"):
+            wait_until(lambda: job_state(slurm, job) in ended, timeout=120, what=f"{case.name} to end")
+        else:
+            wait_until(lambda: paused("signalled") == 2, timeout=120, what=f"{case.name}'s ranks to get the signal")
+        (d / "pause" / "go").touch()
+        wait_until(lambda: job_state(slurm, job) in (*ended, "REQUEUED", "PENDING"), timeout=300,
+                   what=f"{case.name} to end or requeue")
+        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
+                              env=slurm.env).stdout
     finally:
         subprocess.run(["scancel", job], env=slurm.env)
-    log = open(tmp_path / "short.log").read()
-    assert job_state(slurm, job) == "FAILED" and "requeueing" not in log and "(restart 1)" not in log, log[-3000:]
+    field = lambda name: info.split(f"{name}=", 1)[1].split()[0] if f"{name}=" in info else None  # noqa: E731
+    return {"state": field("JobState"), "exit": field("ExitCode"), "restarts": field("Restarts"), "out": out,
+            "log": (d / "log").read_text()}
+
+
+@pytest.fixture(scope="module")
+def stopped(slurm, train_data, reference, tmp_path_factory):
+    """Every case of STOPS, four jobs at a time; a case that went wrong on the way holds its error."""
+    tmp = tmp_path_factory.mktemp("stops")
+
+    def case(c: Stop) -> dict:
+        try:
+            return stopped_job(slurm, train_data, tmp, reference["torchrun"], c)
+        except AssertionError as e:
+            log = tmp / c.name / "log"
+            return {"error": f"{e}\n{log.read_text()[-3000:] if log.exists() else ''}"}
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return dict(zip((c.name for c in STOPS), pool.map(case, STOPS)))
+
+
+@pytest.mark.parametrize("case", STOPS, ids=lambda c: c.name)
+def test_a_stop_signal_at_any_moment_ends_requeued_or_with_the_one_line_stop(stopped, case):
+    """slurm/pretrain.sbatch (--signal=B:USR1@N) under srun, the deepspeed launcher and mpirun, a stop signal at each
+    phase of start-up (before ptm's handlers, during imports, while a child process runs as a build would, while
+    data-loader workers start), inside a collective, during evaluation, during a checkpoint write, at the last step,
+    and scancel's SIGTERM: the job ends in exit 5 with the one line naming the time limit, the lead and the fix, or in
+    a complete checkpoint, exit 75 and a requeue; never FAILED otherwise, never "lost contact", never a traceback,
+    never a build; each rank's torch threads are its share of the allocation's CPUs."""
+    got = stopped[case.name]
+    assert "error" not in got, got.get("error")
+    log, out = got["log"], got["out"]
+    assert "lost contact" not in log and "Traceback" not in log, log[-3000:]
+    assert not [line for line in log.splitlines() if "built successfully" in line or "Building extension" in line
+                or "ninja" in line], log[-3000:]
+    threads = 2 if "--cpus-per-task=2" in case.sbatch else 1  # (torch alone would take both cores here)
+    assert f"OMP_NUM_THREADS={threads} per task" in log
     errors = [line for line in log.splitlines() if line.startswith("pretrain: error:")]
-    assert len(errors) == 1 and errors[0].startswith("pretrain: error: stopped by SIGUSR1 before the first step since "
-                                                     "resuming from step 6: a requeue would stop here again"), log[-3000:]
-    assert "time limit (00:01:00)" in errors[0] and "--signal=USR1@LEAD" in errors[0] and "raise --time" in errors[0]
-    assert latest_step(out) == 6 and steps_done(out) == 6
+    if case.outcome == "no-progress":
+        since = "since resuming from step 6" if case.resumed else "since the job (re)started" if \
+            case.phase.startswith("start") else "of the run"
+        assert (got["state"], got["exit"]) == ("FAILED", "5:0") and "requeueing" not in log, (got, log[-3000:])
+        assert len(errors) == 1 and errors[0].startswith(f"pretrain: error: stopped by SIGUSR1 before the first step "
+                                                         f"{since}"), log[-3000:]
+        assert "time limit (01:00:00)" in errors[0] and "--signal=B:USR1@LEAD" in errors[0] and "raise --time" in errors[0]
+        assert latest_step(out) == (6 if case.resumed else -1) and steps_done(out) == (6 if case.resumed else 0)
+    elif case.outcome == "requeued":
+        assert got["state"] in ("PENDING", "REQUEUED", "RUNNING") and got["restarts"] == "1", (got, log[-3000:])
+        assert f"stopped by SIGUSR1 at step {case.step}: " in log and "requeueing job" in log and not errors, log[-3000:]
+        assert latest_step(out) == case.step and C.Pieces(C.resolve(str(out))).meta["step"] == case.step
+        assert json.load(open(out / "launch.json"))["threads_per_rank"] == threads
+    elif case.outcome == "completed":
+        assert (got["state"], got["exit"]) == ("COMPLETED", "0:0") and not errors, (got, log[-3000:])
+        assert latest_step(out) == summary(out)["steps"] == case.step
+    else:
+        assert got["state"] == "CANCELLED" and "requeueing" not in log, (got, log[-3000:])
+        assert len(errors) <= 1 and all(e.startswith("pretrain: error: stopped by SIGTERM before the first step")
+                                        for e in errors), log[-3000:]
+        assert latest_step(out) == -1
 
 
 def test_scancel_checkpoints_when_there_is_time_and_a_resubmission_resumes(slurm, train_data, reference, tmp_path):

@@ -81,7 +81,12 @@ def corrupt(tokens: np.ndarray, mask: np.ndarray, sentinels: np.ndarray, eos: in
 class SpanCorruption(GPTDataset):
     """T5's samples over documents `docs` of the dataset at `path`: `input_ids` [seq_len], `labels` [target length]
     (the target, ending with the end-of-sequence token) and `decoder_input_ids` (the target shifted right after the
-    padding id, T5's decoder start). `sentinels[k]` is `<extra_id_k>`'s id."""
+    padding id, T5's decoder start). `sentinels[k]` is `<extra_id_k>`'s id.
+
+    Every sample predicts as many tokens, whatever its documents' lengths: its window of the packed stream is always
+    full, its noise and spans are counted from that length alone, and every target token is a label (none -100). So
+    the loss's per-micro-batch mean is its global-batch mean, and T5's layout runs cannot tell them apart
+    (tests/test_data_t5.py checks every sample of an epoch; tests/test_fidelity.py's EQUAL_COUNTS)."""
 
     def __init__(self, path: str, seq_len: int, sentinels, *, seed: int = 1234, docs=None,
                  cache_dir: str | None = None, density: float = DENSITY, mean_span: float = MEAN_SPAN):

@@ -45,7 +45,8 @@ class Adapter:
     keys: dict = {}  # ptm parameter outside the layers -> HF name ({p}: prefix)
     tied: dict = {}  # HF names that hold another HF name's tensor (tied output projections)
     computes: dict = {}  # model feature -> the values the HF class computes; export refuses others
-    tokenizer = "bert"  # special-token template of the exported tokenizer: bert | roberta | none
+    tokenizer = "bert"  # special-token template of the exported tokenizer: bert | roberta | none (GPT's) | t5 | xlnet
+    # (checkpoints_tools/hf.py: TEMPLATES, export_tokenizer)
     head_widths = False  # the HF class takes heads of any width (T5's d_kv), not only hidden_size / num_heads
 
     # ---- configs ------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ def check(cfg, need) -> None:
                                        f"data.objective=bilm")
     need(not m.activation_checkpointing, "model.activation_checkpointing recomputes transformer layers; ELMo has "
                                          "none: remove it")
+    need(cfg.kernels != "compile", "kernels=compile compiles transformer blocks; ELMo has none: set kernels=auto")
 
 
 FAMILY = Family("elmo", "ELMo: character CNN, forward and backward LSTM LMs with one softmax", FEATURES, None, check)

@@ -187,5 +187,7 @@ def describe(cfg, kernels: str, fused_lm_loss: bool, optimizer, device: torch.de
             " (not fused under fp16: liger-kernel computes its gradients before the loss scale)"
             if cfg.precision == "fp16" and cfg.fused_lm_loss == "auto" else "")
     blocks = "torch.compile (Inductor)" if kernels == "compile" else "eager"
-    return (f"blocks {blocks}; attention {attention(cfg, device, mask)}; LM head {loss}; "
+    cores = ("none (a character CNN and LSTMs)" if cfg.model.char_filters  # ELMo's model (models.build) attends nowhere
+             else attention(cfg, device, mask))
+    return (f"blocks {blocks}; attention {cores}; LM head {loss}; "
             f"{type(optimizer).__name__} {optimizer.implementation}")
