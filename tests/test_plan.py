@@ -203,7 +203,7 @@ def test_cli_fits_and_suggests():
 
 def test_cli_vocabulary_and_ptm_dispatch(tmp_path):
     with open(tmp_path / "manifest.json", "w") as f:
-        json.dump({"vocab_size": 777, "shards": []}, f)
+        json.dump({"vocab_size": 777, "shards": [], "tokenizer": {}}, f)  # what `ptm plan` reads of a dataset
     ds = run_cli("pretrain", "plan", "--config", "bert-tiny", "--set", f"data.path={tmp_path}")
     assert f"vocabulary 777 (dataset {tmp_path})" in ds.stdout
     ptm = os.path.join(os.path.dirname(sys.executable), "ptm")
