@@ -76,7 +76,7 @@ def pause(phase: str) -> None:
     """A test hook at a named moment of a run: with PTM_TEST_PAUSE=PHASE[@RANK]:DIR, the process (of that rank, or
     every one) reaching PHASE the first time writes DIR/PHASE.RANK and waits until DIR/go exists (at most 10
     minutes), in a child process, as a ninja build or a compile worker would: a child that dies fails the run, as a
-    build that a stop signal killed did. A stop signal a rank records then writes DIR/signalled.RANK. Phases: start
+    build that a stop signal killed did (at `start`, before the handlers, in the process itself). A stop signal a rank records then writes DIR/signalled.RANK. Phases: start
     (before `block`), imports, build, workers, collective, evaluation, checkpoint, last (pretrain/__main__.py,
     engine.py, train.py, checkpoint.py)."""
     at, _, where = os.environ.get(PAUSE_ENV, "").partition(":")
@@ -86,9 +86,12 @@ def pause(phase: str) -> None:
     _paused.add(phase)
     with open(os.path.join(where, f"{phase}.{_rank()}"), "w") as f:
         f.write(str(os.getpid()))
-    go = os.path.join(where, "go")
-    subprocess.run([sys.executable, "-c", f"import os, time\nfor _ in range(6000):\n    if os.path.exists({go!r}): "
-                                          "break\n    time.sleep(0.1)"], check=True)
+    wait = f"import os, time\nfor _ in range(6000):\n    if os.path.exists({os.path.join(where, 'go')!r}): break\n" \
+           "    time.sleep(0.1)"
+    if phase == "start":  # before the handlers: the process as the interpreter starts it, no child
+        exec(wait)
+    else:
+        subprocess.run([sys.executable, "-c", wait], check=True)
 
 
 def no_progress(signal_name: str | None, since: str) -> str:

@@ -8,6 +8,7 @@ import statistics
 import sys
 
 import pytest
+import torch
 import yaml
 
 from conftest import ROOT, run_cli
@@ -394,7 +395,8 @@ def test_check_puts_the_prediction_next_to_a_real_run(train_data, tmp_path):
             "train.eval_steps=1",
             "data.valid_fraction=0.02", "checkpoint.keep=1", f"out_dir={run}")
     launch = json.load(open(run / "launch.json"))
-    assert launch == {"device": "cpu", "world_size": 1, "tp": 1, "dp": 1, "gpus_per_node": 1}
+    assert launch == {"device": "cpu", "world_size": 1, "tp": 1, "dp": 1, "gpus_per_node": 1,
+                      "threads_per_rank": torch.get_num_threads()}  # (what torch takes by itself here too)
     unknown = run_cli("pretrain", "plan", "--check", str(run), check=False)
     assert unknown.returncode == 2 and "ran on 'cpu'" in unknown.stderr and "--gpu" in unknown.stderr
     accelerator = tmp_path / "slow.yaml"
