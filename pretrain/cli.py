@@ -116,6 +116,7 @@ def main(argv=None) -> None:
         sys.exit(PREEMPTED)
     except Exception as e:
         if signals.received:  # a peer or a child that died of the stop signal before it was blocked, or any failure
+            signals.ignore()
             line, code = signals.stopped_during(heartbeat.first_line(e))
             if _rank() == 0:
                 print(line, file=sys.stderr)

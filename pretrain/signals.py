@@ -107,8 +107,8 @@ def no_progress(signal_name: str | None, since: str) -> str:
 def stopped_during(failure: str) -> tuple[str, int]:
     """A failure while a stop signal is pending (a peer or child that died of it before it was blocked, a collective
     that broke) is that stop: the line and exit status 5 (the no-progress stop) when this process trained no step,
-    else 75 (requeue: the last complete checkpoint stays, its writes being atomic)."""
-    ignore()
+    else 75 (requeue: the last complete checkpoint stays, its writes being atomic). Callable from any thread (the
+    heartbeat's judge)."""
     if trained_steps == 0:
         return "pretrain: error: " + no_progress(received, "since the job (re)started"), NO_PROGRESS
     return (f"pretrain: stopped by {received} after {trained_steps} steps, but the ranks could not checkpoint together "

@@ -55,3 +55,22 @@ def test_the_beat_thread_takes_the_census_once_the_main_thread_has_stalled():
         assert time.monotonic() - mark[2] > beat.stall_s and found[0][1:3] == (4, "step 2: loading its micro-batches")
     finally:
         beat.stop()
+
+
+def test_a_pending_stop_is_reported_from_the_judge_thread(monkeypatch):
+    """The judge (a thread) reports a failure while a stop signal is pending as that stop: exit 5 and the no-progress
+    line before any step, 75 after; no signal call from a thread (Python refuses those outside the main thread)."""
+    import threading
+
+    from pretrain import signals
+
+    monkeypatch.setattr(signals, "received", "SIGUSR1")
+    got = []
+    for steps in (0, 3):
+        monkeypatch.setattr(signals, "trained_steps", steps)
+        judge = threading.Thread(target=lambda: got.append(signals.stopped_during("rank 1 has not been heard from")))
+        judge.start()
+        judge.join()
+    assert [code for _, code in got] == [signals.NO_PROGRESS, signals.PREEMPTED], got
+    assert got[0][0].startswith("pretrain: error: stopped by SIGUSR1 before the first step since the job (re)started")
+    assert "after 3 steps" in got[1][0] and "rank 1 has not been heard from" in got[1][0]
