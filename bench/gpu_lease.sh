@@ -4,8 +4,9 @@
 #   1. bench/gpu_step.py on BERT-large seq 128 bf16: ptm next to Hugging Face and megatron-core;
 #   2. bench/gpu_profile.py on the same: where ptm's step spends its time, per variant;
 #   3. bench/gpu_smoke.py: every GPU-only path for a few steps (BERT-base), the most used paths first;
-#   4. one `ptm train` of BERT-large phase 1 (seq 128, micro batch 64, bf16, LAMB, ZeRO-1) and `ptm plan --check`
-#      on it and on every smoke path that ran: the speed model's prediction next to what this GPU measured;
+#   4. one `ptm train` of BERT-large phase 1 (seq 128, micro batch 64, bf16, LAMB, ZeRO-1), `ptm plan --calibrate`
+#      (this host's time per kernel launch) and `ptm plan --check` on the run and on every smoke path that ran: the
+#      speed model's prediction next to what this GPU measured (launches counted for BERT-large and bf16-zero1);
 #   5. with what is left, bench/gpu_step.py on BERT-large seq 512 and GPT-2 medium seq 1024.
 # Runs go to WORK (default runs/gpu-lease); what it prints to RESULTS/log.txt and the runs' logs and metrics (no
 # checkpoints) to RESULTS/runs.tgz (RESULTS defaults to WORK).
@@ -53,8 +54,13 @@ if [ -f "$data/manifest.json" ] && [ "$(left)" -gt 45 ]; then
     checkpoint.interval=0 "out_dir=$large" > "$out/bert-large.log" 2>&1
   echo "== bert-large exited $? at $((SECONDS - start)) s"; tail -3 "$out/bert-large.log"
 fi
+if [ -f "$data/manifest.json" ] && [ "$(left)" -gt 60 ]; then
+  timeout -k 10 60 $py -m pretrain plan --config bert-base --calibrate --set "data.path=$data" model.vocab_size=0 \
+    data.seq_len=128 precision=bf16
+fi
 for run in "$large" "$out"/smoke/runs/n1/*; do
-  [ -f "$run/metrics.jsonl" ] && $py -m pretrain plan --check "$run"
+  count=$([ "$run" = "$large" ] || [ "${run##*/}" = bf16-zero1 ] && echo --count-launches)
+  [ -f "$run/metrics.jsonl" ] && timeout -k 10 90 $py -m pretrain plan --check "$run" $count
 done
 if [ "$(left)" -gt 90 ]; then  # what is left: the longer sequences, for the speed model's length terms
   timeout -k 10 $(($(left) - 20)) $py bench/gpu_step.py --cases bert-large-512 gpt2-medium-1024 --precisions bf16 \

@@ -359,3 +359,49 @@ def objective_parameters(cfg) -> int:
     """Parameters of the heads the objective adds to the model (ERNIE 2.0's task classifiers), replicated on every
     TP rank."""
     return objectives.get(cfg.data.objective).head_parameters(cfg)
+
+
+@dataclass(frozen=True)
+class Launches:
+    """Kernel launches of one optimizer step: its `first` micro-batch (with the step's preparation: the batches moved
+    and their loss elements counted), each further micro-batch (`per_micro_batch`: its gradients added to the first's),
+    and the step's end (`optimizer`: the accumulation boundary's gradient work, the step's metrics, DeepSpeed's
+    optimizer step)."""
+    first: int
+    per_micro_batch: int
+    optimizer: int
+
+    def of(self, accumulation: int) -> int:
+        return self.first + (accumulation - 1) * self.per_micro_batch + self.optimizer
+
+
+# ------------------------------------------------------------------------------------------ kernel launches
+
+LAYER_LAUNCHES = 56  # one transformer layer's forward and backward in a further micro-batch (BERT's, counted)
+CROSS_LAUNCHES = 30  # a cross-attention sublayer's, more
+MICRO_BATCH_LAUNCHES = 152  # embeddings, heads and loss of a micro-batch (BERT's MLM and NSP)
+PREPARE_LAUNCHES = 36  # the step's preparation, in its first micro-batch (batches moved, loss elements counted)
+FIRST_SAVES = 12  # per layer: the gradient additions the first micro-batch does not make
+OPTIMIZER_LAUNCHES = 53  # the step's end: the accumulation boundary, metrics, a fused or multi-tensor optimizer
+
+
+def estimate_launches(cfg) -> Launches:
+    """The launches of one step of `cfg` without counting them: LAYER_LAUNCHES per layer (a cross-attention layer's
+    more, a recomputed layer's forward again) and the constants above, counted on BERT (tests/test_launches.py
+    holds them to its count; docs/performance.md lists the other families' counts; pretrain/launches.py counts a
+    config's own)."""
+    layers = sum((s.layers + s.recomputed / 3) * LAYER_LAUNCHES + (s.layers * CROSS_LAUNCHES if s.context else 0)
+                 for s in stacks(cfg.model, cfg.data.seq_len, decoder_tokens(cfg), query_tokens(cfg)))
+    per_micro_batch = round(layers + MICRO_BATCH_LAUNCHES)
+    first = per_micro_batch + PREPARE_LAUNCHES - FIRST_SAVES * cfg.model.num_layers
+    return Launches(first, per_micro_batch, OPTIMIZER_LAUNCHES)
+
+
+def tp_launches(cfg) -> int:
+    """The all-reduces one micro-batch adds under tensor parallelism (none at TP=1, where launches are counted): two
+    forward and two backward per layer (a cross-attention layer's output two more), two per recomputed layer, two
+    around the embeddings and the LM head."""
+    if cfg.parallel.tp == 1:
+        return 0
+    return 2 + sum((6 if s.context else 4) * s.layers + 2 * s.recomputed
+                   for s in stacks(cfg.model, cfg.data.seq_len, decoder_tokens(cfg), query_tokens(cfg)))

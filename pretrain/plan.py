@@ -17,10 +17,12 @@ import json
 import math
 import os
 import sys
+import dataclasses
 from dataclasses import dataclass
 
 from data_prep import PrepError
 from pretrain import speed
+from pretrain.launches import ACCUMULATION, calibrate, count
 from pretrain.config import Config, ConfigError, load
 from pretrain.cost import (STATE_BYTES, activation_bytes, checkpointed, count_parameters, flops_per_sample,
                            largest_module, model_state_bytes, objective_parameters, stream_memory_bytes,
@@ -147,6 +149,17 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="put the prediction for a finished or running ptm run (its config.yaml, launch.json and "
                          "metrics.jsonl) next to the step time and MFU it measured, and the matmul efficiency that "
                          "would match it")
+    ap.add_argument("--count-launches", action="store_true",
+                    help="with --gpu or --check: count the kernel launches of a step (the host's work) by training "
+                         "a few steps of the config narrowed to a tiny width on data.path, on this machine (a CPU "
+                         "will do; about a minute) instead of estimating them from the layers")
+    ap.add_argument("--launch-us", type=float, metavar="US",
+                    help="the host's time per kernel launch in microseconds, for the host term of the step "
+                         "(default: the GPU generation's, configs/hardware/gpus.yaml; --calibrate measures yours)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="measure this node's host time per kernel launch: train a few steps of the config "
+                         "narrowed to a tiny width on data.path on this node's device (a GPU's steps are then bound "
+                         "by the host), count their launches and print the --launch-us to give")
     ap.add_argument("--gpus-per-node", type=int, metavar="G",
                     help="GPUs (processes) per node, for the checkpoint written per node and the speed model "
                          "(default: --gpu's node, else 8)")
@@ -174,12 +187,18 @@ def run(args: argparse.Namespace) -> int:
     """The report for parsed `plan` arguments; returns the exit status."""
     try:
         efficiency = speed.efficiency(args.efficiency)
+        if args.launch_us is not None and args.launch_us <= 0:
+            raise ConfigError(f"--launch-us {args.launch_us:g}: a time per launch is positive (microseconds)")
         if args.check:
-            print(speed.check(args.check, args.gpu, args.interconnect, efficiency))
+            print(speed.check(args.check, args.gpu, args.interconnect, efficiency,
+                              count if args.count_launches else None, args.launch_us))
             return 0
         if not args.config:
             raise ConfigError("give --config CONFIG (or --check RUN_DIR)")
         cfg = load(args.config, args.overrides)
+        if args.calibrate:
+            print(_calibrate(args.config, cfg))
+            return 0
         vocab_source = _resolve_vocab(cfg, args.vocab_size)
         per_node = args.gpus_per_node
         if args.gpus and args.nodes:  # both: the GPUs split evenly over the nodes
@@ -188,11 +207,14 @@ def run(args: argparse.Namespace) -> int:
                                   + (f" x {per_node}" if per_node else "") + "; give two of them")
             per_node = args.gpus // args.nodes
         hw = speed.gpu(args.gpu, args.interconnect, per_node) if args.gpu else None
+        if hw and args.launch_us:
+            hw = dataclasses.replace(hw, launch_us=args.launch_us)
         per_node = hw.gpus_per_node if hw else per_node or 8
         world = args.gpus or ((args.nodes or 1) * per_node if hw or args.nodes else 1)
         memory = args.gpu_memory or (hw.memory_gib if hw else None)
         plan = estimate(cfg, world, memory)
-        predicted = speed.report(cfg, hw, world, efficiency) if hw else ""  # a layout it refuses stops here
+        launches = count(cfg)[0] if hw and args.count_launches else None
+        predicted = speed.report(cfg, hw, world, efficiency, launches) if hw else ""  # a layout it refuses stops here
         print(_header(args.config, cfg, plan, vocab_source, world))
         if args.compare and hw:
             print(ranking(cfg, hw, world, efficiency, memory))
@@ -210,6 +232,15 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(f"plan: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
     return 1 if plan.fits is False else 0
+
+
+def _calibrate(name: str, cfg: Config) -> str:
+    """`ptm plan --calibrate`: this node's host time per kernel launch, from narrowed steps of `cfg` on its device."""
+    launches, seconds, device = calibrate(cfg)
+    return (f"{name} narrowed to a tiny width on {device}: {launches.of(ACCUMULATION):,} kernel launches "
+            f"a step of {ACCUMULATION} micro-batches ({launches.first:,} in the first, {launches.per_micro_batch:,} in "
+            f"each further one, {launches.optimizer:,} at the step's end), {1e6 * seconds:.3g} us of host time each\n"
+            f"give --launch-us {1e6 * seconds:.3g} to `ptm plan --gpu` for runs launched from this node's kind")
 
 
 def _resolve_vocab(cfg: Config, vocab_size: int | None) -> str:

@@ -3,9 +3,12 @@ slurm/pretrain.sbatch), scancel and preemption (SIGTERM).
 
 A training process blocks them at its first line (`block`, from pretrain/__main__.py) and takes them in a thread of
 its own (`sigwait`), so that one arriving while the run is still starting is kept for the first step boundary: the
-trainer checkpoints there and exits. A blocked signal mask is inherited across fork and exec, so the children
-started afterwards (DeepSpeed's compiler probes, a ninja build, Inductor's and Triton's compile workers, data-loader
-workers) never die of a stop signal that Slurm sends to every process of the step: only the rank acts on it.
+trainer checkpoints there and exits. SIGTERM before the training loop has begun (`training`) ends the process at once
+(exit TERMINATED), as it would without the block: there is nothing to checkpoint, and a launcher stopping the other
+ranks after one failed (torchrun, the deepspeed launcher) waits 30 s for them before it kills them. A blocked signal
+mask is inherited across fork and exec, so the children started afterwards (DeepSpeed's compiler probes, a ninja
+build, Inductor's and Triton's compile workers, data-loader workers) never die of a stop signal that Slurm sends to
+every process of the step: only the rank acts on it.
 
 Stdlib only: this module runs before the slow imports (torch, DeepSpeed)."""
 from __future__ import annotations
@@ -19,8 +22,10 @@ import threading
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 PREEMPTED = 75  # the exit status of a run stopped by a signal after checkpointing (EX_TEMPFAIL: requeue and resume)
 NO_PROGRESS = 5  # the exit status of a run stopped before its first step: requeueing it would loop without progress
+TERMINATED = 128 + signal.SIGTERM  # the exit status of a process SIGTERM ended before its training loop began
 received: str | None = None  # the name of the first stop signal this process got
 trained_steps = 0  # steps trained since this process started (a failure while a stop is pending reads it)
+training = False  # the training loop has begun: from here it acts on stop signals at its step boundaries
 PAUSE_ENV = "PTM_TEST_PAUSE"  # "PHASE:DIR" makes `pause(PHASE)` wait (tests: a signal at a named moment)
 _waiter: threading.Thread | None = None
 _paused: set[str] = set()
@@ -41,7 +46,10 @@ def _rank() -> str:
 
 def _take() -> None:
     while True:
-        _note(signal.sigwait(STOP_SIGNALS))
+        signum = signal.sigwait(STOP_SIGNALS)
+        _note(signum)
+        if signum == signal.SIGTERM and not training:
+            os._exit(TERMINATED)
 
 
 def block() -> None:
@@ -76,7 +84,8 @@ def pause(phase: str) -> None:
     """A test hook at a named moment of a run: with PTM_TEST_PAUSE=PHASE[@RANK]:DIR, the process (of that rank, or
     every one) reaching PHASE the first time writes DIR/PHASE.RANK and waits until DIR/go exists (at most 10
     minutes), in a child process, as a ninja build or a compile worker would: a child that dies fails the run, as a
-    build that a stop signal killed did (at `start`, before the handlers, in the process itself). A stop signal a rank records then writes DIR/signalled.RANK. Phases: start
+    build that a stop signal killed did (at `start`, before the handlers, in the process itself). A stop signal a
+    rank records then writes DIR/signalled.RANK. Phases: start
     (before `block`), imports, build, workers, collective, evaluation, checkpoint, last (pretrain/__main__.py,
     engine.py, train.py, checkpoint.py)."""
     at, _, where = os.environ.get(PAUSE_ENV, "").partition(":")

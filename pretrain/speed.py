@@ -11,7 +11,6 @@ One optimizer step on one GPU is its micro-batches, each
                                                        over the layer's and the LM head's GEMMs by their FLOPs)
   + memory       elementwise bytes / (HBM bandwidth x Efficiency.memory)   (LayerNorm, bias, GELU, dropout,
                                                                    residual: per kernels=eager or compile)
-                 (a layer never runs faster than Python launches its kernels: LAUNCH_S each)
   + TP           4 all-reduces of the layer's activations per layer (2 forward, 2 backward; +2 recomputed),
                  ring over NVLink, not overlapped
   + ZeRO-2/3     the gradients reduced every micro-batch (ZeRO-2: all-reduced bucket by bucket, DeepSpeed's default;
@@ -25,7 +24,12 @@ One optimizer step on one GPU is its micro-batches, each
 then at the accumulation boundary the gradient all-reduce of ZeRO-0/1 (behind the last backward if overlapped;
 BF16_Optimizer never overlaps), the weight all-gather of ZeRO-1/2, and the optimizer (HBM traffic of its passes
 over the parameters this rank updates). Gradients travel in DeepSpeed's communication_data_type (`reduce_bytes`),
-weights in the model's dtype. Collectives are rings: 2(n-1)/n of the bytes for an all-reduce, (n-1)/n for a
+weights in the model's dtype.
+
+The host issues the kernels of a step as the GPU runs them, each launch costing it Hardware.launch_us (Python,
+dispatch, the driver: `ptm plan --calibrate` measures it on the node, configs/hardware/gpus.yaml gives a default per
+generation): `host` = launches per step (pretrain/launches.py: counted, or estimated from the layers) x launch_us. A
+step takes the longer of the device's time and the host's. Collectives are rings: 2(n-1)/n of the bytes for an all-reduce, (n-1)/n for a
 reduce-scatter or all-gather, at min(NVLink, the node's NICs / tp) per GPU once the group spans nodes, x
 Efficiency.link, plus a latency per ring step. docs/performance.md derives each term and lists the published
 results it is checked against.
@@ -41,8 +45,9 @@ from dataclasses import dataclass, field, fields, replace
 import yaml
 
 from pretrain.config import PRESETS_DIR, Config, ConfigError
-from pretrain.cost import (checkpointed, count_parameters, decoder_tokens, flops_per_sample, objective_parameters,
-                           predicted_tokens, query_tokens, stack_flops, stacks)
+from pretrain.cost import (Launches, checkpointed, count_parameters, decoder_tokens, estimate_launches,
+                           flops_per_sample, objective_parameters, predicted_tokens, query_tokens, stack_flops, stacks,
+                           tp_launches)
 from pretrain.models.config import embedding_width, padded_vocab_size
 
 HARDWARE_FILE = os.path.join(PRESETS_DIR, "hardware", "gpus.yaml")
@@ -50,8 +55,6 @@ NVLINK_LATENCY_S = 5e-6  # one ring step inside a node (NCCL's small-message all
 GEMM_HALF = 128  # a GEMM dimension of x runs at x / (x + 128) of a large one's rate (a tile's width: small ones
 # waste it)
 ATTENTION_RATE = 0.6  # attention's matmuls inside flash / memory-efficient kernels, against a large GEMM's rate
-LAUNCH_S = 5e-6  # one kernel launch from Python (PyTorch eager): a layer never runs faster than its launches
-KERNELS_PER_LAYER = {"eager": 60, "compile": 30}  # forward + backward of one transformer layer
 # elements read or written per token by one layer's forward outside the matmuls (16-bit activations, doubled in
 # fp32): (replicated per h, per h/tp, per f/tp). eager: LayerNorm x2 (2h each), QKV bias + head layout (6h/tp),
 # output bias, dropout (mask: half an element), residual (7.5h) twice, fc1 bias and GELU (4f/tp); compile fuses
@@ -114,6 +117,7 @@ class Hardware:
     host_memory_gbps: float
     generation: str
     matmul: float  # its architecture's matmul efficiency (Efficiency.matmul)
+    launch_us: float  # the host's time per kernel launch (its generation's default, or measured: --calibrate)
 
     def peak(self, precision: str) -> float | None:
         """Dense peak FLOP/s in `precision`; None where the GPU has no such tensor cores (bf16 on V100)."""
@@ -143,7 +147,7 @@ def network(spec: str) -> Network:
 
 
 def _hardware(name: str, entry: dict, interconnect: str | None) -> Hardware:
-    wanted = {f.name for f in fields(Hardware)} - {"name", "matmul", "generation"}
+    wanted = {f.name for f in fields(Hardware)} - {"name", "matmul", "generation", "launch_us"}
     missing = sorted(wanted - set(entry))
     if missing:
         raise HardwareError(f"GPU {name}: missing {', '.join(missing)}; see {HARDWARE_FILE} for the fields")
@@ -155,6 +159,10 @@ def _hardware(name: str, entry: dict, interconnect: str | None) -> Hardware:
                             "architecture (generation: ampere), or its own matmul efficiency (matmul: 0.5)")
     values["generation"] = generation or "its own"
     values["matmul"] = entry["matmul"] if "matmul" in entry else generations[generation]["matmul"]
+    if "launch_us" not in entry and generation not in generations:
+        raise HardwareError(f"GPU {name}: give its generation (generation: hopper) or its host's time per kernel "
+                            "launch (launch_us: 60; `ptm plan --calibrate` measures it)")
+    values["launch_us"] = entry["launch_us"] if "launch_us" in entry else generations[generation]["launch_us"]
     return Hardware(name=name, **values)
 
 
@@ -260,7 +268,7 @@ class Prediction:
     dp: int
     accumulation: int
     compute: float  # matmuls, all micro-batches (recomputation included)
-    memory: float  # elementwise kernels (or their launches), all micro-batches
+    memory: float  # elementwise kernels, all micro-batches
     tp_comm: float
     dp_comm: float  # exposed data-parallel / ZeRO communication
     dp_comm_hidden: float  # overlapped with the compute
@@ -270,11 +278,25 @@ class Prediction:
     samples_per_step: int
     seq_len: int
     peak: float
+    launches: int = 0  # kernel launches of the step
+    launch_s: float = 0.0  # the host's seconds per launch
+    launches_counted: bool = False  # counted (pretrain/launches.py), else estimated from the layers
     notes: list = field(default_factory=list)
 
     @property
-    def step(self) -> float:
+    def device(self) -> float:
+        """Seconds the GPU works (or waits for its collectives) in a step."""
         return self.compute + self.memory + self.tp_comm + self.dp_comm + self.optimizer + self.zero3_latency
+
+    @property
+    def host(self) -> float:
+        """Seconds the host takes to launch the step's kernels."""
+        return self.launches * self.launch_s
+
+    @property
+    def step(self) -> float:
+        """The longer of the device's time and the host's: each waits for the other."""
+        return max(self.device, self.host)
 
     @property
     def samples_per_s(self) -> float:
@@ -332,10 +354,11 @@ def reduce_bytes(cfg: Config) -> int:
 
 
 def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Efficiency(),
-            overlap_reduce: bool | None = None) -> Prediction:
+            overlap_reduce: bool | None = None, launches: Launches | None = None) -> Prediction:
     """The step of `cfg` on `world_size` GPUs of `hw` (hw.gpus_per_node per node). `overlap_reduce`: whether the
     gradient reduction hides behind the backward pass (and ZeRO-3's gathers behind the compute); default: as
-    DeepSpeed does for this config (overlap_comm: on for ZeRO-3, else off unless a deepspeed_config sets it)."""
+    DeepSpeed does for this config (overlap_comm: on for ZeRO-3, else off unless a deepspeed_config sets it).
+    `launches`: the step's kernel launches at TP=1 as pretrain/launches.py counts them (default: estimated)."""
     t, b, precision, eff = cfg.parallel.tp, cfg.train.micro_batch_size, cfg.precision, eff.on(hw)
     peak = hw.peak(precision)
     if peak is None:
@@ -359,7 +382,8 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
                       tp_comm=accumulation * tp_comm, dp_comm=dp_comm, dp_comm_hidden=hidden, zero3_latency=latency,
                       optimizer=_optimizer(cfg, hw, eff, n // dp if cfg.zero.stage >= 1 else n),
                       flops_per_sample=flops, samples_per_step=global_batch, seq_len=cfg.data.seq_len, peak=peak,
-                      notes=notes)
+                      launches=(launches or estimate_launches(cfg)).of(accumulation) + accumulation * tp_launches(cfg),
+                      launch_s=hw.launch_us * 1e-6, launches_counted=launches is not None, notes=notes)
 
 
 def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tuple[float, float, float]:
@@ -382,9 +406,7 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
         if model.position_encoding == "relative":
             forward += b * q * model.num_heads * q * RELATIVE_SCORE_BYTES / 3 / t
         layer_memory = (3 * layers + recomputed) * forward / hbm
-        layer_compute = (layers + recomputed / 3) * layer_flops / t / rate
-        launches = (layers + recomputed / 3) * KERNELS_PER_LAYER[kernels] * (1.5 if stack.context else 1) * LAUNCH_S
-        memory += max(layer_memory, launches - layer_compute)  # the GPU waits for Python to launch its kernels
+        memory += layer_memory
         reduces = (4 if not stack.context else 6) * layers + 2 * recomputed  # cross-attention's output: 2 more
         tp_comm += reduces * _ring("all-reduce", b * q * h * act, t, tp_per_node, hw, eff)
         if stack.context:  # the gradient of the encoder's output through each layer's keys and values
@@ -539,14 +561,21 @@ def _step_table(p: Prediction) -> list[str]:
     lines = []
     for part, seconds in p.parts().items():
         hidden = f" (+{ms(p.dp_comm_hidden)} hidden behind the compute)" if "ZeRO" in part and p.dp_comm_hidden else ""
-        lines.append(f"  {part:<38}{ms(seconds):>14} {100 * seconds / p.step:6.1f}%{hidden}")
-    lines.append(f"  {'step':<38}{ms(p.step):>14}")
+        lines.append(f"  {part:<38}{ms(seconds):>14} {100 * seconds / p.device:6.1f}%{hidden}")
+    lines.append(f"  {'device':<38}{ms(p.device):>14}")
+    how = "counted" if p.launches_counted else "estimated from the layers; counted with --count-launches"
+    lines.append(f"  {'host (kernel launches)':<38}{ms(p.host):>14}  {p.launches:,} launches ({how}) x "
+                 f"{1e6 * p.launch_s:g} us")
+    bound = "the host: the GPU waits for its kernels" if p.host > p.device else "the device"
+    lines.append(f"  {'step':<38}{ms(p.step):>14}  bound by {bound}")
     return lines
 
 
-def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()) -> str:
-    """The speed section of `ptm plan --gpu`: the step by part, throughput, MFU, time to train, scaling."""
-    p = predict(cfg, hw, world, eff)
+def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency(),
+           launches: Launches | None = None) -> str:
+    """The speed section of `ptm plan --gpu`: the step by part, throughput, MFU, time to train, scaling;
+    `launches`: counted (pretrain/launches.py), else estimated."""
+    p = predict(cfg, hw, world, eff, launches=launches)
     lines = [f"\npredicted speed on {hardware_line(hw, world, eff)}", f"one step ({_layout(p, cfg)}):",
              *_step_table(p), *[f"  note: {n}" for n in p.notes],
              f"throughput: {p.samples_per_s:,.1f} samples/s, {p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}% "
@@ -560,7 +589,7 @@ def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()
         for k in sorted({2 ** i for i in range(nodes.bit_length()) if 2 ** i <= nodes} | {nodes}):
             gpus = k * hw.gpus_per_node
             try:
-                q = predict(cfg, hw, gpus, eff)
+                q = predict(cfg, hw, gpus, eff, launches=launches)
             except ConfigError as e:
                 lines.append(f"  {k:>5} {gpus:>6}  {e}")
                 continue
@@ -589,9 +618,12 @@ def measured(run_dir: str) -> dict:
     return {"step_time_s": step, "steps": len(rows), "mfu": statistics.median(mfus) if mfus else None}
 
 
-def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Efficiency) -> str:
+def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Efficiency, count=None,
+          launch_us: float | None = None) -> str:
     """`ptm plan --check RUN_DIR`: the prediction for a run's config, GPUs and layout next to what it measured,
-    and the matmul efficiency under which the prediction would equal the measured step time."""
+    and the matmul efficiency (the host's time per launch, where the host bounds the step) under which the prediction
+    would equal the measured step time. `count`: pretrain/launches.py's `count`, to count the step's launches on the
+    run's dataset (else estimated)."""
     import json
 
     from pretrain.config import load
@@ -612,8 +644,10 @@ def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Eff
                                 "describe; pass --gpu NAME or --gpu FILE.yaml with its peaks and bandwidths")
         hw = replace(hw, gpus_per_node=launch["gpus_per_node"],
                      network=network(interconnect) if interconnect else hw.network)
+    hw = replace(hw, launch_us=launch_us) if launch_us else hw
     world, got, eff = launch["world_size"], measured(run_dir), eff.on(hw)
-    p = predict(cfg, hw, world, eff)
+    counted = count(cfg)[0] if count else None
+    p = predict(cfg, hw, world, eff, launches=counted)
     rows = [("step time", ms(p.step), ms(got["step_time_s"]), got["step_time_s"] / p.step),
             ("samples/s", f"{p.samples_per_s:,.1f}", f"{p.samples_per_step / got['step_time_s']:,.1f}",
              p.step / got["step_time_s"])]
@@ -623,7 +657,11 @@ def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Eff
              f"predicted on {hardware_line(hw, world, eff)}:", *_step_table(p),
              f"  {'':<14}{'predicted':>14}{'measured':>14}{'measured/predicted':>20}  ({got['steps']} steps)"]
     lines += [f"  {name:<14}{a:>14}{b:>14}{ratio:>20.3f}" for name, a, b, ratio in rows]
-    fitted = calibrate(cfg, hw, world, p.samples_per_step / got["step_time_s"], eff)
+    if p.host >= p.device:
+        lines.append(f"the step is predicted bound by the host: the measured step time is predicted with --launch-us "
+                     f"{1e6 * got['step_time_s'] / p.launches:.3g} (now {hw.launch_us:g})")
+        return "\n".join(lines)
+    fitted = calibrate(cfg, hw, world, p.samples_per_step / got["step_time_s"], eff, launches=counted)
     if 1e-3 < fitted < 1.0 - 1e-6:
         lines.append(f"the measured step time is predicted with --efficiency matmul={fitted:.4g} (now {eff.matmul:g})")
     else:

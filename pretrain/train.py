@@ -287,15 +287,18 @@ class Trainer:
     def fit(self) -> dict:
         """Train to train.steps. SIGUSR1 or SIGTERM (a warning before the time limit, scancel, preemption) makes
         every rank finish its step, checkpoint there and raise Preempted."""
-        previous = signals.watch()
+        previous, self.runlog = signals.watch(), None
         try:
             return self._fit()
         finally:
             signals.restore(previous)
+            signals.training = False
+            if self.runlog is not None:  # (whatever stopped the run: TensorBoard's files flushed and closed)
+                self.runlog.close()
 
     def _fit(self) -> dict:
         cfg, first = self.cfg, self.step
-        out = RunLog(cfg.out_dir, self.rank0, log)
+        out = self.runlog = RunLog(cfg.out_dir, self.rank0, log)
         out.start(cfg.to_yaml(), {"device": self.device_name, "world_size": self.world, "tp": mcore.tp_size(),
                                   "dp": self.dp, "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.world)),
                                   "threads_per_rank": torch.get_num_threads()},
@@ -307,6 +310,7 @@ class Trainer:
         signals.pause("workers")  # (tests: the data-loader workers run)
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         t0, last_eval, history, held = time.time(), {}, [], None
+        signals.training = True  # a stop signal from here is acted on at a step boundary (before: SIGTERM ends it)
         while self.step < cfg.train.steps:
             heartbeat.progress(f"step {self.step + 1}: the stop-signal check")
             if self._stop_agreed():

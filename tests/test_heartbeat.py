@@ -74,3 +74,25 @@ def test_a_pending_stop_is_reported_from_the_judge_thread(monkeypatch):
     assert [code for _, code in got] == [signals.NO_PROGRESS, signals.PREEMPTED], got
     assert got[0][0].startswith("pretrain: error: stopped by SIGUSR1 before the first step since the job (re)started")
     assert "after 3 steps" in got[1][0] and "rank 1 has not been heard from" in got[1][0]
+
+
+def test_sigterm_ends_a_rank_at_once_before_its_training_loop_and_is_kept_after():
+    """A rank blocks the stop signals at its first line (signals.block); SIGTERM before its training loop begins ends
+    it at once with exit 143 (torchrun stops the other ranks with it when one fails, and would wait 30 s before
+    killing them), after it the signal is kept for the step boundary; SIGUSR1 is always kept."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from pretrain import signals
+
+    script = ("import os, signal, sys, time\nfrom pretrain import signals\nsignals.block()\n"
+              "signals.training = sys.argv[1] == 'training'\nos.kill(os.getpid(), getattr(signal, sys.argv[2]))\n"
+              "time.sleep(2)\nprint(signals.received)")
+    ran = {(when, name): subprocess.run([sys.executable, "-c", script, when, name], cwd=ROOT, capture_output=True,
+                                        text=True, timeout=60) for when in ("starting", "training")
+           for name in ("SIGTERM", "SIGUSR1")}
+    assert ran["starting", "SIGTERM"].returncode == signals.TERMINATED == 143
+    assert not ran["starting", "SIGTERM"].stdout  # (it did not sleep on)
+    for kept in (("starting", "SIGUSR1"), ("training", "SIGTERM"), ("training", "SIGUSR1")):
+        assert (ran[kept].returncode, ran[kept].stdout.strip()) == (0, kept[1]), ran[kept]

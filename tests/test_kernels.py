@@ -40,6 +40,39 @@ def test_compiled_blocks_match_eager(arch):
         torch.testing.assert_close(compiled[3][name], grad, rtol=1e-5, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("arch", ["bert", "xlnet"])
+def test_one_tp_rank_runs_plain_linears_not_megatron_cores(arch, monkeypatch):
+    """With one TP rank the parallel linear layers are `F.linear` (issue 39: megatron-core's per-call Python is host
+    time): its autograd Function runs for none of them, and the logits, loss and every gradient are those of its
+    path (forced on the same model) bit for bit."""
+    from megatron.core.tensor_parallel import layers as megatron_layers
+
+    calls = collections.Counter()
+    function = megatron_layers.LinearWithGradAccumulationAndAsyncCommunication
+    apply = function.apply
+    monkeypatch.setattr(function, "apply", lambda *args: (calls.update(["megatron"]), apply(*args))[1])
+    cfg = tiny(arch)
+    cls = Pretraining if arch != "xlnet" else __import__("pretrain.models.xlnet", fromlist=["XLNet"]).XLNet
+
+    def run_linears(fast: bool):
+        mcore.initialize(tp=1, seed=0)
+        model = cls(cfg).train()
+        linears = [m for m in model.modules() if hasattr(m, "alone")]
+        assert linears and all(m.alone for m in linears)
+        for m in linears:
+            m.alone = fast
+        calls.clear()
+        logits, loss = step(model, arch)
+        return calls["megatron"], logits, loss, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    fast, reference = run_linears(True), run_linears(False)
+    assert fast[0] == 0 and reference[0] >= 4 * cfg.num_layers
+    torch.testing.assert_close(fast[1:3], reference[1:3], rtol=0, atol=0)
+    assert fast[3].keys() == reference[3].keys()
+    for name, grad in reference[3].items():
+        torch.testing.assert_close(fast[3][name], grad, rtol=0, atol=0, msg=name)
+
+
 def test_auto_runs_eager_blocks_and_compile_is_a_choice():
     """auto is eager on CPU and CUDA at every ZeRO stage (compiled blocks measured slower on an H200)."""
     def kernels(setting, cuda, stage):

@@ -1,6 +1,7 @@
 """`ptm plan --gpu`: the speed model against published training results (bench/anchors.yaml), its terms against
 the formulas docs/performance.md states, the command line (`--gpu`, `--nodes`, `--interconnect`, `--compare`,
 `--check` on a real run)."""
+import dataclasses
 import json
 import os
 import re
@@ -310,11 +311,15 @@ def test_samples_mfu_and_time_follow_from_the_step():
     p = speed.predict(cfg, hw, 16)
     from pretrain.cost import model_flops_per_sample, predicted_tokens
 
-    assert p.step == pytest.approx(sum(p.parts().values()))
+    assert p.device == pytest.approx(sum(p.parts().values()))
+    assert p.launches == speed.estimate_launches(cfg).of(2)  # micro batch 32 x 2 per GPU
+    assert p.host == p.launches * 65.6e-6  # hopper's launch_us
+    assert p.step == max(p.device, p.host)
     assert p.samples_per_s == pytest.approx(1024 / p.step) and p.tokens_per_s == pytest.approx(128 * 1024 / p.step)
     flops = model_flops_per_sample(cfg.model, 128, predicted_tokens(cfg))
     assert p.mfu == pytest.approx(flops * p.samples_per_s / (16 * 989e12))
-    assert 0.2 < p.mfu < 0.6  # a BERT-large step on H100s is neither idle nor above the calibrated matmul rate
+    device = p.flops_per_sample * 1024 / p.device / (16 * 989e12)
+    assert 0.2 < device < 0.6  # a BERT-large step on H100s is neither idle nor above the calibrated matmul rate
 
 
 def _numbers(line: str) -> list[float]:
@@ -387,7 +392,8 @@ def test_hardware_is_data_and_bad_hardware_is_one_line(tmp_path):
 def test_check_puts_the_prediction_next_to_a_real_run(train_data, tmp_path):
     """A real (CPU) run, checked against a hardware file describing a slow accelerator: the measured step time is
     the median of the logged steps after the first two, the prediction is `predict` for the run's config and
-    launch, and the fitted matmul efficiency reproduces the measured step time."""
+    launch, and the fitted matmul efficiency reproduces the measured step time; where the host bounds the step (its
+    launches counted), the fitted time per launch does."""
     run = tmp_path / "run"
     run_cli("pretrain", "train", "--config", "bert-tiny", "--set", f"data.path={train_data}", "data.num_workers=0",
             "data.seq_len=32", "model.max_position_embeddings=32", "train.global_batch_size=8",
@@ -403,18 +409,27 @@ def test_check_puts_the_prediction_next_to_a_real_run(train_data, tmp_path):
     accelerator.write_text(yaml.safe_dump({"peak_tflops": {"fp32": 1.0}, "memory_gib": 16, "hbm_gbps": 20,
                                            "nvlink_gbps": 5, "gpus_per_node": 8, "network": "1x10",
                                            "pcie_gbps": 5, "host_memory_gbps": 20, "generation": "ampere"}))
-    out = run_cli("pretrain", "plan", "--check", str(run), "--gpu", str(accelerator)).stdout
+    out = run_cli("pretrain", "plan", "--check", str(run), "--gpu", str(accelerator), "--launch-us", "0.001").stdout
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     measured = statistics.median(r["step_time_s"] for r in rows[2:])
-    predicted = speed.predict(load(str(run / "config.yaml")), speed.gpu(str(accelerator), gpus_per_node=1), 1)
+    device = dataclasses.replace(speed.gpu(str(accelerator), gpus_per_node=1), launch_us=0.001)  # (a host at no cost)
+    predicted = speed.predict(load(str(run / "config.yaml")), device, 1)
     line = next(x for x in out.splitlines() if x.strip().startswith("step time"))
     assert _numbers(line)[:3] == pytest.approx([1e3 * predicted.step, 1e3 * measured, measured / predicted.step],
                                                abs=0.06)
     assert "(4 steps)" in out
     fitted = float(re.search(r"--efficiency matmul=([\d.]+)", out).group(1))
-    refit = speed.predict(load(str(run / "config.yaml")), speed.gpu(str(accelerator), gpus_per_node=1), 1,
-                          speed.Efficiency(matmul=fitted))
+    refit = speed.predict(load(str(run / "config.yaml")), device, 1, speed.Efficiency(matmul=fitted))
     assert refit.step == pytest.approx(measured, rel=0.01)
+    # a host that takes 0.1 s a launch bounds the step: the launches counted on the run's data, the host's time fitted
+    host = run_cli("pretrain", "plan", "--check", str(run), "--gpu", str(accelerator), "--count-launches",
+                   "--launch-us", "100000").stdout
+    assert "bound by the host" in host and "x 100000 us" in host
+    counted = int(re.search(r"([\d,]+) launches \(counted\)", host).group(1).replace(",", ""))
+    assert counted > speed.predict(load(str(run / "config.yaml")), speed.gpu(str(accelerator), gpus_per_node=1),
+                                   1).launches / 2  # (not the estimate's by construction: BERT's, narrowed)
+    fitted_us = float(re.search(r"--launch-us ([\d.e+-]+) \(now 100000\)", host).group(1))
+    assert fitted_us * counted * 1e-6 == pytest.approx(measured, rel=0.01)
 
 
 def test_bench_prints_the_anchor_and_preset_tables():

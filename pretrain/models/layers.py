@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel as mtp
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+from megatron.core.utils import get_pg_size
 from torch import nn
 
 from pretrain import kernels as K
@@ -27,9 +28,41 @@ from pretrain.models.config import embedding_width, normalises_embeddings, padde
 from pretrain.parallel import mcore
 
 
-class RowParallelLinear(mtp.RowParallelLinear):
-    """megatron-core's, handing its own TP group to the matmul: 0.16 hands it None, which warns on every call on
-    rank 0, and that warning is a graph break in every compiled block (two per block, tests/test_compiled.py)."""
+class _OneRankFast:
+    """With one TP rank, a megatron-core parallel linear layer runs eager as a plain `F.linear`: its own forward
+    (argument checks, region copies, the autograd Function `LinearWithGradAccumulationAndAsyncCommunication`) does
+    nothing more there, and costs host time on every call (~8 ms a step at BERT-large on an H200). Same weights, init
+    and names. A compiled block keeps megatron-core's path: Inductor leaves no per-call Python to save, and a plain
+    linear in a compiled encoder-decoder with activation checkpointing trips AOTAutograd's view replay (torch 2.13,
+    tests/test_compiled.py)."""
+
+    def _one_rank(self) -> bool:
+        return get_pg_size(self.tp_group) == 1 and not self.sequence_parallel
+
+    def forward(self, input_, *args, **kwargs):
+        if not (args or kwargs) and self.alone and not torch.compiler.is_compiling():
+            if self.skip_bias_add:
+                return F.linear(input_, self.weight), self.bias
+            return F.linear(input_, self.weight, self.bias), None
+        return super().forward(input_, *args, **kwargs)
+
+
+class ColumnParallelLinear(_OneRankFast, mtp.ColumnParallelLinear):
+    """megatron-core's (fast with one TP rank: `_OneRankFast`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.alone = self._one_rank()
+
+
+class RowParallelLinear(_OneRankFast, mtp.RowParallelLinear):
+    """megatron-core's (fast with one TP rank: `_OneRankFast`), handing its own TP group to the matmul: 0.16 hands it
+    None, which warns on every call on rank 0, and that warning is a graph break in every compiled block (two per
+    block, tests/test_compiled.py)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.alone = self._one_rank()
 
     def _forward_impl(self, input, weight, *args, tp_group=None, **kwargs):
         return super()._forward_impl(input, weight, *args, tp_group=self.tp_group if tp_group is None else tp_group,
@@ -207,7 +240,7 @@ class SelfAttention(nn.Module):
         self.heads = cfg.num_heads // ctx.tp.size()
         self.head_dim = cfg.head_size
         self.dropout = cfg.attention_dropout
-        self.qkv = mtp.ColumnParallelLinear(h, 3 * a, config=ctx.mp, init_method=ctx.inits["qkv"], bias=cfg.bias,
+        self.qkv = ColumnParallelLinear(h, 3 * a, config=ctx.mp, init_method=ctx.inits["qkv"], bias=cfg.bias,
                                             gather_output=False, tp_group=ctx.tp)
         self.core = build_module(submodules.core, ctx, self.head_dim, causal)
         self.out = RowParallelLinear(a, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
@@ -238,9 +271,9 @@ class CrossAttention(nn.Module):
         self.heads = cfg.num_heads // ctx.tp.size()
         self.head_dim = cfg.head_size
         self.dropout = cfg.attention_dropout
-        self.q = mtp.ColumnParallelLinear(h, a, config=ctx.mp, init_method=ctx.inits["q"], bias=cfg.bias,
+        self.q = ColumnParallelLinear(h, a, config=ctx.mp, init_method=ctx.inits["q"], bias=cfg.bias,
                                           gather_output=False, tp_group=ctx.tp)
-        self.kv = mtp.ColumnParallelLinear(h, 2 * a, config=ctx.mp, init_method=ctx.inits["kv"], bias=cfg.bias,
+        self.kv = ColumnParallelLinear(h, 2 * a, config=ctx.mp, init_method=ctx.inits["kv"], bias=cfg.bias,
                                            gather_output=False, tp_group=ctx.tp)
         self.core = build_module(submodules.core, ctx, self.head_dim, False)
         self.out = RowParallelLinear(a, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
@@ -329,7 +362,7 @@ class MLP(nn.Module):
         self.activation = cfg.activation
 
         def column():
-            return mtp.ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, config=ctx.mp,
+            return ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, config=ctx.mp,
                                             init_method=ctx.inits["fc1"],
                                             bias=cfg.bias, gather_output=False, skip_bias_add=True, tp_group=ctx.tp)
         self.fc1 = column()

@@ -26,7 +26,7 @@ from torch import nn
 
 from pretrain import kernels as K
 from pretrain.models.config import padded_vocab_size
-from pretrain.models.layers import MLP, Context, Embeddings, RowParallelLinear, on_tp_generator, per_head
+from pretrain.models.layers import MLP, ColumnParallelLinear, Context, Embeddings, RowParallelLinear, on_tp_generator, per_head
 from pretrain.models.model import _checkpointed_layers, checkpoint, init_replicated, tied_logits
 from pretrain.parallel import mcore
 
@@ -49,7 +49,7 @@ class TwoStreamAttention(nn.Module):
         self.dropout, self.scale = cfg.attention_dropout, 1 / math.sqrt(cfg.head_size)
 
         def column(width, role):
-            return mtp.ColumnParallelLinear(h, width, config=ctx.mp, init_method=ctx.inits[role], bias=False,
+            return ColumnParallelLinear(h, width, config=ctx.mp, init_method=ctx.inits[role], bias=False,
                                             gather_output=False, tp_group=ctx.tp)
         self.q, self.kv, self.r = column(a, "q"), column(2 * a, "kv"), column(a, "q")  # kv: per head [k, v]
         self.out = RowParallelLinear(a, h, config=ctx.mp, init_method=ctx.inits["out"], bias=False,

@@ -1,0 +1,63 @@
+"""Kernel launches per step (pretrain/launches.py), the host term of `ptm plan` (issue 39): counted on a real
+Trainer step of the config narrowed to a tiny width, the same at any width, growing with the layers by the per-layer
+count the estimate uses, on the kernels a GPU runs (SDPA's fused attention, multi-tensor optimizer loops)."""
+import re
+
+import pytest
+
+from conftest import run_cli
+from pretrain import cost, launches, speed
+from pretrain.config import load
+
+pytestmark = pytest.mark.distributed  # (Trainers: a process group of one)
+
+
+def _cfg(train_data, *more):
+    return load("bert-tiny", [f"data.path={train_data}", "data.seq_len=32", "model.max_position_embeddings=32",
+                              "data.valid_fraction=0.02", "precision=bf16", *more])
+
+
+@pytest.fixture(scope="module")
+def counted(train_data):
+    """bert-tiny (2 layers) at head widths 8 and 16, and with 4 layers."""
+    return {"narrow": launches.count(_cfg(train_data)), "wider": launches.count(_cfg(train_data), width=16),
+            "deeper": launches.count(_cfg(train_data, "model.num_layers=4"))}
+
+
+def test_launches_do_not_depend_on_the_width_and_run_the_gpus_kernels(counted):
+    (narrow, seen), (wider, _) = counted["narrow"], counted["wider"]
+    assert narrow == wider
+    first, second, third, end = seen.marks
+    assert second - first == narrow.per_micro_batch and end == narrow.of(launches.ACCUMULATION)
+    assert third - second >= narrow.per_micro_batch  # the last micro-batch: the accumulation boundary's work too
+    ops = seen.ops
+    assert ops["_scaled_dot_product_flash_attention_for_cpu"] == 2 * 3  # a fused kernel per layer, as on a GPU
+    assert ops["_fused_adamw_"] == 2  # torch's fused AdamW: one kernel per parameter group (decay, no decay)
+    assert not [op for op in ops if op in launches.NO_LAUNCH or op in ("view", "t", "transpose", "expand")]
+
+
+def test_launches_grow_with_the_layers_as_the_estimate_says(counted):
+    """Two more layers add two layers' launches to each further micro-batch: `cost.estimate_launches`'s constants
+    are what a BERT layer and its heads launch."""
+    narrow, deeper = counted["narrow"][0], counted["deeper"][0]
+    assert (deeper.per_micro_batch - narrow.per_micro_batch) / 2 == cost.LAYER_LAUNCHES
+    assert deeper.optimizer == narrow.optimizer  # multi-tensor loops: the step's end does not grow with the depth
+    assert cost.estimate_launches(_cfg("unused")) == narrow
+    assert cost.estimate_launches(_cfg("unused", "model.num_layers=4")) == deeper
+
+
+def test_plan_prices_the_counted_launches_and_calibrate_measures_the_host(train_data, counted):
+    sets = [f"data.path={train_data}", "data.seq_len=32", "model.max_position_embeddings=32",
+            "data.valid_fraction=0.02", "precision=bf16", "train.global_batch_size=64", "train.micro_batch_size=8"]
+    out = run_cli("pretrain", "plan", "--config", "bert-tiny", "--gpu", "h200", "--gpus", "4", "--count-launches",
+                  "--launch-us", "40", "--set", *sets).stdout
+    host = next(x for x in out.splitlines() if x.strip().startswith("host (kernel launches)"))
+    launched = counted["narrow"][0].of(2)  # 64 = 8 x 4 GPUs x 2 micro-batches
+    assert f"{launched:,} launches (counted) x 40 us" in host and f"{launched * 40e-3:.1f} ms" in host
+    step = next(x for x in out.splitlines() if x.strip().startswith("step "))
+    assert "bound by the host" in step  # a tiny model's kernels take no time on an H200
+    cfg = load("bert-tiny", [*sets, "model.vocab_size=3000"])
+    assert speed.predict(cfg, speed.gpu("h200"), 4).launches == cost.estimate_launches(cfg).of(2)
+    calibrated = run_cli("pretrain", "plan", "--config", "bert-tiny", "--calibrate", "--set", *sets).stdout
+    assert f"{counted['narrow'][0].of(launches.ACCUMULATION):,} kernel launches a step" in calibrated
+    assert "on cpu" in calibrated and float(re.search(r"--launch-us ([\d.e+-]+)", calibrated).group(1)) > 0
