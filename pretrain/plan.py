@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import json
 import math
 import os
 import sys
-import dataclasses
 from dataclasses import dataclass
 
 from data_prep import PrepError
 from pretrain import speed
-from pretrain.launches import ACCUMULATION, calibrate, count
 from pretrain.config import Config, ConfigError, load
 from pretrain.cost import (STATE_BYTES, activation_bytes, checkpointed, count_parameters, flops_per_sample,
                            largest_module, model_state_bytes, objective_parameters, stream_memory_bytes,
                            teacher_parameters)
+from pretrain.launches import ACCUMULATION, calibrate, count
 
 GIB = 1 << 30
 CUDA_CONTEXT = GIB  # assumed: CUDA context, cuBLAS/NCCL workspaces, allocator slack

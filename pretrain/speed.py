@@ -26,13 +26,14 @@ BF16_Optimizer never overlaps), the weight all-gather of ZeRO-1/2, and the optim
 over the parameters this rank updates). Gradients travel in DeepSpeed's communication_data_type (`reduce_bytes`),
 weights in the model's dtype.
 
+Collectives are rings: 2(n-1)/n of the bytes for an all-reduce, (n-1)/n for a reduce-scatter or all-gather, at
+min(NVLink, the node's NICs / tp) per GPU once the group spans nodes, x Efficiency.link, plus a latency per ring step.
+
 The host issues the kernels of a step as the GPU runs them, each launch costing it Hardware.launch_us (Python,
 dispatch, the driver: `ptm plan --calibrate` measures it on the node, configs/hardware/gpus.yaml gives a default per
 generation): `host` = launches per step (pretrain/launches.py: counted, or estimated from the layers) x launch_us. A
-step takes the longer of the device's time and the host's. Collectives are rings: 2(n-1)/n of the bytes for an all-reduce, (n-1)/n for a
-reduce-scatter or all-gather, at min(NVLink, the node's NICs / tp) per GPU once the group spans nodes, x
-Efficiency.link, plus a latency per ring step. docs/performance.md derives each term and lists the published
-results it is checked against.
+step takes the longer of the device's time and the host's. docs/performance.md derives each term and lists the
+published results (and ptm's own GPU runs) it is checked against.
 """
 from __future__ import annotations
 
