@@ -26,7 +26,6 @@ from pretrain.config import Config, ConfigError, load
 from pretrain.cost import (STATE_BYTES, activation_bytes, checkpointed, count_parameters, flops_per_sample,
                            largest_module, model_state_bytes, objective_parameters, stream_memory_bytes,
                            teacher_parameters)
-from pretrain.launches import ACCUMULATION, calibrate, count
 
 GIB = 1 << 30
 CUDA_CONTEXT = GIB  # assumed: CUDA context, cuBLAS/NCCL workspaces, allocator slack
@@ -191,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--launch-us {args.launch_us:g}: a time per launch is positive (microseconds)")
         if args.check:
             print(speed.check(args.check, args.gpu, args.interconnect, efficiency,
-                              count if args.count_launches else None, args.launch_us))
+                              _count if args.count_launches else None, args.launch_us))
             return 0
         if not args.config:
             raise ConfigError("give --config CONFIG (or --check RUN_DIR)")
@@ -213,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         world = args.gpus or ((args.nodes or 1) * per_node if hw or args.nodes else 1)
         memory = args.gpu_memory or (hw.memory_gib if hw else None)
         plan = estimate(cfg, world, memory)
-        launches = count(cfg)[0] if hw and args.count_launches else None
+        launches = _count(cfg)[0] if hw and args.count_launches else None
         predicted = speed.report(cfg, hw, world, efficiency, launches) if hw else ""  # a layout it refuses stops here
         print(_header(args.config, cfg, plan, vocab_source, world))
         if args.compare and hw:
@@ -234,8 +233,17 @@ def run(args: argparse.Namespace) -> int:
     return 1 if plan.fits is False else 0
 
 
+def _count(cfg: Config):
+    """pretrain/launches.py's count (imported here: it brings torch, which `ptm plan` does not need otherwise)."""
+    from pretrain.launches import count
+
+    return count(cfg)
+
+
 def _calibrate(name: str, cfg: Config) -> str:
     """`ptm plan --calibrate`: this node's host time per kernel launch, from narrowed steps of `cfg` on its device."""
+    from pretrain.launches import ACCUMULATION, calibrate
+
     launches, seconds, device = calibrate(cfg)
     return (f"{name} narrowed to a tiny width on {device}: {launches.of(ACCUMULATION):,} kernel launches "
             f"a step of {ACCUMULATION} micro-batches ({launches.first:,} in the first, {launches.per_micro_batch:,} in "

@@ -369,9 +369,15 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the heartbeat and release DeepSpeed's hooks and buffers (ZeRO-3 partitioning, offload), so that
-        another Trainer in this process starts clean."""
+        another Trainer in this process starts clean: ZeRO-3 also replaces torch.nn.functional.linear process-wide
+        with its own (a matmul and a bias add; "this will persist unless manually reset"), which is put back."""
         heartbeat.stop()
         self.engine.destroy()
+        from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
+
+        original = getattr(InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
+        if original is not None:
+            torch.nn.functional.linear = original
 
 
 def train(cfg: Config) -> dict:
