@@ -14,6 +14,7 @@ every model to a few layers so the script can be checked on a CPU (tests/test_be
 from __future__ import annotations
 
 import argparse
+import itertools
 import traceback
 
 import torch
@@ -25,19 +26,22 @@ CASES = {  # name: (preset, seq_len, micro batch, optimizer)
     "bert-large-128": ("bert-large", 128, 64, "lamb"),
     "bert-large-512": ("bert-large", 512, 16, "lamb"),
     "gpt2-medium-1024": ("gpt2-medium", 1024, 8, "adamw"),
+    "bert-base-128": ("bert-base", 128, 32, "lamb"),
 }
-ROWS = ("ptm", "ptm compiled", "HF eager", "HF compiled", "megatron-core")
+ROWS = ("ptm", "ptm compiled", "ptm whole-compiled", "ptm graphed", "HF eager", "HF compiled", "megatron-core")
 TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=2", "model.ffn_hidden_size=256"]
 
 
-def config(case: str, precision: str, tiny: bool, kernels: str = "auto"):
-    preset, seq, batch, opt = CASES[case]
+def config(case: str, precision: str, tiny: bool, kernels: str = "auto", micro: int | None = None,
+           extra: tuple = ()):
+    preset, seq, default, opt = CASES[case]
+    batch = micro or default
     vocab = 50257 if preset.startswith("gpt2") else 30522
     seq = min(seq, 64) if tiny else seq
     cfg = ptm_config(preset, [f"precision={precision}", f"model.vocab_size={vocab}", f"data.seq_len={seq}",
                               f"model.max_position_embeddings={max(seq, 512 if vocab == 30522 else 1024)}",
                               f"train.global_batch_size={2 if tiny else batch}", f"train.micro_batch_size={2 if tiny else batch}",
-                              f"optimizer.name={opt}", "zero.stage=1", f"kernels={kernels}", *(TINY if tiny else [])])
+                              f"optimizer.name={opt}", "zero.stage=1", f"kernels={kernels}", *(TINY if tiny else []), *extra])
     return cfg, (2 if tiny else batch)
 
 
@@ -64,6 +68,8 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--precisions", nargs="*", default=["bf16", "fp16"], choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row (median reported)")
+    parser.add_argument("--micro", nargs="*", type=int, default=[None], metavar="N",
+                        help="micro batch sizes to time each case at (default: the case's own)")
     parser.add_argument("--tiny", action="store_true", help="2-layer models, short sequences: check the script on a CPU")
     parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS), metavar="ROW",
                         help=f"implementations to time (default: all of {', '.join(ROWS)})")
@@ -71,18 +77,20 @@ def main() -> None:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"{name}, torch {torch.__version__}")
-    for case in args.cases:
-        for precision in args.precisions:
-            cfg, batch = config(case, precision, args.tiny)
-            compiled, _ = config(case, precision, args.tiny, "compile")
-            print(f"\n{case} {precision}, micro batch {batch}")
-            print(f"{'':<18}{'samples/s':>10}{'tokens/s':>12}{'TFLOP/s':>9}{'MFU':>8}{'mem GiB':>9}")
-            makes = {"ptm": lambda: ptm_step(cfg, batch), "ptm compiled": lambda: ptm_step(compiled, batch),
-                     "HF eager": lambda: hf_step(cfg, batch, compiled=False),
-                     "HF compiled": lambda: hf_step(cfg, batch, compiled=True),
-                     "megatron-core": lambda: mcore_step(cfg, batch)}
-            for name in args.rows:
-                print(row(name, makes[name], cfg, batch, args.steps, device))
+    for case, precision, micro in itertools.product(args.cases, args.precisions, args.micro):
+        cfg, batch = config(case, precision, args.tiny, micro=micro)
+        compiled, _ = config(case, precision, args.tiny, "compile", micro)
+        undropped, _ = config(case, precision, args.tiny, micro=micro, extra=("model.attention_dropout=0",))
+        print(f"\n{case} {precision}, micro batch {batch}")
+        print(f"{'':<18}{'samples/s':>10}{'tokens/s':>12}{'TFLOP/s':>9}{'MFU':>8}{'mem GiB':>9}")
+        makes = {"ptm": lambda: ptm_step(cfg, batch), "ptm compiled": lambda: ptm_step(compiled, batch),
+                 "ptm whole-compiled": lambda: ptm_step(cfg, batch, whole=True),
+                 "ptm graphed": lambda: ptm_step(undropped, batch, graphed=True),
+                 "HF eager": lambda: hf_step(cfg, batch, compiled=False),
+                 "HF compiled": lambda: hf_step(cfg, batch, compiled=True),
+                 "megatron-core": lambda: mcore_step(cfg, batch)}
+        for name in args.rows:
+            print(row(name, makes[name], cfg, batch, args.steps, device))
 
 
 if __name__ == "__main__":

@@ -47,9 +47,14 @@ def make_batch(cfg: C.Config, batch_size: int, device) -> dict[str, torch.Tensor
     return {k: v.to(device) for k, v in out.items()}
 
 
-def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False, fused: bool | None = None):
+def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False, fused: bool | None = None,
+             graphed: bool = False, whole: bool = False):
     """ptm's train step (forward, global-batch-normalised loss, DeepSpeed backward and step) on one process;
-    `fused`: whether the LM head runs the fused linear cross-entropy (None: as `ptm train` decides, on CUDA)."""
+    `fused`: whether the LM head runs the fused linear cross-entropy (None: as `ptm train` decides, on CUDA);
+    `graphed`: each block's forward and backward captured in a CUDA graph (`torch.cuda.make_graphed_callables`) and
+    replayed, the embeddings, heads, loss and optimizer eager (a measurement of what capture would win: attention
+    dropout, drawn from megatron's RNG tracker, must be off); `whole`: the whole model `torch.compile`d (not per
+    block, as kernels=compile does)."""
     mcore.initialize(1, cfg.seed)
     from pretrain import device as dev
 
@@ -61,12 +66,27 @@ def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False, fused: bool
     objective = objectives.get(cfg.data.objective)
     data = make_batch(cfg, batch_size, "cpu")  # located on the host, as ptm's loader does (no syncs on the device)
     data = {k: v.to(dev.device()) for k, v in objective.locate(pack(data) if unpadded else data).items()}
+    if graphed:
+        _graph_blocks(model, data)
+    if whole:
+        model.compile()
 
     def step():
         loss = losses.objective(objective.compute(eng, data, fused=fused), objective.elements(data))
         eng.backward(loss)
         eng.step()
     return step
+
+
+def _graph_blocks(model: Pretraining, data: dict) -> None:
+    """Replace each block's forward by a CUDA graph of it (padded batches of one shape: the key-padding mask)."""
+    assert not model.cfg.attention_dropout, "attention dropout draws from megatron's RNG tracker: set it to 0"
+    p = next(model.parameters())
+    b, s = data["input_ids"].shape
+    mask = data["attention_mask"][:, None, None, :].bool()
+    samples = tuple((torch.randn(b, s, model.cfg.hidden_size, dtype=p.dtype, device=p.device, requires_grad=True),
+                     mask) for _ in model.blocks)
+    torch.cuda.make_graphed_callables(tuple(model.blocks), samples)
 
 
 def hf_step(cfg: C.Config, batch_size: int, compiled: bool):

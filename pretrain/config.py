@@ -25,7 +25,7 @@ from pretrain.models.config import ModelConfig, embedding_width, positions_neede
 from pretrain.objectives.ernie import ErnieStage  # noqa: F401 (the ernie section's stages, named here too)
 from pretrain.objectives import masking
 from pretrain.objectives.masking import STRATEGIES as MASKINGS
-from pretrain.schema import opt
+from pretrain.schema import AUTO, opt
 from pretrain.yaml_config import ConfigError
 from ptm import shipped
 
@@ -70,8 +70,10 @@ class DataConfig:
 class TrainConfig:
     steps: int = opt(1_000_000, "optimizer steps", range="> 0")
     global_batch_size: int = opt(256, "sequences per optimizer step, over all data-parallel ranks", range="> 0")
-    micro_batch_size: int = opt(32, "sequences per forward pass on one rank (gradient accumulation fills the rest)",
-                                range="> 0")
+    micro_batch_size: int | str = opt(AUTO, "sequences per forward pass on one rank (gradient accumulation fills the "
+                                            "rest); auto: the largest that fits the GPU's memory (ptm plan's "
+                                            "estimate) and divides global_batch_size / data-parallel size",
+                                      range="> 0")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this; 0: no clipping", range=">= 0")
     log_interval: int = opt(10, "steps between log lines", range="> 0")
     eval_interval: int = opt(1000, "steps between evaluations; 0: never", range=">= 0")
@@ -275,10 +277,11 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     for k in (*split, "model.vocab_pad_to"):  # splits its softmax alone
         errors.need(cfg.get(k) % tp == 0, f"{k}={cfg.get(k)} is not divisible by parallel.tp={tp}; "
                                           f"use a parallel.tp that divides it")
-    per_step = t.micro_batch_size * dp
+    per_step = dp if t.micro_batch_size == AUTO else t.micro_batch_size * dp  # auto picks a divisor of the rest
     errors.need(t.global_batch_size % per_step == 0,
-                f"train.global_batch_size={t.global_batch_size} is not divisible by train.micro_batch_size x "
-                f"data-parallel size = {t.micro_batch_size} x {dp} = {per_step}; "
+                f"train.global_batch_size={t.global_batch_size} is not divisible by "
+                + (f"the data-parallel size {dp}; " if t.micro_batch_size == AUTO else
+                   f"train.micro_batch_size x data-parallel size = {t.micro_batch_size} x {dp} = {per_step}; ") +
                 f"set train.global_batch_size to a multiple of {per_step}")
     needed = positions_needed(m, d.seq_len)
     errors.need(needed <= m.max_position_embeddings,

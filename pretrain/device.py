@@ -138,6 +138,18 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB on Linux
 
 
+def capacity_gib() -> float:
+    """The memory one rank may fill, the smallest over all ranks (they pick one micro batch together): its GPU's
+    whole memory, or on a CPU the machine's physical memory shared by the node's processes (LOCAL_WORLD_SIZE)."""
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(device()).total_memory
+    else:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if dist.is_initialized():
+        total = int(all_reduce(torch.tensor([total], dtype=torch.int64), op=dist.ReduceOp.MIN).item())
+    return total / 2 ** 30
+
+
 def device_memory() -> dict[str, float]:
     """On a GPU, `device_memory_gib`: all of its memory in use now as the driver counts it (what torch's allocator
     holds, cached blocks included, plus the CUDA context, NCCL's buffers and other processes); nothing on a CPU."""

@@ -4,9 +4,8 @@
     cfg = load("bert-large")
     plan = estimate(cfg, world_size=8, gpu_memory_gib=80)     # bytes per GPU, plan.fits, plan.max_micro_batch
 
-Everything is computed from the config alone (no torch, no megatron import) by pretrain/cost.py: parameter counts
-held to the model built on the meta device, model states following DeepSpeed's ZeRO partitioning, activations
-following Korthikanti et al. 2022. docs/performance.md lists the assumptions.
+Everything is computed from the config alone (no torch, no megatron import): memory by pretrain/memory.py, speed by
+pretrain/speed.py; docs/performance.md lists the assumptions.
 """
 from __future__ import annotations
 
@@ -18,97 +17,16 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
 
 from data_prep import PrepError
 from pretrain import speed
-from pretrain.config import Config, ConfigError, load
-from pretrain.cost import (STATE_BYTES, activation_bytes, checkpointed, count_parameters, flops_per_sample,
-                           largest_module, model_state_bytes, objective_parameters, stream_memory_bytes,
-                           teacher_parameters)
+from pretrain.config import AUTO, Config, ConfigError, load
+from pretrain.cost import checkpointed, flops_per_sample
+from pretrain.memory import COMPONENTS, GIB, HEADROOM, Plan, auto_micro_batch, estimate
 
-GIB = 1 << 30
-CUDA_CONTEXT = GIB  # assumed: CUDA context, cuBLAS/NCCL workspaces, allocator slack
-REDUCE_BUCKET = 500_000_000  # DeepSpeed's reduce_bucket_size (elements): one gradient bucket, allocated whole
 DEFAULT_VOCAB = 30522  # BERT's WordPiece vocabulary, when neither config nor dataset gives one
 CHECKPOINT_BYTES = 12  # per parameter in a ptm checkpoint: fp32 weights and both moments
 SHA256_GBPS = 1.0  # each writer hashes its files after writing them (meta.json records them)
-
-# -------------------------------------------------------------------------------------------- memory
-
-COMPONENTS = {"weights": "weights", "gradients": "gradients", "optimizer_states": "optimizer states",
-              "zero3_gathered": "ZeRO-3 gathered module", "activations": "activations", "logits": "logits",
-              "stream_memory": "memory of the streams", "teacher": "frozen teacher",
-              "buffers": "CUDA context + reduce bucket"}  # Plan's GPU fields and their row labels
-
-
-@dataclass
-class Plan:
-    """Memory of one GPU in bytes, by component, for one config on `tp` x `dp` GPUs."""
-    params: int  # the whole model
-    params_per_rank: int  # one TP rank
-    tp: int
-    dp: int
-    weights: int
-    gradients: int
-    optimizer_states: int  # fp32 master copy (mixed precision) and moments, unless offloaded
-    zero3_gathered: int  # ZeRO-3: the largest module's full weights and gradients
-    activations: int  # transformer layers, kept for the backward pass
-    logits: int  # fp32 LM-head logits
-    stream_memory: int  # a recurrent model's memory of its streams, kept between steps (model.mem_len)
-    teacher: int  # a distillation's frozen teacher: its weights (split by TP, and by DP under ZeRO-3)
-    buffers: int  # CUDA context and the gradient reduce bucket
-    cpu_offload: int  # CPU memory per GPU process (ZeRO-Offload)
-    teacher_params: int | None = 0  # per TP rank; None: named but not readable here (not counted)
-    gpu_memory: int | None = None  # capacity checked against
-    max_micro_batch: int | None = None  # the largest micro batch that fits gpu_memory
-
-    @property
-    def total(self) -> int:
-        return sum(getattr(self, name) for name in COMPONENTS)
-
-    @property
-    def fits(self) -> bool | None:
-        return None if self.gpu_memory is None else self.total <= self.gpu_memory
-
-
-def estimate(cfg: Config, world_size: int, gpu_memory_gib: float | None = None) -> Plan:
-    """Memory per GPU of training `cfg` on `world_size` GPUs, and the largest micro batch that fits
-    `gpu_memory_gib` (when given). Raises ConfigError for a config that would not start."""
-    m, z, tp = cfg.model, cfg.zero, cfg.parallel.tp
-    dp = _data_parallel_size(cfg, world_size)
-    n = count_parameters(m, tp) + objective_parameters(cfg)
-    weights, gradients, optimizer, cpu = model_state_bytes(n, dp, z.stage, z.offload, cfg.precision)
-    weight, grad, _ = STATE_BYTES[cfg.precision]
-    gathered = (weight + grad) * largest_module(m, tp) if z.stage == 3 else 0
-    activations, logits = activation_bytes(cfg, cfg.train.micro_batch_size)
-    teacher = teacher_parameters(cfg)
-    plan = Plan(params=count_parameters(m) + objective_parameters(cfg), params_per_rank=n, tp=tp, dp=dp, weights=weights, gradients=gradients,
-                optimizer_states=optimizer, zero3_gathered=gathered, activations=activations, logits=logits,
-                stream_memory=stream_memory_bytes(cfg, dp), teacher=weight * (teacher or 0) // (dp if z.stage == 3 else 1),
-                buffers=CUDA_CONTEXT + REDUCE_BUCKET * grad, cpu_offload=cpu, teacher_params=teacher)
-    if gpu_memory_gib is not None:
-        plan.gpu_memory = int(gpu_memory_gib * GIB)
-        one = sum(activation_bytes(cfg, 1))  # activations grow linearly with the micro batch, from a constant part
-        per_sample = sum(activation_bytes(cfg, 2)) - one  # (the fused LM loss's weight-gradient sum)
-        fixed = one - per_sample
-        plan.max_micro_batch = max(0, (plan.gpu_memory - plan.total + activations + logits - fixed) // per_sample)
-    return plan
-
-
-def _data_parallel_size(cfg: Config, world_size: int) -> int:
-    """world_size / tp, after the config's own checks (less those about the dataset and the global batch)."""
-    tp = cfg.parallel.tp
-    if world_size < 1 or world_size % tp:
-        raise ConfigError(f"{world_size} GPUs do not split into parallel.tp={tp} groups; "
-                          f"use a multiple of {tp} GPUs or another parallel.tp")
-    if cfg.model.vocab_size < 1:
-        raise ConfigError("model.vocab_size is 0 (the dataset's); give --vocab-size or set model.vocab_size")
-    probe = copy.deepcopy(cfg)
-    probe.data.path = probe.data.path or "unused"
-    probe.train.global_batch_size = probe.train.micro_batch_size * (world_size // tp)
-    probe.validate(world_size // tp)
-    return world_size // tp
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -211,10 +129,13 @@ def run(args: argparse.Namespace) -> int:
         per_node = hw.gpus_per_node if hw else per_node or 8
         world = args.gpus or ((args.nodes or 1) * per_node if hw or args.nodes else 1)
         memory = args.gpu_memory or (hw.memory_gib if hw else None)
+        picked = cfg.train.micro_batch_size == AUTO
+        if picked:  # as a run picks it on GPUs of this memory
+            cfg.train.micro_batch_size = auto_micro_batch(cfg, world, memory)
         plan = estimate(cfg, world, memory)
         launches = _count(cfg)[0] if hw and args.count_launches else None
         predicted = speed.report(cfg, hw, world, efficiency, launches) if hw else ""  # a layout it refuses stops here
-        print(_header(args.config, cfg, plan, vocab_source, world))
+        print(_header(args.config, cfg, plan, vocab_source, world, picked and memory))
         if args.compare and hw:
             print(ranking(cfg, hw, world, efficiency, memory))
         elif args.compare:
@@ -281,13 +202,16 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f}"
 
 
-def _header(name: str, cfg: Config, plan: Plan, vocab_source: str, world: int) -> str:
+def _header(name: str, cfg: Config, plan: Plan, vocab_source: str, world: int, auto: float | None | bool) -> str:
+    """`auto`: the GPU memory train.micro_batch_size=auto was picked for (None: none given; False: not auto)."""
     m, z, d = cfg.model, cfg.zero, cfg.data
+    picked = "" if auto is False else (f" (auto: {HEADROOM:.0%} of {auto:g} GiB)" if auto else
+                                       " (auto: the whole batch per rank; give --gpu or --gpu-memory to fit one)")
     flops = flops_per_sample(cfg)
     return (f"{name}: {m.arch}, {plan.params / 1e6:.1f}M parameters ({plan.params_per_rank / 1e6:.1f}M per "
             f"TP rank), vocabulary {m.vocab_size} ({vocab_source})\n"
             f"{world} GPUs = tp {plan.tp} x dp {plan.dp}, ZeRO-{z.stage}{' + offload' if z.offload else ''}, "
-            f"{cfg.precision}, micro batch {cfg.train.micro_batch_size} x {d.seq_len} tokens, "
+            f"{cfg.precision}, micro batch {cfg.train.micro_batch_size}{picked} x {d.seq_len} tokens, "
             f"activation checkpointing {checkpointed(m)}/{m.num_layers} layers\n"
             f"training FLOPs per sequence: {flops:.3e} (forward + backward{', the teacher forward' if plan.teacher_params else ''}"
             f", no recomputation)\n"

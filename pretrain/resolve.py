@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from pretrain import checkpoint as C
 from pretrain import device as dev
-from pretrain import heartbeat, objectives
-from pretrain.config import Config, ConfigError
+from pretrain import heartbeat, memory, objectives
+from pretrain.config import AUTO, Config, ConfigError
 from pretrain.data.factory import open_corpora
 from pretrain.parallel import mcore
 
@@ -64,6 +64,8 @@ def resolve(cfg: Config) -> Resolved:
             log(f"model sizes from {init}: " + ", ".join(f"{k}={getattr(cfg.model, k)}" for k in taken))
     readable = all(os.path.isfile(os.path.join(p, "manifest.json")) for p in cfg.data.paths if p)
     corpora = _datasets(cfg) if readable and all(cfg.data.paths) else None
+    if corpora is not None and cfg.train.micro_batch_size == AUTO:
+        _pick_micro_batch(cfg, world)
     cfg.validate(dp=world // cfg.parallel.tp)  # once, with the dataset's vocabulary and padding id
     if corpora is None:  # a valid config whose data.path is no dataset: the dataset's own error
         _datasets(cfg)
@@ -75,6 +77,16 @@ def resolve(cfg: Config) -> Resolved:
                     objective=objectives.get(cfg.data.objective).configured(cfg), checkpoints=checkpoints,
                     resume=resume, meta=meta, init=init,
                     most_frequent=int(np.bincount(sample, minlength=cfg.model.vocab_size).argmax()))
+
+
+def _pick_micro_batch(cfg: Config, world: int) -> None:
+    """train.micro_batch_size=auto: the largest micro batch the memory estimate fits on the smallest rank's device,
+    the same on every rank."""
+    capacity = dev.capacity_gib()
+    cfg.train.micro_batch_size = micro = memory.auto_micro_batch(cfg, world, capacity)
+    per_rank = cfg.train.global_batch_size // (world // cfg.parallel.tp)
+    log(f"train.micro_batch_size=auto: {micro} ({per_rank // micro} accumulation step{'s' * (per_rank > micro)} of "
+        f"{per_rank} sequences per rank; {memory.HEADROOM:.0%} of {capacity:.1f} GiB per {dev.device().type})")
 
 
 def _datasets(cfg: Config) -> list:

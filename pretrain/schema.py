@@ -14,6 +14,7 @@ import types
 import typing
 from dataclasses import field
 
+AUTO = "auto"  # the value of a number field that the run picks when it starts (train.micro_batch_size)
 RANGES = {"> 0": (lambda x: x > 0, "must be positive; set {k} to a value > 0"),
           ">= 0": (lambda x: x >= 0, "must not be negative; set {k} to a value >= 0"),
           "[0, 1)": (lambda x: 0 <= x < 1, "is outside [0, 1); set {k} to a value in [0, 1)"),
@@ -71,7 +72,10 @@ def problems(obj, prefix: str = "") -> list[str]:
         if allowed is not None and value not in allowed:
             out.append(f"{key}={value!r} is not one of {' | '.join(map(str, allowed))}; set {key} to one of them")
         limit = f.metadata.get("range")
-        if limit is not None and value is not None and not RANGES[limit][0](value):
+        if limit is not None and isinstance(value, str):  # a number field that takes auto (train.micro_batch_size)
+            if value != AUTO:
+                out.append(f"{key}={value!r} is neither a number nor {AUTO}; set {key} to a number or {AUTO}")
+        elif limit is not None and value is not None and not RANGES[limit][0](value):
             out.append(f"{key}={value} " + RANGES[limit][1].format(k=key))
     return out
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT, run_cli
-from pretrain.config import load
+from pretrain.config import ConfigError, load
 from pretrain.models.config import FUSED_CHUNK_BYTES, ModelConfig, padded_vocab_size
 from pretrain.cost import activation_bytes, count_parameters, largest_module, model_flops_per_sample
 from pretrain.plan import COMPONENTS, checkpoint_bytes, estimate
@@ -126,13 +126,39 @@ def test_activations_follow_korthikanti_with_the_kernels_ptm_runs():
 
 
 def test_largest_micro_batch_is_the_edge():
-    cfg = load("bert-large")
+    cfg = load("bert-large", ["train.micro_batch_size=16"])
     plan = estimate(cfg, 8, gpu_memory_gib=24)
     assert plan.fits and plan.max_micro_batch > cfg.train.micro_batch_size
     cfg.train.micro_batch_size = plan.max_micro_batch
     assert estimate(cfg, 8, 24).fits
     cfg.train.micro_batch_size += 1
     assert not estimate(cfg, 8, 24).fits
+
+
+def test_auto_micro_batch_is_the_largest_divisor_that_fits():
+    """train.micro_batch_size=auto: the largest divisor of the per-rank batch whose estimate fits HEADROOM of the
+    memory; the next divisor up does not fit; no memory given: the whole per-rank batch; nothing fits: one line."""
+    from pretrain.memory import HEADROOM, auto_micro_batch
+
+    cfg = load("bert-large", ["train.global_batch_size=4096", "data.seq_len=128"])
+    assert cfg.train.micro_batch_size == "auto"
+    for gib, world in ((16, 8), (40, 8), (80, 16), (141, 8)):
+        per_rank = 4096 // world
+        picked = auto_micro_batch(cfg, world, gib)
+        fixed = load("bert-large", ["train.global_batch_size=4096", "data.seq_len=128",
+                                    f"train.micro_batch_size={picked}"])
+        assert per_rank % picked == 0 and estimate(fixed, world, HEADROOM * gib).fits
+        assert estimate(cfg, world, gib).activations == estimate(fixed, world, gib).activations  # picked alike
+        bigger = [b for b in range(picked + 1, per_rank + 1) if per_rank % b == 0]
+        if bigger:
+            fixed.train.micro_batch_size = bigger[0]
+            assert not estimate(fixed, world, HEADROOM * gib).fits
+    assert auto_micro_batch(cfg, 8, 16) < auto_micro_batch(cfg, 8, 141) <= 512
+    assert auto_micro_batch(cfg, 8, None) == 512
+    with pytest.raises(ConfigError, match="not even micro batch 1 fits.*activation_checkpointing"):
+        auto_micro_batch(cfg, 8, 2)
+    with pytest.raises(ConfigError, match="neither a number nor auto"):
+        load("bert-large", ["train.micro_batch_size=some"]).validate(8)
 
 
 def test_flops_match_published_formulas():

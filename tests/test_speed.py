@@ -212,9 +212,10 @@ def test_gemm_shapes_set_the_matmul_rate():
     work = [(L * m * n * k, g(m) * g(n) * g(k)) for n, k in ((3 * h, h), (h, h), (f, h), (h, f))]
     work += [(L * b * 2 * h * s * s, speed.ATTENTION_RATE), (b * p * v * h, g(b * p) * g(v) * g(h))]
     assert speed.gemm_shape(cfg) == pytest.approx(sum(w for w, _ in work) / sum(w / r for w, r in work))
-    wide = load("gpt2", ["model.hidden_size=8192", "model.num_heads=64", "model.ffn_hidden_size=32768"])
-    assert speed.gemm_shape(load("gpt2")) < speed.gemm_shape(wide)
-    assert speed.gemm_shape(load("gpt2", ["parallel.tp=8"])) < speed.gemm_shape(load("gpt2"))
+    micro = "train.micro_batch_size=8"
+    wide = load("gpt2", [micro, "model.hidden_size=8192", "model.num_heads=64", "model.ffn_hidden_size=32768"])
+    assert speed.gemm_shape(load("gpt2", [micro])) < speed.gemm_shape(wide)
+    assert speed.gemm_shape(load("gpt2", [micro, "parallel.tp=8"])) < speed.gemm_shape(load("gpt2", [micro]))
 
 
 def test_overlap_follows_deepspeeds_overlap_comm(tmp_path):

@@ -61,15 +61,21 @@ def test_bad_configs_fail_before_training(dataset, tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
-def test_gpt2_tiny_trains_and_reports_perplexity(dataset, tmp_path):
+def test_gpt2_tiny_trains_and_reports_perplexity(dataset, tmp_path, capfd):
+    """...with train.micro_batch_size=auto: the run picks the micro batch the memory estimate fits on this machine
+    (here the whole batch: a CPU's memory), logs it and records it in its config.yaml."""
+    from pretrain import device, memory
     from pretrain.train import train
 
-    summary = train(load("gpt2-tiny", [f"data.path={dataset}", f"out_dir={tmp_path}", "train.steps=4",
-                                       "data.num_workers=0", "data.seq_len=32", "train.global_batch_size=4",
-                                       "train.micro_batch_size=2", "optimizer.warmup_steps=1",
-                                       "train.eval_interval=0", "data.valid_fraction=0.02"]))
+    cfg = load("gpt2-tiny", [f"data.path={dataset}", f"out_dir={tmp_path}", "train.steps=4", "data.num_workers=0",
+                             "data.seq_len=32", "train.global_batch_size=4", "train.micro_batch_size=auto",
+                             "optimizer.warmup_steps=1", "train.eval_interval=0", "data.valid_fraction=0.02"])
+    summary = train(cfg)
     assert summary["steps"] == 4 and summary["valid_ppl"] > 1
     assert json.load(open(tmp_path / "summary.json"))["steps"] == 4
+    picked = load(str(tmp_path / "config.yaml")).train.micro_batch_size
+    assert picked == memory.auto_micro_batch(cfg, 1, device.capacity_gib()) == 4
+    assert "train.micro_batch_size=auto: 4 (1 accumulation step of 4 sequences per rank" in capfd.readouterr().err
 
 
 def assert_report(run_dir):
