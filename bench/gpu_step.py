@@ -41,7 +41,8 @@ def config(case: str, precision: str, tiny: bool, kernels: str = "auto", micro: 
     cfg = ptm_config(preset, [f"precision={precision}", f"model.vocab_size={vocab}", f"data.seq_len={seq}",
                               f"model.max_position_embeddings={max(seq, 512 if vocab == 30522 else 1024)}",
                               f"train.global_batch_size={2 if tiny else batch}", f"train.micro_batch_size={2 if tiny else batch}",
-                              f"optimizer.name={opt}", "zero.stage=1", f"kernels={kernels}", *(TINY if tiny else []), *extra])
+                              f"optimizer.name={opt}", "zero.stage=1", f"kernels={kernels}", *(TINY if tiny else []),
+                              *extra])
     return cfg, (2 if tiny else batch)
 
 

@@ -58,10 +58,17 @@ def ptm_step(cfg: C.Config, batch_size: int, unpadded: bool = False, fused: bool
     mcore.initialize(1, cfg.seed)
     from pretrain import device as dev
 
+    if graphed and dev.device().type != "cuda":
+        raise RuntimeError("CUDA graphs need a CUDA device")
     model = Pretraining(cfg.model).to(dev.device())
     optimizer = optim.build(model, cfg.optimizer)
     scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(optimizer)
-    run = engine.build(cfg, model, optimizer, scheduler)
+    # graphed: DeepSpeed's gradient hooks keep each parameter's AccumulateGrad node, whose stream is the one current
+    # when it is made; made on the legacy default stream, capturing the blocks' backward fails ("operation would make
+    # the legacy stream depend on a capturing blocking stream", an H200 lease of 2026-11-28). torch's CUDA-graph notes
+    # build DDP on a side stream for this reason; DeepSpeed's engine is built the same way here.
+    with torch.cuda.stream(torch.cuda.Stream()) if graphed else contextlib.nullcontext():
+        run = engine.build(cfg, model, optimizer, scheduler)
     eng, fused = run.engine, run.fused_lm_loss if fused is None else fused
     objective = objectives.get(cfg.data.objective)
     data = make_batch(cfg, batch_size, "cpu")  # located on the host, as ptm's loader does (no syncs on the device)
@@ -82,6 +89,8 @@ def _graph_blocks(model: Pretraining, data: dict) -> None:
     """Replace each block's forward by a CUDA graph of it (padded batches of one shape: the key-padding mask)."""
     assert not model.cfg.attention_dropout, "attention dropout draws from megatron's RNG tracker: set it to 0"
     p = next(model.parameters())
+    if "attention_mask" not in data:
+        raise RuntimeError("the graphed row takes BERT's padded batches (its blocks' mask is a tensor)")
     b, s = data["input_ids"].shape
     mask = data["attention_mask"][:, None, None, :].bool()
     samples = tuple((torch.randn(b, s, model.cfg.hidden_size, dtype=p.dtype, device=p.device, requires_grad=True),

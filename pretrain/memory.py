@@ -118,6 +118,6 @@ def auto_micro_batch(cfg: Config, world_size: int, capacity_gib: float | None) -
     fitting = [b for b in range(min(largest, per_rank), 0, -1) if per_rank % b == 0]
     if not fitting:
         raise ConfigError(f"train.micro_batch_size=auto: not even micro batch 1 fits {HEADROOM:.0%} of "
-                          f"{capacity_gib:.1f} GiB per GPU; raise zero.stage or parallel.tp, or set "
+                          f"{capacity_gib:.1f} GiB per rank; raise zero.stage or parallel.tp, or set "
                           f"model.activation_checkpointing=true (`ptm plan` shows the memory by component)")
     return fitting[0]

@@ -86,7 +86,8 @@ def _pick_micro_batch(cfg: Config, world: int) -> None:
     cfg.train.micro_batch_size = micro = memory.auto_micro_batch(cfg, world, capacity)
     per_rank = cfg.train.global_batch_size // (world // cfg.parallel.tp)
     log(f"train.micro_batch_size=auto: {micro} ({per_rank // micro} accumulation step{'s' * (per_rank > micro)} of "
-        f"{per_rank} sequences per rank; {memory.HEADROOM:.0%} of {capacity:.1f} GiB per {dev.device().type})")
+        f"{per_rank} sequences per rank; {memory.HEADROOM:.0%} of {capacity:.1f} GiB per "
+        f"{'GPU' if dev.device().type == 'cuda' else 'process, of the host memory'})")
 
 
 def _datasets(cfg: Config) -> list:

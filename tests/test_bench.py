@@ -18,9 +18,10 @@ def test_gpu_step_benchmark_runs_every_row_on_tiny_models():
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if re.match(r"(ptm|HF|megatron)", line)]
-    assert len(rows) == 10, proc.stdout
+    assert len(rows) == 14, proc.stdout
     failed = [line for line in rows if "could not run" in line and not
-              (line.startswith("megatron-core") and "Torch not compiled with CUDA enabled" in line)]
+              (line.startswith("megatron-core") and "Torch not compiled with CUDA enabled" in line) and not
+              (line.startswith("ptm graphed") and "CUDA graphs need a CUDA device" in line)]
     assert not failed, "\n".join(failed) + proc.stderr[-3000:]
     for line in rows:
         if "could not run" in line:
@@ -104,3 +105,20 @@ def test_train_profile_profiles_a_real_training_step(tmp_path, train_data):
     hosts = re.search(r"host ops by self CPU time per step:\n((?:\s+[\d.]+ ms +\d+x .*\n?)+)", proc.stdout)
     assert hosts and "aten::" in hosts[1], proc.stdout
     assert len(read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))) == 3  # the warm-up step and the two profiled
+
+
+def test_preset_fingerprints_repeat_bit_for_bit_and_catch_a_change(tmp_path, train_data):
+    """bench/preset_fingerprint.py (issue 40's before/after check): the same presets give the same weights and losses
+    twice; a change that moves training (another seed) is reported and exits 1."""
+    script = [sys.executable, os.path.join(ROOT, "bench", "preset_fingerprint.py"), train_data, "--presets",
+              "bert-tiny", "gpt2-tiny"]
+    first = subprocess.run([*script, "--out", str(tmp_path / "before.json")], capture_output=True, text=True,
+                           timeout=600)
+    assert first.returncode == 0 and "not run" not in first.stdout, first.stdout + first.stderr[-3000:]
+    same = subprocess.run([*script, "--against", str(tmp_path / "before.json")], capture_output=True, text=True,
+                          timeout=600)
+    assert same.returncode == 0 and "2 of 2 presets as before" in same.stdout, same.stdout + same.stderr[-3000:]
+    moved = subprocess.run([*script, "--set", "seed=7", "--against", str(tmp_path / "before.json")],
+                           capture_output=True, text=True, timeout=600)
+    assert moved.returncode == 1 and "0 of 2 presets as before; differ: bert-tiny, gpt2-tiny" in moved.stdout, \
+        moved.stdout + moved.stderr[-3000:]

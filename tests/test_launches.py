@@ -61,3 +61,52 @@ def test_plan_prices_the_counted_launches_and_calibrate_measures_the_host(train_
     calibrated = run_cli("pretrain", "plan", "--config", "bert-tiny", "--calibrate", "--set", *sets).stdout
     assert f"{counted['narrow'][0].of(launches.ACCUMULATION):,} kernel launches a step" in calibrated
     assert "on cpu" in calibrated and float(re.search(r"--launch-us ([\d.e+-]+)", calibrated).group(1)) > 0
+
+
+def test_t5s_biased_attention_and_rms_norm_count_as_the_one_kernel_a_gpu_runs(t5_data):
+    """A CPU runs SDPA with T5's learned position bias on its math path and decomposes RMSNorm (pow, mean, rsqrt,
+    products, each with a backward); a GPU runs one kernel each way for both: counted so."""
+    cfg = load("t5-tiny", [f"data.path={t5_data}", "data.seq_len=32", "data.valid_fraction=0.02"])
+    m = cfg.model
+    _, seen = launches.count(cfg)
+    norms = 2 * m.num_layers + 3 * m.decoder_layers + 2  # a block's per sublayer, each stack's final one
+    biased = m.num_layers + m.decoder_layers  # the self-attentions (the cross-attentions have no bias)
+    ops = seen.ops
+    assert ops["rms_norm"] == ops["rms_norm_backward"] == norms * launches.ACCUMULATION
+    assert ops["scaled_dot_product_attention"] == ops["scaled_dot_product_attention_backward"] == \
+        biased * launches.ACCUMULATION
+    assert not [op for op in ("rsqrt", "mean", "_safe_softmax", "bmm") if ops[op]], ops  # (pow: the clipping norm)
+
+
+def test_the_blocks_run_nothing_a_cuda_graph_capture_refuses(counted, monkeypatch):
+    """The blocks' forward and backward passes (the region a CUDA graph would capture) dispatch no host sync, no op of
+    data-dependent size and no host-device copy in a real step; a block that reads a value on the host and indexes by
+    a boolean mask is caught, in its forward pass and its backward pass, and the same ops outside the blocks are not."""
+    import torch
+
+    from pretrain import models
+    from pretrain.models import layers
+    from pretrain.parallel import mcore
+
+    assert not counted["narrow"][1].unsafe and not counted["deeper"][1].unsafe
+    forward = layers.MLP.forward
+
+    def syncing(self, x):
+        x.sum().item()
+        return forward(self, x[x.isfinite()].view_as(x))
+
+    monkeypatch.setattr(layers.MLP, "forward", syncing)
+    mcore.initialize(1, 0)
+    model = models.build(load("bert-tiny", ["model.vocab_size=100"]).model, tp=mcore.OneRank())
+    counter = launches.KernelLaunches()
+    counter.on = True
+    hooks = launches.watch_blocks(model, counter)
+    with counter:
+        ids = torch.randint(0, 100, (2, 8))
+        hidden = model.encode(ids)
+        hidden[hidden.isfinite()].sum().backward()  # outside the blocks: not counted
+        ids.sum().item()
+    for hook in hooks:
+        hook.remove()
+    assert counter.unsafe == {"_local_scalar_dense": 2, "index": 2, "index_put": 2}  # 2 layers: forward, backward
+    assert counter.in_blocks == 0

@@ -51,6 +51,7 @@ def fused_lm_loss_available(device: torch.device) -> str | None:
     return None
 
 
+@torch.compiler.disable  # eager in a compiled model: dynamo cannot trace addmm(out_dtype=, out=) (torch 2.11)
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
                          vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed loss, correct predictions) of the logits x @ weight[:vocab_size].T + bias[:vocab_size] against
