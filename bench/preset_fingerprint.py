@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -77,6 +78,16 @@ def fingerprint(preset: str, datasets: list[str], overrides: tuple = ()) -> dict
     return {"not run": error}
 
 
+def isolated(preset: str, datasets: list[str], overrides: list[str]) -> dict:
+    """`fingerprint` in a process of its own: no state of an earlier preset's run (a ZeRO-3 engine patches torch's
+    functions process-wide) reaches the next one."""
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *datasets, "--one", preset, "--set", *overrides],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        return {"not run": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("data", nargs="+", help="ptm datasets, each preset trained on the first it can train on: "
@@ -85,11 +96,15 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config keys of every preset")
     ap.add_argument("--out", help="write the fingerprints to this JSON file")
     ap.add_argument("--against", help="compare with fingerprints written before; exit 1 if any differs")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # one preset, its fingerprint printed as JSON (`isolated`)
     args = ap.parse_args()
+    if args.one:
+        print(json.dumps(fingerprint(args.one, args.data, tuple(args.set))))
+        return
     before = json.load(open(args.against)) if args.against else {}
     found, differ = {}, []
     for preset in args.presets or presets():
-        found[preset] = fingerprint(preset, args.data, tuple(args.set))
+        found[preset] = isolated(preset, args.data, args.set)
         same = "" if preset not in before else " (same)" if before[preset] == found[preset] else " DIFFERS"
         differ += [preset] if same == " DIFFERS" else []
         shown = found[preset].get("weights", "")[:16] or f"not run: {found[preset]['not run']}"
@@ -99,8 +114,9 @@ def main() -> None:
             json.dump(found, f, indent=1)
         os.replace(args.out + ".tmp", args.out)
     if args.against:
-        print(f"{len(found) - len(differ)} of {len(found)} presets as before" +
-              (f"; differ: {', '.join(differ)}" if differ else ""))
+        new = [p for p in found if p not in before]
+        print(f"{len(found) - len(differ) - len(new)} of {len(found)} presets as before" +
+              (f"; differ: {', '.join(differ)}" if differ else "") + (f"; new: {', '.join(new)}" if new else ""))
         sys.exit(1 if differ else 0)
 
 
