@@ -7,8 +7,9 @@ shared machinery changes no family's training (issue 40: "every preset is bit-id
 Each preset runs as its config says (objective, masking, precision, ZeRO stage, optimizer, dropout, kernels) at a width
 where compute is nothing (`pretrain.launches.narrow`'s: 8-wide heads, the same layers and heads), one process, 2
 micro-batches of one sequence a step, STEPS steps, on the first of the datasets it can train on (DATA; DATA_T5, with
-T5's sentinels; WORDS, `data_prep words`' for ELMo). The fingerprint: the sha256 of every final weight, bit for bit, and the loss of every step. A preset that cannot
-run here (a distillation's teacher not on this machine) says why and is compared as such.
+T5's sentinels; WORDS, `data_prep words`' for ELMo), each preset in a process of its own. The fingerprint: the
+sha256 of every final weight, bit for bit, and the loss of every step. A preset that cannot run here (a
+distillation's teacher not on this machine) says why and is compared as such.
 """
 from __future__ import annotations
 
