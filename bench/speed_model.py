@@ -18,8 +18,8 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pretrain import speed  # noqa: E402
-from pretrain.config import AUTO, load  # noqa: E402
-from pretrain.memory import auto_micro_batch  # noqa: E402
+from pretrain.config import load  # noqa: E402
+from pretrain.memory import with_micro_batch  # noqa: E402
 
 ANCHORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "anchors.yaml")
 TOLERANCE = 0.15  # one for every anchor: |predicted / published - 1| (why 15%: docs/performance.md)
@@ -114,10 +114,9 @@ def predictions(gpus=("a100-80gb", "h100"), nodes=(1, 4, 32)) -> None:
         for g in gpus:
             hw, base = speed.gpu(g), None
             for k in nodes:
-                cfg = load(preset, sets)
-                world, t = k * hw.gpus_per_node, cfg.train
-                if t.micro_batch_size == AUTO:
-                    t.micro_batch_size = auto_micro_batch(cfg, world, hw.memory_gib)
+                world = k * hw.gpus_per_node
+                cfg = with_micro_batch(load(preset, sets), world, hw.memory_gib)
+                t = cfg.train
                 while t.global_batch_size % (t.micro_batch_size * world // cfg.parallel.tp):
                     t.micro_batch_size //= 2
                 p = speed.predict(cfg, hw, world)

@@ -59,9 +59,7 @@ def estimate(cfg: Config, world_size: int, gpu_memory_gib: float | None = None) 
     """Memory per GPU of training `cfg` on `world_size` GPUs, and the largest micro batch that fits
     `gpu_memory_gib` (when given; train.micro_batch_size=auto is picked for it). Raises ConfigError for a config that
     would not start."""
-    if cfg.train.micro_batch_size == AUTO:
-        cfg = copy.deepcopy(cfg)
-        cfg.train.micro_batch_size = auto_micro_batch(cfg, world_size, gpu_memory_gib)
+    cfg = with_micro_batch(cfg, world_size, gpu_memory_gib)
     m, z, tp = cfg.model, cfg.zero, cfg.parallel.tp
     dp = data_parallel_size(cfg, world_size)
     n = count_parameters(m, tp) + objective_parameters(cfg)
@@ -121,3 +119,12 @@ def auto_micro_batch(cfg: Config, world_size: int, capacity_gib: float | None) -
                           f"{capacity_gib:.1f} GiB per rank; raise zero.stage or parallel.tp, or set "
                           f"model.activation_checkpointing=true (`ptm plan` shows the memory by component)")
     return fitting[0]
+
+
+def with_micro_batch(cfg: Config, world_size: int, capacity_gib: float | None) -> Config:
+    """`cfg` itself, or with train.micro_batch_size=auto a copy with the micro batch `auto_micro_batch` picks."""
+    if cfg.train.micro_batch_size != AUTO:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    cfg.train.micro_batch_size = auto_micro_batch(cfg, world_size, capacity_gib)
+    return cfg

@@ -22,7 +22,7 @@ from data_prep import PrepError
 from pretrain import speed
 from pretrain.config import AUTO, Config, ConfigError, load
 from pretrain.cost import checkpointed, flops_per_sample
-from pretrain.memory import COMPONENTS, GIB, HEADROOM, Plan, auto_micro_batch, estimate
+from pretrain.memory import COMPONENTS, GIB, HEADROOM, Plan, estimate, with_micro_batch
 
 DEFAULT_VOCAB = 30522  # BERT's WordPiece vocabulary, when neither config nor dataset gives one
 CHECKPOINT_BYTES = 12  # per parameter in a ptm checkpoint: fp32 weights and both moments
@@ -130,8 +130,7 @@ def run(args: argparse.Namespace) -> int:
         world = args.gpus or ((args.nodes or 1) * per_node if hw or args.nodes else 1)
         memory = args.gpu_memory or (hw.memory_gib if hw else None)
         picked = cfg.train.micro_batch_size == AUTO
-        if picked:  # as a run picks it on GPUs of this memory
-            cfg.train.micro_batch_size = auto_micro_batch(cfg, world, memory)
+        cfg = with_micro_batch(cfg, world, memory)  # as a run picks it on GPUs of this memory
         plan = estimate(cfg, world, memory)
         launches = _count(cfg)[0] if hw and args.count_launches else None
         predicted = speed.report(cfg, hw, world, efficiency, launches) if hw else ""  # a layout it refuses stops here

@@ -37,7 +37,6 @@ published results (and ptm's own GPU runs) it is checked against.
 """
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import os
@@ -46,11 +45,11 @@ from dataclasses import dataclass, field, fields, replace
 
 import yaml
 
-from pretrain.config import AUTO, PRESETS_DIR, Config, ConfigError
+from pretrain.config import PRESETS_DIR, Config, ConfigError
 from pretrain.cost import (Launches, checkpointed, count_parameters, decoder_tokens, estimate_launches,
                            flops_per_sample, objective_parameters, predicted_tokens, query_tokens, stack_flops, stacks,
                            tp_launches)
-from pretrain.memory import auto_micro_batch
+from pretrain.memory import with_micro_batch
 from pretrain.models.config import embedding_width, padded_vocab_size
 
 HARDWARE_FILE = os.path.join(PRESETS_DIR, "hardware", "gpus.yaml")
@@ -363,9 +362,7 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
     DeepSpeed does for this config (overlap_comm: on for ZeRO-3, else off unless a deepspeed_config sets it).
     `launches`: the step's kernel launches at TP=1 as pretrain/launches.py counts them (default: estimated);
     train.micro_batch_size=auto is picked as a run on `hw` picks it."""
-    if cfg.train.micro_batch_size == AUTO:
-        cfg = copy.deepcopy(cfg)
-        cfg.train.micro_batch_size = auto_micro_batch(cfg, world_size, hw.memory_gib)
+    cfg = with_micro_batch(cfg, world_size, hw.memory_gib)
     t, b, precision, eff = cfg.parallel.tp, cfg.train.micro_batch_size, cfg.precision, eff.on(hw)
     peak = hw.peak(precision)
     if peak is None:
