@@ -8,8 +8,8 @@ Each preset runs as its config says (objective, masking, precision, ZeRO stage, 
 where compute is nothing (`pretrain.launches.narrow`'s: 8-wide heads, the same layers and heads), one process, 2
 micro-batches of one sequence a step, STEPS steps, on the first of the datasets it can train on (DATA; DATA_T5, with
 T5's sentinels; WORDS, `data_prep words`' for ELMo), each preset in a process of its own. The fingerprint: the
-sha256 of every final weight, bit for bit, and the loss of every step. A preset that cannot run here (a
-distillation's teacher not on this machine) says why and is compared as such.
+sha256 of every final weight, bit for bit, and the loss of every step. A distillation preset whose teacher is not on
+this machine gets one trained first, as `_teacher` says. A preset that cannot run here says why and is compared as such.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import os
 import subprocess
 import sys
 import tempfile
+
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,8 +39,12 @@ def presets() -> list[str]:
 
 
 def _shortened(cfg):
-    """`cfg` at STEPS steps; a schedule of stages whose steps add up to train.steps (ERNIE's) keeps its shares."""
+    """`cfg` at STEPS steps; a schedule of stages whose steps add up to train.steps (ERNIE's) keeps its shares, and so
+    does a phase counted in steps (`distill.layer_steps`)."""
     for section in vars(cfg).values():
+        for key, value in vars(section).items() if dataclasses.is_dataclass(section) else ():
+            if key.endswith("_steps") and key != "warmup_steps" and type(value) is int and 0 < value < cfg.train.steps:
+                setattr(section, key, max(1, round(STEPS * value / cfg.train.steps)))
         for value in vars(section).values() if dataclasses.is_dataclass(section) else ():
             if isinstance(value, list) and value and all(dataclasses.is_dataclass(v) and hasattr(v, "steps")
                                                          for v in value):
@@ -51,6 +57,19 @@ def _shortened(cfg):
     return cfg
 
 
+def _teacher(preset: str, path: str, out: str, overrides: tuple) -> str:
+    """A teacher for distillation preset `preset`: its base preset (the file's `base:`) with twice the student's layers,
+    masked LM only, narrowed and trained as the fingerprinted runs are, in `out`."""
+    with open(os.path.join(PRESETS_DIR, preset + ".yaml")) as f:
+        base = yaml.safe_load(f)["base"].removesuffix(".yaml")
+    layers = load(preset).model.num_layers * 2
+    cfg = _shortened(load(base, [f"data.path={path}", "model.vocab_size=0", "optimizer.warmup_steps=2",
+                                 "data.valid_fraction=0.3", f"model.num_layers={layers}", "model.heads=[mlm]",
+                                 "data.objective=mlm", *overrides]))
+    from pretrain.train import Trainer
+    return Trainer(narrow(cfg, 2, out)).fit()["checkpoint"]
+
+
 def fingerprint(preset: str, datasets: list[str], overrides: tuple = ()) -> dict:
     """{"weights": sha256 of every final weight, "losses": [the loss of each step]}, or {"not run": why}."""
     from pretrain.train import Trainer
@@ -61,6 +80,8 @@ def fingerprint(preset: str, datasets: list[str], overrides: tuple = ()) -> dict
             try:
                 cfg = _shortened(load(preset, [f"data.path={path}", "model.vocab_size=0", "optimizer.warmup_steps=2",
                                                "data.valid_fraction=0.3", *overrides]))
+                if cfg.distill.teacher and not os.path.exists(cfg.distill.teacher):
+                    cfg.distill.teacher = _teacher(preset, path, os.path.join(out, "teacher"), overrides)
                 kept = cfg.model.attention_dropout, cfg.kernels, cfg.fused_lm_loss, cfg.optimizer.multi_tensor
                 cfg = narrow(cfg, 2, out)  # the width; the rest as the preset says:
                 cfg.model.attention_dropout, cfg.kernels, cfg.fused_lm_loss, cfg.optimizer.multi_tensor = kept
