@@ -11,6 +11,7 @@ import torch
 
 from pretrain import checkpoint as C
 from pretrain import families
+from pretrain.families.base import sentencepiece_to_fast
 from pretrain.models.config import ModelConfig
 
 
@@ -29,14 +30,15 @@ def hf_config(cfg: ModelConfig, special: dict):
 
 # ---- tokenizers -------------------------------------------------------------------------------------
 
-TEMPLATES = ("bert", "roberta", "none", "t5", "xlnet")  # the special-token templates an adapter's `tokenizer` names
+TEMPLATES = ("bert", "roberta", "none")  # the special-token templates an adapter's `tokenizer` names
 
 
-def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int) -> None:
+def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int, own=None) -> None:
     """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json) with the
-    family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's; t5:
-    A </s>, with the sentinels <extra_id_k> after the vocabulary; xlnet: A [SEP] B [SEP] [CLS], padded on the left);
-    the original files are copied too, so `from-hf` brings the same tokenizer back."""
+    family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's),
+    or for a sentencepiece model the family's own where it has one (`own(model_file, meta)`, the adapter's
+    `sentencepiece_tokenizer`: T5's sentinels, XLNet's left padding); the original files are copied too, so `from-hf`
+    brings the same tokenizer back."""
     import transformers
 
     if template not in TEMPLATES:
@@ -49,13 +51,11 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     elif meta["kind"] == "bpe":  # RoBERTa's adds <s> A </s></s> B </s> around the same byte-level BPE
         cls = transformers.RobertaTokenizerFast if template == "roberta" else transformers.GPT2TokenizerFast
         hf = cls.from_pretrained(tok_dir)
-    elif template == "t5":
-        hf = _t5_tokenizer(files[0], meta)
-    elif template == "xlnet":
-        hf = _xlnet_tokenizer(files[0], meta)
+    elif own is not None and (hf := own(files[0], meta)) is not None:
+        pass
     else:
         inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if template == "bert" else [])
-        hf = transformers.PreTrainedTokenizerFast(tokenizer_object=_sentencepiece_to_fast(files[0], template),
+        hf = transformers.PreTrainedTokenizerFast(tokenizer_object=sentencepiece_to_fast(files[0], template),
                                                   unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
                                                   sep_token="[SEP]", mask_token="[MASK]", model_input_names=inputs)
     if nfkc:  # data_prep normalised the text with NFKC before tokenizing; the exported tokenizer does too
@@ -69,68 +69,6 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     for path in files:
         shutil.copy(path, out)
     shutil.copy(os.path.join(tok_dir, "ptm_tokenizer.json"), out)
-
-
-def _sentencepiece_to_fast(model_file: str, template: str):
-    """transformers' own sentencepiece converter (ids identical to sentencepiece's), with byte fallback
-    decoding and, for bidirectional models, BERT's [CLS] A [SEP] B [SEP] template (RoBERTa's [CLS] A [SEP] [SEP] B
-    [SEP], one segment type)."""
-    from tokenizers import decoders, processors
-    from transformers.convert_slow_tokenizer import SpmConverter
-
-    class Converter(SpmConverter):
-        handle_byte_fallback = True
-
-    class Source:
-        vocab_file = model_file
-        legacy = True
-
-    tok = Converter(Source()).converted()
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(content=" ", left=1)])
-    if template != "none":
-        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-        pair = "[CLS] $A [SEP] [SEP] $B [SEP]" if template == "roberta" else "[CLS] $A [SEP] $B:1 [SEP]:1"
-        tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair=pair, special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    return tok
-
-
-def _t5_tokenizer(model_file: str, meta: dict):
-    """T5's: the sentencepiece model, each sequence followed by the end-of-sequence token, and the sentinels after the
-    vocabulary (`<extra_id_0>` the last id, as data_prep numbers them)."""
-    import transformers
-    from tokenizers import processors
-
-    tok = _sentencepiece_to_fast(model_file, "none")
-    sentinels = [f"<extra_id_{k}>" for k in range(meta.get("sentinels", 0))]
-    tok.add_special_tokens(sentinels[::-1])  # appended in order: <extra_id_0> last
-    special = {role: tok.id_to_token(i) for role, i in meta["special_ids"].items() if i is not None}
-    eos = special["eod"]
-    tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B {eos}",
-                                                       special_tokens=[(eos, meta["special_ids"]["eod"])])
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=special.get("unk"),
-                                                pad_token=special.get("pad"), eos_token=eos,
-                                                additional_special_tokens=sentinels,
-                                                model_input_names=["input_ids", "attention_mask"])
-
-
-def _xlnet_tokenizer(model_file: str, meta: dict):
-    """XLNet's: A [SEP] [CLS], a pair A [SEP] B [SEP] [CLS] (segments 0, 1 and the [CLS]'s 2), padded on the left
-    (the last token, [CLS], stays where XLNet pretrained it)."""
-    import transformers
-    from tokenizers import processors
-
-    tok = _sentencepiece_to_fast(model_file, "none")
-    ids = meta["special_ids"]
-    special = {role: tok.id_to_token(i) for role, i in ids.items() if i is not None}
-    sep, cls = special["sep"], special["cls"]
-    tok.post_processor = processors.TemplateProcessing(single=f"$A {sep} {cls}:2", pair=f"$A {sep} $B:1 {sep}:1 {cls}:2",
-                                                       special_tokens=[(sep, ids["sep"]), (cls, ids["cls"])])
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=special.get("unk"),
-                                                pad_token=special.get("pad"), sep_token=sep, cls_token=cls,
-                                                mask_token=special.get("mask"), padding_side="left",
-                                                model_input_names=["input_ids", "token_type_ids", "attention_mask"])
 
 
 def import_tokenizer(hf_dir: str, out: str) -> None:
@@ -165,10 +103,9 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     ckpt = C.check_complete(C.resolve(ckpt_or_run))
     meta = C.read_meta(ckpt)
     cfg = C.model_config(meta)
-    if families.get(cfg.arch).adapter is None:  # a character CNN is what to_elmo exports
-        fix = ("export it with `ptm convert to-elmo` (bilm-tf's files, which AllenNLP reads)" if cfg.char_filters
-               else "keep the model in ptm's format")
-        raise C.CheckpointError(f"{ckpt} holds model.arch={cfg.arch}, which has no Hugging Face class; {fix}")
+    if families.get(cfg.arch).adapter is None:
+        raise C.CheckpointError(f"{ckpt} holds model.arch={cfg.arch}, which has no Hugging Face class; "
+                                f"{families.get(cfg.arch).export}")
     family = adapter(cfg.arch)
     models = family.models(cfg)
     problems = [p for _, m, _ in models for p in family.problems(m)]
@@ -182,7 +119,8 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     for (sub, model_cfg, cls), config, weights in zip(models, configs, states):
         where = os.path.join(out, sub) if sub else out
         _write_hf(family, model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
-        export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), cfg.max_position_embeddings)
+        export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), cfg.max_position_embeddings,
+                         own=family.sentencepiece_tokenizer)
     return out
 
 

@@ -4,9 +4,7 @@ bit-exact."""
 from __future__ import annotations
 
 from pretrain import families
-from pretrain.families.base import interleave_qkv, split_qkv
-
-__all__ = ["from_hf", "interleave_qkv", "split_qkv", "to_hf"]
+__all__ = ["from_hf", "to_hf"]
 
 
 def from_hf(arch: str, hf: dict, num_layers: int, num_heads: int, vocab_rows: int,

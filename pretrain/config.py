@@ -273,8 +273,8 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(m.head_dim or m.hidden_size % m.num_heads == 0,
                 f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}; make it a "
                 f"multiple of the heads, or set model.head_dim")
-    split = ("model.hidden_size", "model.ffn_hidden_size", "model.num_heads") if not m.char_filters else ()  # ELMo
-    for k in (*split, "model.vocab_pad_to"):  # splits its softmax alone
+    split = ("model.hidden_size", "model.ffn_hidden_size", "model.num_heads") if families.get(m.arch).attends else ()
+    for k in (*split, "model.vocab_pad_to"):  # (a model without heads, ELMo's, splits its softmax alone)
         errors.need(cfg.get(k) % tp == 0, f"{k}={cfg.get(k)} is not divisible by parallel.tp={tp}; "
                                           f"use a parallel.tp that divides it")
     per_step = dp if t.micro_batch_size == AUTO else t.micro_batch_size * dp  # auto picks a divisor of the rest
@@ -302,9 +302,6 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(m.norm_type != "rmsnorm" or m.norm == "pre",
                 "model.norm_type=rmsnorm needs model.norm=pre (a post-LN block's residual kernel is LayerNorm's); set "
                 "model.norm=pre or model.norm_type=layernorm")
-    errors.need(m.position_encoding != "bucketed" or m.decoder_layers > 0,
-                "model.position_encoding=bucketed is T5's relative bias of an encoder-decoder; set model.decoder_layers "
-                "or another model.position_encoding")
     errors.need("lm" not in m.heads or embedding_width(m) == m.hidden_size,
                 f"model.embedding_size={m.embedding_size} differs from model.hidden_size={m.hidden_size}, but the lm "
                 f"head projects hidden states onto the word embeddings; use the mlm head or model.embedding_size=0")
@@ -340,7 +337,7 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
             section.check(cfg, errors.need, bound)
     for family in families.REGISTRY.values():
         if family.check:
-            family.check(cfg, errors.need)
+            family.check(cfg, errors.need, bound)
     return errors
 
 
@@ -358,12 +355,11 @@ def _objective_errors(cfg: Config, need) -> None:
     need(d.pack_documents or o.packs_documents,
          "data.pack_documents=false applies to data.objective=" + ", ".join(
              p.name for p in objectives.REGISTRY.values() if p.packs_documents) + f", not {o.name}; remove it")
-    streamed = f"model.mem_len={m.mem_len} carries a memory" if m.mem_len else "data.streams=true reads windows"
-    need(not (m.mem_len or d.streams) or (o.recurrent and len(d.paths) == 1 and d.pack_documents),
-         f"{streamed} along streams of one dataset's packed documents: it needs data.objective "
+    need(not d.streams or (o.recurrent and len(d.paths) == 1 and d.pack_documents),
+         "data.streams=true reads windows along streams of one dataset's packed documents: it needs data.objective "
          + " or ".join(p.name for p in objectives.REGISTRY.values() if p.recurrent)
          + f" (not {o.name}), one data.path (not {len(d.paths)}) and data.pack_documents=true; or set "
-         + ("model.mem_len=0" if m.mem_len else "data.streams=false"))
+         "data.streams=false")
     need(cfg.fused_lm_loss != "on" or o.one_lm_head,
          f"fused_lm_loss=on replaces the one LM head, and data.objective={o.name} has several heads; "
          "set fused_lm_loss=auto (on where it applies) or off")

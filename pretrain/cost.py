@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pretrain import objectives
-from pretrain.families.electra import generator_config
+from pretrain import families, objectives
 from pretrain.models.config import (FUSED_CHUNK_BYTES, ModelConfig, embedding_width, normalises_embeddings,
                                     padded_vocab_size)
+from pretrain.stacks import Stack, stack_flops
 
 # bytes per parameter: (weights, gradients, fp32 master copy); Adam and LAMB add fp32 moments m and v
 STATE_BYTES = {"fp32": (4, 4, 0), "bf16": (2, 2, 4), "fp16": (2, 2, 4)}
@@ -21,34 +21,22 @@ MOMENT_BYTES = 8
 OFFLOAD_BYTES = 16  # per parameter of a ZeRO-Offload shard in CPU memory: fp32 weights, fp32 gradients, moments
 
 
-@dataclass(frozen=True)
-class Stack:
-    """One stack of transformer layers: its sizes (`model`), depth, the tokens per sequence it runs on, and for a
-    decoder of an encoder-decoder the keys per sequence its cross-attention reads (0: none)."""
-
-    model: ModelConfig
-    layers: int
-    seq_len: int
-    context: int = 0
-    queries: int = 0  # XLNet's query stream: the tokens it runs on (the predicted ones)
-
-    @property
-    def recomputed(self) -> int:
-        """How many of its layers `model.activation_checkpointing` recomputes (each stack numbers its own)."""
-        setting = self.model.activation_checkpointing
-        return self.layers if setting is True else len({i for i in setting or () if i < self.layers})
+def _family(m: ModelConfig):
+    return families.get(m.arch).cost
 
 
-def stacks(m: ModelConfig, seq_len: int, decoder: int = 0, queries: int = 0) -> list[Stack]:
-    """The transformer stacks a model runs on sequences of `seq_len`: the model's (with XLNet's query stream on
-    `queries` tokens), ELECTRA's generator (its own sizes), an encoder-decoder's decoder on `decoder` tokens (default
-    seq_len), reading the encoder's output."""
-    if "rtd" in m.heads:
-        g = generator_config(m)
-        return [Stack(m, m.num_layers, seq_len), Stack(g, g.num_layers, seq_len)]
-    if m.decoder_layers:
-        return [Stack(m, m.num_layers, seq_len), Stack(m, m.decoder_layers, decoder or seq_len, seq_len)]
-    return [Stack(m, m.num_layers, seq_len, queries=queries)]
+def _own_stacks(m: ModelConfig, seq_len: int, decoder: int = 0, predicted: int | None = None) -> list[Stack]:
+    own = _family(m).stacks(m, seq_len, decoder, seq_len if predicted is None else predicted)
+    return own if own is not None else [Stack(m, m.num_layers, seq_len,
+                                              keeps_scores=m.position_encoding == "relative")]
+
+
+def stacks(m: ModelConfig, seq_len: int, decoder: int = 0, predicted: int | None = None) -> list[Stack]:
+    """The transformer stacks a model runs on sequences of `seq_len`, `predicted` tokens predicted (default all): its
+    family's (an encoder-decoder's decoder on `decoder` tokens, default seq_len, reading the encoder's output; XLNet's
+    query stream on the predicted tokens), then its companions' (ELECTRA's generator, its own sizes)."""
+    return _own_stacks(m, seq_len, decoder, predicted) + [
+        s for c in _family(m).companions(m) for s in _own_stacks(c, seq_len, decoder, predicted)]
 
 
 def checkpointed(m: ModelConfig) -> int:
@@ -58,47 +46,26 @@ def checkpointed(m: ModelConfig) -> int:
 
 # ------------------------------------------------------------------------------------------ parameters
 
-def _elmo_modules(m: ModelConfig) -> list[tuple[int, int]]:
-    """ELMo's (pretrain/models/elmo.py): character embeddings, the CNN, highways, projection, each direction's LSTMs
-    (input and recurrent gates with one bias, the projection) replicated; the shared softmax split by TP."""
-    p, c, width = m.hidden_size, m.ffn_hidden_size, sum(n for _, n in m.char_filters)
-    cnn = [(0, w * m.char_embedding_size * n + n) for w, n in m.char_filters]
-    highways = [(0, 2 * (width * width + width))] * m.highway_layers
-    lstms = [(0, p * 4 * c + p * 4 * c + 4 * c + c * p)] * (2 * m.num_layers)
-    vocab = padded_vocab_size(m)
-    return [(0, 262 * m.char_embedding_size), *cnn, *highways, (0, width * p + p), *lstms, (vocab * p + vocab, 0)]
-
-
-def elmo_flops_per_sample(m: ModelConfig, seq_len: int) -> float:
-    """ELMo's training FLOPs on a window of seq_len + 1 words (3 x forward, 2 per multiply-add): per word the
-    character CNN (each filter of width w over the 51 - w positions of 50 characters), the highways and the
-    projection, and in each direction each LSTM's gates (input and recurrent: 8PC) and projection (CP); per predicted
-    word (seq_len in each direction) the softmax (PV)."""
-    p, c, width, e = m.hidden_size, m.ffn_hidden_size, sum(n for _, n in m.char_filters), m.char_embedding_size
-    word = (sum((51 - w) * w * e * n for w, n in m.char_filters) + 2 * m.highway_layers * width * width + width * p
-            + 2 * m.num_layers * (8 * p * c + c * p))
-    return 6.0 * ((seq_len + 1) * word + 2 * seq_len * p * padded_vocab_size(m))
-
-
 def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int, int]]:
     """(TP-split, replicated) counts of the parameters each module of the model of `m` (`models.build`) owns
     directly; a shared layer (share_layers) once; `shared_embeddings`: the tables and their LayerNorm belong to
-    another model (ELECTRA's generator reads the discriminator's). An encoder-decoder (T5) counts its decoder's
-    blocks with their cross-attention, each stack's final norm and bucketed bias, the word table once."""
-    if m.char_filters:
-        return _elmo_modules(m)
+    another model (a companion's: ELECTRA's generator reads the discriminator's). Its family's cost hooks count what
+    the transformer's formulas do not (an encoder-decoder's decoder, XLNet's attention, ELMo's LSTMs)."""
+    family = _family(m)
+    whole = family.modules(m)
+    if whole is not None:
+        return whole
     h, f, v, e, a = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m), m.attention_width
     bias = 1 if m.bias else 0
     norm = h if m.norm_type == "rmsnorm" else 2 * h  # RMSNorm has no bias
     positions = m.max_position_embeddings if m.position_encoding in ("learned", "roberta") else 0
     tables = [(v * e, 0), (0, positions * e), (0, m.type_vocab_size * e), (0, m.task_type_vocab_size * e)]
     embeddings = ([] if shared_embeddings else tables) + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
-    norms = [(0, norm), (0, norm)]
-    attention = [(3 * h * a + 3 * a * bias, 0), (a * h, h * bias)]  # QKV (column), output (row: bias replicated)
-    if m.position_encoding == "transformer_xl":  # XLNet: q, kv and the position keys' r, no biases; u, v per head, and
-        # with relative segments s and the two segment vectors
-        attention = [(4 * h * a + (5 if m.relative_segments else 2) * a, 0), (a * h, 0)]
-    mlp = [(f * h + f * bias, 0), (f * h, h * bias)] + ([(f * h + f * bias, 0)] if m.gated_mlp else [])  # fc1, fc2, gate
+    layer = family.layer_modules(m, {
+        "norms": [(0, norm), (0, norm)],
+        "attention": [(3 * h * a + 3 * a * bias, 0), (a * h, h * bias)],  # QKV (column), output (row: bias replicated)
+        "mlp": [(f * h + f * bias, 0), (f * h, h * bias)] + ([(f * h + f * bias, 0)] if m.gated_mlp else [])})
+    norms, attention, mlp = layer["norms"], layer["attention"], layer["mlp"]  # (the MLP: fc1, fc2, gate)
     if m.share_layers == "all":
         blocks = norms + attention + mlp
     else:
@@ -106,25 +73,19 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
         blocks = (norms + (attention if m.share_layers != "attention" else [])
                   + (mlp if m.share_layers != "ffn" else [])) * m.num_layers + shared
     # the embedding LayerNorm (a shared one belongs to the other model) and the final one (pre-LN)
-    heads = ([(0, 2 * e)] if normalises_embeddings(m) and not shared_embeddings else []) + (
+    embedding_norm = 2 * e if normalises_embeddings(m) else 0
+    heads = ([(0, embedding_norm)] if embedding_norm and not shared_embeddings else []) + (
         [(0, norm)] if m.norm == "pre" else [])
-    if m.position_encoding == "transformer_xl":  # the LM head's bias (vocab-split), the query stream's start
-        heads += [(v, 0), (0, h)]
-    if m.position_encoding == "bucketed":  # T5's bias table of the encoder (split by heads)
-        heads.append((m.relative_buckets * m.num_heads, 0))
-    if m.decoder_layers:  # blocks with cross-attention (norm, q, kv, out), the decoder's final norm and bias table,
-        # its own position table and embedding LayerNorm (BART's; the word table is the encoder's)
-        cross = [(0, norm), (h * a + a * bias, 0), (2 * h * a + 2 * a * bias, 0), (a * h, h * bias)]
-        blocks += (norms + attention + mlp + cross) * m.decoder_layers
-        heads += [(0, norm)] if m.norm == "pre" else []
-        heads += [(0, positions * e)] + ([(0, 2 * e)] if normalises_embeddings(m) else [])
-        heads += [(m.relative_buckets * m.num_heads, 0)] if m.position_encoding == "bucketed" else []
     if "mlm" in m.heads:  # MLM bias (vocab-split), transform dense and LayerNorm; "lm" is the word embeddings
         heads += [(v, 0), (0, h * e + e), (0, 2 * e)]
     if "nsp" in m.heads:  # pooler, NSP/SOP classifier
         heads += [(0, h * h + h), (0, 2 * h + 2)]
-    if "rtd" in m.heads:  # the discriminator head, and the generator on the shared embeddings
-        heads += [(0, h * h + h), (0, h + 1)] + _modules(generator_config(m), shared_embeddings=True)
+    if "rtd" in m.heads:  # the discriminator head
+        heads += [(0, h * h + h), (0, h + 1)]
+    heads += family.more_modules(m, layer, dict(norm=norm, positions=positions * e, embedding_norm=embedding_norm,
+                                                vocab=v))
+    for companion in family.companions(m):
+        heads += _modules(companion, shared_embeddings=True)
     return embeddings + blocks + heads
 
 
@@ -167,13 +128,9 @@ def decoder_tokens(cfg) -> int:
 
 
 def query_tokens(cfg) -> int:
-    """Tokens per sequence XLNet's query stream runs on: the predicted ones (0 for other models, and for a causal
-    Transformer-XL, which predicts from its content stream)."""
-    return predicted_tokens(cfg) if query_stream(cfg.model) else 0
-
-
-def query_stream(m: ModelConfig) -> bool:
-    return m.position_encoding == "transformer_xl" and not m.causal
+    """Tokens per sequence a second stream of queries runs on (XLNet's query stream: the predicted ones; 0 for other
+    models, and for a causal Transformer-XL, which predicts from its content stream)."""
+    return sum(st.queries for st in stacks(cfg.model, cfg.data.seq_len, decoder_tokens(cfg), predicted_tokens(cfg)))
 
 
 def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None = None, decoder: int = 0) -> float:
@@ -198,60 +155,18 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
     (`stack_flops`), and the LM head on the p it predicts.
     Embedding lookups, norms, softmax, biases and the pooler/NSP head (one token per sequence) are left out."""
     h, s, p, e = m.hidden_size, seq_len, seq_len if predicted is None else predicted, embedding_width(m)
-    if m.char_filters:
-        return elmo_flops_per_sample(m, s)
-    if m.decoder_layers:
-        return float(sum(stack_flops(st) for st in stacks(m, s, decoder or p)) + 6 * p * e * padded_vocab_size(m))
-    if m.position_encoding == "transformer_xl":
-        stack = stacks(m, s, queries=p if query_stream(m) else 0)[0]
-        return float(stack_flops(stack) + 6 * p * e * padded_vocab_size(m))
-    layers = m.num_layers * layer_flops_per_sample(m, s)  # every layer, shared or not
+    family = _family(m)
+    whole = family.flops(m, s)
+    if whole is not None:
+        return whole
+    layers = sum(stack_flops(st) for st in _own_stacks(m, s, decoder or p, p))  # every layer, shared or not
     projection = 6 * s * e * h if e != h else 0  # ALBERT's embedding projection
-    if "rtd" in m.heads:
-        return float(layers + projection + 6 * s * (h * h + h)) + model_flops_per_sample(
-            generator_config(m), seq_len, predicted)
-    head = 6 * p * e * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
-    return float(layers + head + projection)
-
-
-def layer_flops_per_sample(m: ModelConfig, seq_len: int) -> int:
-    """Training FLOPs of one transformer layer on one sequence: its matmuls 6*s*(4ha + 2hf) and attention
-    12*a*s^2 (doubled with relative positions), a the attention width (= h unless model.head_dim sets it); see
-    model_flops_per_sample."""
-    h, s, a = m.hidden_size, seq_len, m.attention_width
-    return 6 * s * (4 * h * a + (3 if m.gated_mlp else 2) * h * m.ffn_hidden_size) + 12 * a * s * s * (
-        2 if m.position_encoding == "relative" else 1)
-
-
-def cross_flops_per_sample(m: ModelConfig, seq_len: int, context: int) -> int:
-    """Training FLOPs of one decoder layer's cross-attention: queries and output on `seq_len` tokens (6*s*2ha), keys
-    and values of the `context` encoder outputs (6*c*2ha), scores and weighted sum over s x c (12*a*s*c)."""
-    h, a = m.hidden_size, m.attention_width
-    return 12 * seq_len * h * a + 12 * context * h * a + 12 * a * seq_len * context
-
-
-def xl_layer_flops(m: ModelConfig, seq_len: int, queries: int) -> int:
-    """Training FLOPs of one XLNet / Transformer-XL layer on one sequence of s tokens, with k = s + mem_len keys and
-    R = k + s relative positions: per query token of either stream (the content stream's s, the query stream's
-    `queries`) its query, output and MLP matmuls (2ha + 2hf), scores and weighted sum over the keys (2ka), the position
-    term over R (Ra) and, where the samples have segments (XLNet's, which run the query stream), the segment term
-    (2a); per sequence the keys and values (2kha). The position keys' projection (Rha) runs once per micro-batch,
-    whatever its size: left out."""
-    h, f, a = m.hidden_size, m.ffn_hidden_size, m.attention_width
-    k = seq_len + m.mem_len
-    r = k + seq_len
-    segments = 2 if m.relative_segments and queries else 0
-    per_query = 2 * h * a + (3 if m.gated_mlp else 2) * h * f + (2 * k + r + segments) * a
-    return 6 * ((seq_len + queries) * per_query + 2 * k * h * a)
-
-
-def stack_flops(stack: Stack) -> int:
-    """Training FLOPs of one sequence through a stack's layers, a decoder's cross-attention included."""
-    if stack.model.position_encoding == "transformer_xl":
-        return stack.layers * xl_layer_flops(stack.model, stack.seq_len, stack.queries)
-    cross = cross_flops_per_sample(stack.model, stack.seq_len, stack.context) if stack.context else 0
-    return stack.layers * (layer_flops_per_sample(stack.model, stack.seq_len) + cross)
-
+    if "rtd" in m.heads:  # the discriminator head on every token
+        head = 6 * s * (h * h + h)
+    else:
+        head = 6 * p * e * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
+    return float(layers + head + projection) + sum(model_flops_per_sample(c, seq_len, predicted)
+                                                   for c in family.companions(m))
 
 
 # -------------------------------------------------------------------------------------------- memory
@@ -272,14 +187,6 @@ def model_state_bytes(n: int, dp: int, stage: int, offload: bool, precision: str
     return per_gpu(weight, stage >= 3), gradients, optimizer, cpu
 
 
-def attention_keeps_scores(m: ModelConfig) -> bool:
-    """Whether a layer's attention keeps its s x s probabilities for the backward pass. On a GPU ptm's attention is
-    torch SDPA, which picks flash or memory-efficient attention for every mask ptm gives (none, padding, block-diagonal,
-    per-token spans) in fp16, bf16 and fp32: they keep the output and a logsumexp per head and token, and recompute the
-    probabilities backwards. NEZHA's and XLNet's relative positions run in plain matmuls and keep them."""
-    return m.position_encoding in ("relative", "transformer_xl")
-
-
 def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     """(transformer layers, LM head) activation bytes per GPU, as ptm's kernels on a GPU keep them. A layer keeps
     s*b*h*(10 + 24/t) bytes in 16 bits (Korthikanti et al. 2022, tensor parallelism without sequence parallelism;
@@ -290,22 +197,22 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     over this rank's vocabulary; with the fused linear cross-entropy (`Config.lm_loss_fusable`) only what it keeps for
     the backward pass: the input's gradient, the fp32 weight-gradient sum and a chunk of logits (up to
     FUSED_CHUNK_BYTES, or as large as the input, up to 2x, where that is more: `kernels.fused_chunk_rows`).
-    A memory (XLNet, Transformer-XL: mem_len) adds its keys to every query's (probabilities of s x (s + mem_len)), and
-    each layer keeps the memory it read and its keys and values (mem_len*b*(2h + 4h/t)); XLNet's query stream runs
-    the same layer on the predicted tokens. Plus what the objective's loss keeps (`Objective.kept_bytes`)."""
+    A stack's memory (XLNet, Transformer-XL: mem_len) adds its keys to every query's (probabilities of s x
+    (s + mem_len)), and each layer keeps the memory it read and its keys and values (mem_len*b*(2h + 4h/t)); XLNet's
+    query stream runs the same layer on the predicted tokens. Plus what the objective's loss keeps (`Objective.kept_bytes`). A model
+    that is no transformer (ELMo's) is counted by its family's hook."""
     m, t, b = cfg.model, cfg.parallel.tp, micro_batch
     scale = 2 if cfg.precision == "fp32" else 1
-    if m.char_filters:
-        return elmo_activation_bytes(cfg, micro_batch)
+    whole = _family(m).activation_bytes(cfg, micro_batch)
+    if whole is not None:
+        return whole
     layers = objectives.get(cfg.data.objective).configured(cfg).kept_bytes(cfg, micro_batch)
-    for stack in stacks(m, cfg.data.seq_len, decoder_tokens(cfg), query_tokens(cfg)):
-        model, c, mem = stack.model, stack.context, stack.model.mem_len
+    for stack in stacks(m, cfg.data.seq_len, decoder_tokens(cfg), predicted_tokens(cfg)):
+        model, c, mem, s = stack.model, stack.context, stack.memory, stack.seq_len
         h, a = model.hidden_size, model.num_heads
 
-        s = stack.seq_len
-
         def layer_of(tokens: int) -> int:  # one stream's queries on `tokens` tokens
-            attention = 5 * a * (s + mem) * scale if attention_keeps_scores(model) else 4 * a
+            attention = 5 * a * (s + mem) * scale if stack.keeps_scores else 4 * a
             return tokens * b * (scale * (10 * h + (8 * h + 4 * model.ffn_hidden_size) // t) + attention // t)
         layer = layer_of(s) + (layer_of(stack.queries) if stack.queries else 0) + mem * b * scale * (2 * h + 4 * h // t)
         if c:  # cross-attention: its input and LayerNorm (2h), queries, output and dropout (5h/t), keys and values
@@ -320,29 +227,9 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     return layers, logits
 
 
-def elmo_activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
-    """ELMo's (layers, softmax) activation bytes per GPU: per word the character embeddings and convolution outputs,
-    each highway's three F-wide tensors, the projection; per word, direction and layer an LSTM step's gates before
-    and after their activations (8C), its cell and tanh(cell) (2C), its output and the residual sum (2P); the softmax's
-    fp32 logits of both directions over this rank's vocabulary (2 bytes per element in 16 bits counted as 2, fp32 4)."""
-    m, b, words = cfg.model, micro_batch, cfg.data.seq_len + 1
-    size = 4 if cfg.precision == "fp32" else 2
-    p, c, width = m.hidden_size, m.ffn_hidden_size, sum(n for _, n in m.char_filters)
-    word = (50 * m.char_embedding_size + sum(n * (51 - w) for w, n in m.char_filters) + 3 * width * m.highway_layers
-            + width + p + 2 * m.num_layers * (10 * c + 2 * p))
-    logits = 2 * b * cfg.data.seq_len * padded_vocab_size(m) * 4 // cfg.parallel.tp
-    return b * words * word * size, logits
-
-
 def stream_memory_bytes(cfg, dp: int) -> int:
-    """The memory a recurrent model carries from step to step (model.mem_len; pretrain/models/memory.py), per GPU:
-    mem_len states per layer for each of its data-parallel rank's streams (global batch / dp), in the model's dtype,
-    with their mask and stamps."""
-    m = cfg.model
-    if not m.mem_len:
-        return 0
-    streams = cfg.train.global_batch_size // dp
-    return streams * (m.num_layers * m.mem_len * m.hidden_size * (4 if cfg.precision == "fp32" else 2) + m.mem_len + 24)
+    """The memory a recurrent model carries from step to step, per GPU (its family's: pretrain/models/memory.py's)."""
+    return _family(cfg.model).carried_bytes(cfg, dp)
 
 
 def teacher_parameters(cfg) -> int | None:
@@ -391,7 +278,7 @@ def estimate_launches(cfg) -> Launches:
     holds them to its count; docs/performance.md lists the other families' counts; pretrain/launches.py counts a
     config's own)."""
     layers = sum((s.layers + s.recomputed / 3) * LAYER_LAUNCHES + (s.layers * CROSS_LAUNCHES if s.context else 0)
-                 for s in stacks(cfg.model, cfg.data.seq_len, decoder_tokens(cfg), query_tokens(cfg)))
+                 for s in stacks(cfg.model, cfg.data.seq_len, decoder_tokens(cfg), predicted_tokens(cfg)))
     per_micro_batch = round(layers + MICRO_BATCH_LAUNCHES)
     first = per_micro_batch + PREPARE_LAUNCHES - FIRST_SAVES * cfg.model.num_layers
     return Launches(first, per_micro_batch, OPTIMIZER_LAUNCHES)
@@ -404,4 +291,4 @@ def tp_launches(cfg) -> int:
     if cfg.parallel.tp == 1:
         return 0
     return 2 + sum((6 if s.context else 4) * s.layers + 2 * s.recomputed
-                   for s in stacks(cfg.model, cfg.data.seq_len, decoder_tokens(cfg), query_tokens(cfg)))
+                   for s in stacks(cfg.model, cfg.data.seq_len, decoder_tokens(cfg), predicted_tokens(cfg)))

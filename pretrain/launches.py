@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from pretrain import families
 from pretrain.config import Config, ConfigError
 from pretrain.cost import Launches
 
@@ -191,7 +192,7 @@ def narrow(cfg: Config, accumulation: int, out_dir: str, width: int = HEAD_WIDTH
     or evaluated."""
     c = copy.deepcopy(cfg)
     m = c.model
-    if not m.char_filters:  # (ELMo's biLM has no heads: counted at its own widths)
+    if families.get(m.arch).attends:  # (a model without heads, ELMo's biLM, is counted at its own widths)
         hidden = m.num_heads * width
         if m.embedding_size and m.embedding_size != m.hidden_size:  # a factorised embedding stays factorised
             m.embedding_size = hidden // 2

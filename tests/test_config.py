@@ -12,7 +12,7 @@ from pretrain.models.config import ARCH_FEATURES, ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
-TOP_KEYS = "seed, out_dir, precision, grad_accum_dtype, deepspeed_config, kernels, fused_lm_loss, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie, electra, unilm, xlnet, distill"
+TOP_KEYS = "seed, out_dir, precision, grad_accum_dtype, deepspeed_config, kernels, fused_lm_loss, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie, electra, unilm, xlnet, distill, sbo"
 OPTIMIZER_KEYS = "name, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, poly_power, multi_tensor"
 
 
@@ -205,6 +205,9 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["model.arch=electra", "model.generator_size=1.5", "data.objective=electra"], 1,
      "model.generator_size=1.5 is outside [0, 1]"),
     (["model.norm_type=rmsnorm"], 1, "model.norm_type=rmsnorm needs model.norm=pre"),
+    (["model.arch=xlnet", "model.type_vocab_size=0", "model.mem_len=16", "data.objective=mlm"], 1,
+     "model.mem_len=16 carries a memory along streams of one dataset's packed documents: it needs a data.objective "
+     "whose samples stream (XLNet's plm, Transformer-XL's clm; not mlm)"),
     (["model.position_encoding=bucketed"], 1, "model.position_encoding=bucketed is T5's relative bias of an "
                                               "encoder-decoder; set model.decoder_layers"),
 ])
@@ -322,7 +325,7 @@ def test_every_objective_is_one_registered_module():
 
     assert tuple(C.OBJECTIVES) == tuple(objectives.REGISTRY) == ("mlm_nsp", "mlm_sop", "mlm", "clm", "ernie", "electra", "unilm",
                                                                     "span_corruption", "denoising", "mass", "plm", "bilm", "distil",
-                                                                    "tinybert")
+                                                                    "tinybert", "mlm_sbo")
     assert all(o.help and C.OBJECTIVES[name] == o.help for name, o in objectives.REGISTRY.items())
     with pytest.raises(ValueError, match="data.objective 'bort' is not one of mlm_nsp | mlm_sop"):
         objectives.get("bort")

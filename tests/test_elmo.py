@@ -225,4 +225,5 @@ def test_the_kernels_line_names_no_attention_for_elmo():
 
     cfg = load("elmo-tiny", ["data.path=none", "model.vocab_size=100"])
     line = K.describe(cfg, "eager", False, Lamb([torch.zeros(1)]), torch.device("cpu"))
-    assert "; attention none (a character CNN and LSTMs); " in line and "SDPA" not in line
+    assert "; attention none (ELMo: character CNN, forward and backward LSTM LMs with one softmax); " in line
+    assert "SDPA" not in line

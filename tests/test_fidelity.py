@@ -2,7 +2,8 @@
 masking, padded samples), ERNIE 2.0 (two tasks of one stage), GPT-2 (unpacked documents, padded windows), RoBERTa
 (mlm on full sentences, its positions), ALBERT (shared layers, factorised embeddings, n-gram masking, SOP), MacBERT
 (correction masking), ELECTRA (a generator sampling the tokens a discriminator judges), NEZHA (relative positions
-inside attention), GPT (a post-LN decoder), UniLM (four attention masks, one per sample), T5 (an encoder-decoder:
+inside attention), GPT (a post-LN decoder), UniLM (four attention masks, one per sample), SpanBERT (span masking and
+the span boundary objective's head on each span's boundary tokens), T5 (an encoder-decoder:
 span corruption, cross-attention, the bucketed relative bias split by heads; its own dataset, with sentinels), BART
 (a post-LN encoder-decoder: text infilling and sentence permutation), MASS (BART's shape, half of each sentence
 masked and decoded), XLNet (two-stream relative attention, a factorisation order per sample), ELMo (LSTMs, a
@@ -22,7 +23,7 @@ import torch
 
 from runs import config, launch, losses_by_step, max_rel_diff, weights
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1500)]  # the first test waits for every run (`trained`)
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(1800)]  # the first test waits for every run (`trained`)
 
 COMMON = ["data.num_workers=0", "data.seq_len=32", "model.max_position_embeddings=32", "model.hidden_dropout=0",
           "model.attention_dropout=0", "train.global_batch_size=8", "train.micro_batch_size=2", "train.grad_clip=0.5",
@@ -40,6 +41,8 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "nezha": (["nezha-tiny", "model.max_relative_position=8"], 2, "mlm_loss"),  # relative positions, clipped
     "gpt": (["gpt-tiny", "model.num_heads=4", "data.pack_documents=false"], 4, "lm_loss"),  # post-LN decoder
     "unilm": (["unilm-tiny"], 2, "mlm_loss"),  # each sample under its own mask (4 kinds), drawn from the sample
+    "spanbert": (["spanbert-tiny"], 2, "mlm_loss"),  # span masking; the SBO head's boundaries found per sample, its
+    # bias split by TP as the MLM head's
     "t5": (["t5-tiny", "train.grad_clip=0.25", "model.init=normal"], 2, "lm_loss"),  # encoder-decoder; every target
     # token predicted; its gradients are smaller: clipped at 0.25 so that clipping is part of what agrees. Under T5's
     # own initialisation (embeddings N(0, 1)) AdamW's TP=2 x DP=2 weights at ZeRO 1 and 2 end 4.4e-5 off (encoder

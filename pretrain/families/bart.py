@@ -5,7 +5,7 @@ model with its own objective."""
 from __future__ import annotations
 
 from pretrain.families.base import ExportError, Family
-from pretrain.families.seq2seq import EncoderDecoderAdapter
+from pretrain.families.encoder_decoder import MODEL, EncoderDecoderAdapter, EncoderDecoderCost
 
 ORDER = 120
 FEATURES = dict(norm="post", norm_type="layernorm", bias=True, gated_mlp=False, activation="gelu", causal=False,
@@ -90,4 +90,5 @@ class BartAdapter(EncoderDecoderAdapter):
 
 
 FAMILY = Family("bart", "BART: post-LN encoder-decoder with biases, learned positions from row 2, denoising",
-                FEATURES, BartAdapter())
+                FEATURES, BartAdapter(), model=MODEL,
+                cost=EncoderDecoderCost(), fields=("decoder_layers",))

@@ -1,4 +1,5 @@
-"""A model family: the features its preset's model computes, a config rule it may own, and its Hugging Face adapter.
+"""A model family: the features its preset's model computes, a config rule it may own, its model class, its cost
+hooks and its Hugging Face adapter.
 
 An `Adapter` is the conversion of one family as data (the HF class, key maps, the QKV layout, tied names, what the
 HF class computes) plus a few hooks (config translation both ways). checkpoints_tools/hf.py runs it; nothing here
@@ -21,13 +22,59 @@ class ExportError(ValueError):
     """A model the adapter's Hugging Face class cannot hold; the message names the feature and the fix."""
 
 
+class Cost:
+    """A family's cost hooks, torch-free: pretrain/cost.py counts every model with the transformer's formulas and asks
+    these where its family's model differs (`ptm plan`, the speed model and the MFU count with them)."""
+
+    def stacks(self, m, seq_len: int, decoder: int, predicted: int) -> list | None:
+        """The model's own stacks of layers (pretrain/stacks.py's `Stack`) on sequences of `seq_len`, with `decoder`
+        tokens for a decoder (0: seq_len) and `predicted` tokens predicted; None: one stack of m.num_layers."""
+        return None
+
+    def companions(self, m) -> list:
+        """Models trained beside this one that read its embeddings (ELECTRA's generator), counted with it."""
+        return []
+
+    def layer_modules(self, m, layer: dict) -> dict:
+        """The parameters of one block: `layer` is the transformer's ({"norms", "attention", "mlp"}: lists of
+        (TP-split, replicated) counts); a family whose blocks differ returns its own."""
+        return layer
+
+    def more_modules(self, m, layer: dict, shared: dict) -> list:
+        """Parameters the model has beyond the transformer's embeddings, blocks and heads, as (TP-split, replicated)
+        counts; `shared`: the transformer's counts a family's may repeat ("norm": one norm, "positions": the position
+        table, "embedding_norm": the embeddings' LayerNorm or 0, "vocab": the padded vocabulary)."""
+        return []
+
+    def modules(self, m) -> list | None:
+        """Every parameter of a model that is no transformer (ELMo's LSTMs), as (TP-split, replicated) counts."""
+        return None
+
+    def flops(self, m, seq_len: int) -> float | None:
+        """Training FLOPs of one sequence of such a model (see `modules`)."""
+        return None
+
+    def activation_bytes(self, cfg, micro_batch: int) -> tuple[int, int] | None:
+        """(layers, output) activation bytes per GPU of such a model (see `modules`)."""
+        return None
+
+    def carried_bytes(self, cfg, dp: int) -> int:
+        """Memory per GPU the model carries from one step to the next (a recurrent model's memory of its streams)."""
+        return 0
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
     help: str
     features: dict  # the model features of its presets (pretrain/models/config.py): the arch's defaults
     adapter: "Adapter | None" = None
-    check: Callable | None = None  # check(cfg, need): a config rule this family owns, run for every config
+    check: Callable | None = None  # check(cfg, need, objective): a config rule this family owns, run for every config
+    model: str = "pretrain.models.model:Pretraining"  # its model class, "module:Class" (imported when built)
+    cost: Cost = Cost()  # where its model costs what the transformer's formulas do not count
+    attends: bool = True  # its model is blocks of attention heads (ELMo's is a character CNN and LSTMs)
+    fields: tuple = ()  # the model.* fields only it reads (its config section; tests/test_imports.py guards them)
+    export: str = "keep the model in ptm's format"  # what to do with a model that has no HF class (no adapter)
 
 
 class Adapter:
@@ -45,8 +92,8 @@ class Adapter:
     keys: dict = {}  # ptm parameter outside the layers -> HF name ({p}: prefix)
     tied: dict = {}  # HF names that hold another HF name's tensor (tied output projections)
     computes: dict = {}  # model feature -> the values the HF class computes; export refuses others
-    tokenizer = "bert"  # special-token template of the exported tokenizer: bert | roberta | none (GPT's) | t5 | xlnet
-    # (checkpoints_tools/hf.py: TEMPLATES, export_tokenizer)
+    tokenizer = "bert"  # special-token template of the exported tokenizer: bert | roberta | none (GPT's)
+    # (checkpoints_tools/hf.py: TEMPLATES, export_tokenizer), unless `sentencepiece_tokenizer` gives the family's own
     head_widths = False  # the HF class takes heads of any width (T5's d_kv), not only hidden_size / num_heads
 
     # ---- configs ------------------------------------------------------------------------------------------
@@ -110,6 +157,11 @@ class Adapter:
 
         return getattr(transformers, name)
 
+    def sentencepiece_tokenizer(self, model_file: str, meta: dict):
+        """The family's own Hugging Face tokenizer of a sentencepiece model (`meta`: data_prep's ptm_tokenizer.json),
+        or None: the `tokenizer` template's."""
+        return None
+
     def hf_config_class(self):
         """The config class that reads this family's config.json (None: transformers' AutoConfig)."""
         return None
@@ -155,7 +207,7 @@ class Adapter:
                     q, k, v = (fused.t() if kind == "weight" and self.conv1d else fused).chunk(3, dim=0)
                 else:
                     q, k, v = (hf[f"{at}.{name}.{kind}"] for name in self.qkv_names)
-                out[f"blocks.{i}.attn.qkv.{kind}"] = interleave_qkv(q, k, v, num_heads).contiguous()
+                out[f"blocks.{i}.attn.qkv.{kind}"] = interleave_heads((q, k, v), num_heads).contiguous()
         return out, missing
 
     def to_hf(self, ours: dict, num_layers: int, num_heads: int, vocab_size: int) -> dict:
@@ -171,7 +223,7 @@ class Adapter:
         for i in range(self.blocks(num_layers)):
             at = self.layer.format(p=self.prefix, i=i) + self.qkv
             for kind in ("weight", "bias"):
-                q, k, v = split_qkv(ours[f"blocks.{i}.attn.qkv.{kind}"], num_heads)
+                q, k, v = split_heads(ours[f"blocks.{i}.attn.qkv.{kind}"], num_heads)
                 if self.fused_qkv:
                     fused = torch.cat([q, k, v])
                     out[f"{at}.{kind}"] = (fused.t() if kind == "weight" and self.conv1d else fused).contiguous()
@@ -201,19 +253,20 @@ def take(hf: dict, key_map: dict, vocab_rows: int) -> tuple[dict, list[str]]:
     return out, missing
 
 
-def interleave_qkv(q, k, v, heads: int):
-    """[q; k; v] (each [hidden, ...]) -> Megatron's per-head layout [heads][3][head_dim, ...]."""
+def interleave_heads(parts, heads: int):
+    """[q; k; v] or [k; v] (each [hidden, ...]) -> Megatron's per-head layout [heads][len(parts)][head_dim, ...] of a
+    fused QKV (or cross-attention KV) linear."""
     import torch
 
-    stacked = torch.stack([q, k, v])  # [3, hidden, ...]
+    stacked = torch.stack(list(parts))  # [n, hidden, ...]
     rest = stacked.shape[2:]
-    return stacked.view(3, heads, -1, *rest).transpose(0, 1).reshape(-1, *rest)
+    return stacked.view(len(parts), heads, -1, *rest).transpose(0, 1).reshape(-1, *rest)
 
 
-def split_qkv(qkv, heads: int):
-    """Inverse of interleave_qkv: -> (q, k, v)."""
-    rest = qkv.shape[1:]
-    return qkv.view(heads, 3, -1, *rest).transpose(0, 1).reshape(3, -1, *rest).unbind(0)
+def split_heads(fused, heads: int, parts: int = 3):
+    """Inverse of interleave_heads: -> `parts` tensors (q, k, v; or k, v)."""
+    rest = fused.shape[1:]
+    return fused.view(heads, parts, -1, *rest).transpose(0, 1).reshape(parts, -1, *rest).unbind(0)
 
 
 def hf_common(cfg, special: dict, cls: str) -> dict:
@@ -237,3 +290,28 @@ def model_common(hf, arch: str) -> dict:
                 max_position_embeddings=hf.max_position_embeddings, type_vocab_size=hf.type_vocab_size,
                 task_type_vocab_size=0, layer_norm_eps=hf.layer_norm_eps, hidden_dropout=hf.hidden_dropout_prob,
                 attention_dropout=hf.attention_probs_dropout_prob, init_std=hf.initializer_range)
+
+
+def sentencepiece_to_fast(model_file: str, template: str):
+    """transformers' own sentencepiece converter (ids identical to sentencepiece's), with byte fallback
+    decoding and, for bidirectional models, BERT's [CLS] A [SEP] B [SEP] template (RoBERTa's [CLS] A [SEP] [SEP] B
+    [SEP], one segment type)."""
+    from tokenizers import decoders, processors
+    from transformers.convert_slow_tokenizer import SpmConverter
+
+    class Converter(SpmConverter):
+        handle_byte_fallback = True
+
+    class Source:
+        vocab_file = model_file
+        legacy = True
+
+    tok = Converter(Source()).converted()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(content=" ", left=1)])
+    if template != "none":
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        pair = "[CLS] $A [SEP] [SEP] $B [SEP]" if template == "roberta" else "[CLS] $A [SEP] $B:1 [SEP]:1"
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair=pair, special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tok

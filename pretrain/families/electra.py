@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pretrain.families import bert
-from pretrain.families.base import ExportError, Family, hf_common
+from pretrain.families.base import Cost, ExportError, Family, hf_common
 
 ORDER = 60
 FEATURES = dict(bert.FEATURES, heads=["rtd"])
@@ -120,7 +120,7 @@ def generator_config(cfg):
                    heads=["mlm"], generator_size=0.0)  # imports the families, so not imported here)
 
 
-def check(cfg, need) -> None:
+def check(cfg, need, objective) -> None:
     """The rtd head and the generator come together, and the generator's sizes split over the heads and TP ranks."""
     m, tp = cfg.model, cfg.parallel.tp
     need(("rtd" in m.heads) == (m.generator_size > 0),
@@ -134,5 +134,12 @@ def check(cfg, need) -> None:
              f"divide; pick a fraction that keeps them whole (e.g. 1/4 or 1/3 of a 12-head model)")
 
 
+class ElectraCost(Cost):
+    def companions(self, m):
+        """The generator, on the discriminator's embeddings."""
+        return [generator_config(m)] if m.generator_size else []
+
+
 FAMILY = Family("electra", "ELECTRA: a discriminator detecting the tokens a small generator replaced", FEATURES,
-                ElectraAdapter(), check)
+                ElectraAdapter(), check, cost=ElectraCost(),
+                fields=("generator_size",))

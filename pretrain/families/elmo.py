@@ -5,15 +5,17 @@ softmax over the word vocabulary shared by both directions (pretrain/models/elmo
 weights.hdf5 + vocabulary, which AllenNLP's `Elmo` reads (checkpoints_tools/elmo.py)."""
 from __future__ import annotations
 
-from pretrain.families.base import Family
+from pretrain.families.base import Cost, Family
 
 ORDER = 130
 FEATURES = dict(norm="post", activation="relu", causal=False, heads=["lm"], scaled_init=False,  # lm: its softmax
                 position_encoding="learned", share_layers="none")
+CHARS = 262  # character ids (AllenNLP's): 0 a padding word, 1..256 a UTF-8 byte + 1, 257..261 begin and end of
+# sentence, begin and end of word, padding inside a word
 PUBLISHED_FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]
 
 
-def check(cfg, need) -> None:
+def check(cfg, need, objective) -> None:
     """ELMo's model is its character CNN and LSTMs: the transformer's options do not apply, and only the softmax splits
     under tensor parallelism."""
     m = cfg.model
@@ -32,4 +34,45 @@ def check(cfg, need) -> None:
     need(cfg.kernels != "compile", "kernels=compile compiles transformer blocks; ELMo has none: set kernels=auto")
 
 
-FAMILY = Family("elmo", "ELMo: character CNN, forward and backward LSTM LMs with one softmax", FEATURES, None, check)
+class ElmoCost(Cost):
+    """ELMo's biLM is no transformer: its parameters, FLOPs and activations, counted whole."""
+
+    def modules(self, m):
+        """Character embeddings, the CNN, highways, projection, each direction's LSTMs (input and recurrent gates with
+        one bias, the projection) replicated; the shared softmax split by TP."""
+        p, c, width = m.hidden_size, m.ffn_hidden_size, sum(n for _, n in m.char_filters)
+        cnn = [(0, w * m.char_embedding_size * n + n) for w, n in m.char_filters]
+        highways = [(0, 2 * (width * width + width))] * m.highway_layers
+        lstms = [(0, p * 4 * c + p * 4 * c + 4 * c + c * p)] * (2 * m.num_layers)
+        vocab = m.padded_vocab
+        return [(0, CHARS * m.char_embedding_size), *cnn, *highways, (0, width * p + p), *lstms,
+                (vocab * p + vocab, 0)]
+
+    def flops(self, m, seq_len):
+        """On a window of seq_len + 1 words (3 x forward, 2 per multiply-add): per word the character CNN (each filter
+        of width w over the 51 - w positions of 50 characters), the highways and the projection, and in each
+        direction each LSTM's gates (input and recurrent: 8PC) and projection (CP); per predicted word (seq_len in
+        each direction) the softmax (PV)."""
+        p, c, width, e = m.hidden_size, m.ffn_hidden_size, sum(n for _, n in m.char_filters), m.char_embedding_size
+        word = (sum((51 - w) * w * e * n for w, n in m.char_filters) + 2 * m.highway_layers * width * width
+                + width * p + 2 * m.num_layers * (8 * p * c + c * p))
+        return 6.0 * ((seq_len + 1) * word + 2 * seq_len * p * m.padded_vocab)
+
+    def activation_bytes(self, cfg, micro_batch):
+        """Per word the character embeddings and convolution outputs, each highway's three F-wide tensors, the
+        projection; per word, direction and layer an LSTM step's gates before and after their activations (8C), its
+        cell and tanh(cell) (2C), its output and the residual sum (2P); the softmax's fp32 logits of both directions
+        over this rank's vocabulary (2 bytes per element in 16 bits counted as 2, fp32 4)."""
+        m, b, words = cfg.model, micro_batch, cfg.data.seq_len + 1
+        size = 4 if cfg.precision == "fp32" else 2
+        p, c, width = m.hidden_size, m.ffn_hidden_size, sum(n for _, n in m.char_filters)
+        word = (50 * m.char_embedding_size + sum(n * (51 - w) for w, n in m.char_filters)
+                + 3 * width * m.highway_layers + width + p + 2 * m.num_layers * (10 * c + 2 * p))
+        logits = 2 * b * cfg.data.seq_len * m.padded_vocab * 4 // cfg.parallel.tp
+        return b * words * word * size, logits
+
+
+FAMILY = Family("elmo", "ELMo: character CNN, forward and backward LSTM LMs with one softmax", FEATURES, None, check,
+                model="pretrain.models.elmo:ELMo", cost=ElmoCost(), attends=False,
+                fields=("char_filters", "char_embedding_size", "highway_layers", "cell_clip", "proj_clip"),
+                export="export it with `ptm convert to-elmo` (bilm-tf's files, which AllenNLP reads)")

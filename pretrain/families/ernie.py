@@ -28,7 +28,7 @@ class ErnieAdapter(bert.BertAdapter):
         return dict(super().model_config(hf), arch="ernie", task_type_vocab_size=task)
 
 
-def check(cfg, need) -> None:
+def check(cfg, need, objective) -> None:
     m = cfg.model
     need(m.task_type_vocab_size == 0 or m.arch == "ernie",
          f"model.task_type_vocab_size={m.task_type_vocab_size} needs model.arch=ernie; set it to 0")

@@ -5,8 +5,8 @@ T5ForConditionalGeneration (transformers 5 always ties its LM head; `tie_word_em
 the scaling off, which is how it reads a 1.1 model)."""
 from __future__ import annotations
 
-from pretrain.families.base import ExportError, Family
-from pretrain.families.seq2seq import EncoderDecoderAdapter
+from pretrain.families.base import ExportError, Family, sentencepiece_to_fast
+from pretrain.families.encoder_decoder import MODEL, EncoderDecoderAdapter, EncoderDecoderCost
 
 ORDER = 110
 FEATURES = dict(norm="pre", norm_type="rmsnorm", bias=False, gated_mlp=False, activation="relu", causal=False,
@@ -30,7 +30,7 @@ class T5Adapter(EncoderDecoderAdapter):
     hf_class = "T5ForConditionalGeneration"
     model_type = "t5"
     computes = COMPUTES
-    tokenizer = "t5"
+    tokenizer = "none"  # (its own: `sentencepiece_tokenizer`)
     head_widths = True
     self_attention = "layer.0.SelfAttention.{}"
     cross_attention = "layer.1.EncDecAttention.{}"
@@ -46,6 +46,24 @@ class T5Adapter(EncoderDecoderAdapter):
         keys = {"attn_norm.weight": "layer.0.layer_norm.weight", "attn.out.weight": "layer.0.SelfAttention.o.weight",
                 **MLP, **(GATED if gated else PLAIN), **(CROSS if stack == "decoder" else {})}
         return {k: v.format(ff=2 if stack == "decoder" else 1) for k, v in keys.items()}
+
+    def sentencepiece_tokenizer(self, model_file: str, meta: dict):
+        """T5's: the sentencepiece model, each sequence followed by the end-of-sequence token, and the sentinels after
+        the vocabulary (`<extra_id_0>` the last id, as data_prep numbers them)."""
+        import transformers
+        from tokenizers import processors
+
+        tok = sentencepiece_to_fast(model_file, "none")
+        sentinels = [f"<extra_id_{k}>" for k in range(meta.get("sentinels", 0))]
+        tok.add_special_tokens(sentinels[::-1])  # appended in order: <extra_id_0> last
+        special = {role: tok.id_to_token(i) for role, i in meta["special_ids"].items() if i is not None}
+        eos = special["eod"]
+        tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B {eos}",
+                                                           special_tokens=[(eos, meta["special_ids"]["eod"])])
+        return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=special.get("unk"),
+                                                    pad_token=special.get("pad"), eos_token=eos,
+                                                    additional_special_tokens=sentinels,
+                                                    model_input_names=["input_ids", "attention_mask"])
 
     def hf_config(self, cfg, special):
         import transformers
@@ -76,5 +94,13 @@ class T5Adapter(EncoderDecoderAdapter):
                     scaled_logits=hf.scale_decoder_outputs)
 
 
+def check(cfg, need, objective) -> None:
+    """T5's bucketed relative bias is an encoder-decoder's (pretrain/models/seq2seq.py)."""
+    need(cfg.model.position_encoding != "bucketed" or cfg.model.decoder_layers > 0,
+         "model.position_encoding=bucketed is T5's relative bias of an encoder-decoder; set model.decoder_layers or "
+         "another model.position_encoding")
+
+
 FAMILY = Family("t5", "T5: pre-LN encoder-decoder, RMSNorm, bucketed relative bias, span corruption",
-                FEATURES, T5Adapter())
+                FEATURES, T5Adapter(), check, model=MODEL,
+                cost=EncoderDecoderCost(), fields=("decoder_layers",))

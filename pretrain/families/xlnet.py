@@ -4,8 +4,9 @@ Transformer-XL style (causal, with memory, no permutation; no adaptive softmax) 
 `model.causal: true`. Exports as XLNetLMHeadModel (attn_type bi, or uni when causal) and imports it and XLNetModel."""
 from __future__ import annotations
 
-from pretrain.families.base import VOCAB_ROWS, Adapter, ExportError, Family, take
-from pretrain.families.seq2seq import interleave_kv, split_kv
+from pretrain.families.base import (VOCAB_ROWS, Adapter, Cost, ExportError, Family, interleave_heads,
+                                    sentencepiece_to_fast, split_heads, take)
+from pretrain.stacks import Stack
 
 ORDER = 120
 FEATURES = dict(norm="post", activation="gelu", causal=False, heads=["lm"], scaled_init=False,
@@ -29,8 +30,26 @@ class XLNetAdapter(Adapter):
     hf_class = "XLNetLMHeadModel"
     model_type = "xlnet"
     computes = COMPUTES
-    tokenizer = "xlnet"  # A [SEP] B [SEP] [CLS], padded on the left
+    tokenizer = "none"  # (its own: `sentencepiece_tokenizer`)
     keys = {"embeddings.word.weight": "transformer.word_embedding.weight", "lm_bias": "lm_loss.bias"}
+
+    def sentencepiece_tokenizer(self, model_file: str, meta: dict):
+        """XLNet's: A [SEP] [CLS], a pair A [SEP] B [SEP] [CLS] (segments 0, 1 and the [CLS]'s 2), padded on the left
+        (the last token, [CLS], stays where XLNet pretrained it)."""
+        import transformers
+        from tokenizers import processors
+
+        tok = sentencepiece_to_fast(model_file, "none")
+        ids = meta["special_ids"]
+        special = {role: tok.id_to_token(i) for role, i in ids.items() if i is not None}
+        sep, cls = special["sep"], special["cls"]
+        tok.post_processor = processors.TemplateProcessing(single=f"$A {sep} {cls}:2",
+                                                           pair=f"$A {sep} $B:1 {sep}:1 {cls}:2",
+                                                           special_tokens=[(sep, ids["sep"]), (cls, ids["cls"])])
+        return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=special.get("unk"),
+                                                    pad_token=special.get("pad"), sep_token=sep, cls_token=cls,
+                                                    mask_token=special.get("mask"), padding_side="left",
+                                                    model_input_names=["input_ids", "token_type_ids", "attention_mask"])
 
     def hf_config(self, cfg, special):
         import transformers
@@ -68,7 +87,7 @@ class XLNetAdapter(Adapter):
             width = hf[at + "q"].shape[0]
             linear = {n: hf[at + n].reshape(width, -1).t() for n in ("q", "k", "v", "r")}
             out.update({f"{mine}{n}.weight": linear[n].contiguous() for n in PROJECTIONS})
-            out[mine + "kv.weight"] = interleave_kv(linear["k"], linear["v"], num_heads).contiguous()
+            out[mine + "kv.weight"] = interleave_heads((linear["k"], linear["v"]), num_heads).contiguous()
             out[mine + "out.weight"] = hf[at + "o"].reshape(width, -1).contiguous()
         return out, missing
 
@@ -80,7 +99,7 @@ class XLNetAdapter(Adapter):
         for i in range(num_layers):
             at, mine = LAYER.format(i=i) + "rel_attn.", f"blocks.{i}.attn."
             linear = {n: ours[f"{mine}{n}.weight"] for n in PROJECTIONS}
-            linear["k"], linear["v"] = split_kv(ours[mine + "kv.weight"], num_heads)
+            linear["k"], linear["v"] = split_heads(ours[mine + "kv.weight"], num_heads, 2)
             out.update({at + n: t.t().reshape(width, num_heads, -1).contiguous() for n, t in linear.items()})
             out[at + "o"] = ours[mine + "out.weight"].reshape(width, num_heads, -1).contiguous()
         out["lm_loss.weight"] = out["transformer.word_embedding.weight"]
@@ -93,9 +112,14 @@ class XLNetAdapter(Adapter):
         return m
 
 
-def check(cfg, need) -> None:
-    """XLNet's segments are relative (no segment table); a memory and its reuse are XLNet's and Transformer-XL's."""
-    m = cfg.model
+def check(cfg, need, objective) -> None:
+    """XLNet's segments are relative (no segment table); a memory and its reuse are XLNet's and Transformer-XL's, and
+    a memory is carried along the streams of a recurrent objective's samples."""
+    m, d = cfg.model, cfg.data
+    need(not m.mem_len or (objective.recurrent and len(d.paths) == 1 and d.pack_documents),
+         f"model.mem_len={m.mem_len} carries a memory along streams of one dataset's packed documents: it needs a "
+         f"data.objective whose samples stream (XLNet's plm, Transformer-XL's clm; not {objective.name}), one "
+         f"data.path (not {len(d.paths)}) and data.pack_documents=true; or set model.mem_len=0")
     need(m.position_encoding != "transformer_xl" or m.type_vocab_size == 0,
          f"model.type_vocab_size={m.type_vocab_size}: XLNet's segments enter attention (model.relative_segments), "
          f"not as embeddings; set model.type_vocab_size=0")
@@ -107,5 +131,49 @@ def check(cfg, need) -> None:
          f"model.reuse_len=0")
 
 
+def layer_flops(stack: Stack) -> int:
+    """Training FLOPs of one XLNet / Transformer-XL layer on one sequence of s tokens, with k = s + mem_len keys and
+    R = k + s relative positions: per query token of either stream (the content stream's s, the query stream's
+    `queries`) its query, output and MLP matmuls (2ha + 2hf), scores and weighted sum over the keys (2ka), the position
+    term over R (Ra) and, where the samples have segments (XLNet's, which run the query stream), the segment term
+    (2a); per sequence the keys and values (2kha). The position keys' projection (Rha) runs once per micro-batch,
+    whatever its size: left out."""
+    m, s, queries = stack.model, stack.seq_len, stack.queries
+    h, f, a = m.hidden_size, m.ffn_hidden_size, m.attention_width
+    k = s + stack.memory
+    r = k + s
+    segments = 2 if m.relative_segments and queries else 0
+    per_query = 2 * h * a + (3 if m.gated_mlp else 2) * h * f + (2 * k + r + segments) * a
+    return 6 * ((s + queries) * per_query + 2 * k * h * a)
+
+
+class XLNetCost(Cost):
+    """One stack whose attention reads a memory and keeps its probabilities (relative positions in plain matmuls),
+    with XLNet's query stream on the predicted tokens (none when causal: Transformer-XL predicts from its content
+    stream); no attention biases, but the position keys' projection, u and v per head, and the segment term's."""
+
+    def stacks(self, m, seq_len, decoder, predicted):
+        return [Stack(m, m.num_layers, seq_len, queries=0 if m.causal else predicted, memory=m.mem_len,
+                      keeps_scores=True, layer=layer_flops)]
+
+    def layer_modules(self, m, layer):
+        h, a = m.hidden_size, m.attention_width  # q, kv and r; u, v and with relative segments s and its 2 vectors
+        return {**layer, "attention": [(4 * h * a + (5 if m.relative_segments else 2) * a, 0), (a * h, 0)]}
+
+    def more_modules(self, m, layer, shared):
+        return [(shared["vocab"], 0), (0, m.hidden_size)]  # the LM head's bias (vocab-split), the query stream's start
+
+    def carried_bytes(self, cfg, dp):
+        """mem_len states per layer for each of its data-parallel rank's streams (global batch / dp), in the model's
+        dtype, with their mask and stamps (pretrain/models/memory.py)."""
+        m = cfg.model
+        if not m.mem_len:
+            return 0
+        streams = cfg.train.global_batch_size // dp
+        return streams * (m.num_layers * m.mem_len * m.hidden_size * (4 if cfg.precision == "fp32" else 2)
+                          + m.mem_len + 24)
+
+
 FAMILY = Family("xlnet", "XLNet / Transformer-XL: two-stream relative attention with memory, permutation LM",
-                FEATURES, XLNetAdapter(), check)
+                FEATURES, XLNetAdapter(), check, model="pretrain.models.xlnet:XLNet", cost=XLNetCost(),
+                fields=("mem_len", "reuse_len", "clamp_len", "relative_segments"))

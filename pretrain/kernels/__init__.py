@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
 
+from pretrain import families
 from pretrain.models.config import FUSED_CHUNK_BYTES
 
 
@@ -188,7 +189,7 @@ def describe(cfg, kernels: str, fused_lm_loss: bool, optimizer, device: torch.de
             " (not fused under fp16: liger-kernel computes its gradients before the loss scale)"
             if cfg.precision == "fp16" and cfg.fused_lm_loss == "auto" else "")
     blocks = "torch.compile (Inductor)" if kernels == "compile" else "eager"
-    cores = ("none (a character CNN and LSTMs)" if cfg.model.char_filters  # ELMo's model (models.build) attends nowhere
-             else attention(cfg, device, mask))
+    family = families.get(cfg.model.arch)
+    cores = attention(cfg, device, mask) if family.attends else f"none ({family.help})"
     return (f"blocks {blocks}; attention {cores}; LM head {loss}; "
             f"{type(optimizer).__name__} {optimizer.implementation}")

@@ -131,6 +131,12 @@ class ModelConfig:
 
 
     @property
+    def padded_vocab(self) -> int:
+        """The vocabulary rounded up to `vocab_pad_to` (GPU-friendly shapes, divisible by any TP size that divides it);
+        the extra rows are never predicted (their logits are masked)."""
+        return -(-self.vocab_size // self.vocab_pad_to) * self.vocab_pad_to
+
+    @property
     def head_size(self) -> int:
         """The width of one attention head: `head_dim`, or the hidden size split over the heads."""
         return self.head_dim or self.hidden_size // self.num_heads
@@ -159,6 +165,5 @@ def positions_needed(cfg: ModelConfig, seq_len: int) -> int:
 
 
 def padded_vocab_size(cfg: ModelConfig) -> int:
-    """The vocabulary rounded up to `vocab_pad_to` (GPU-friendly shapes, divisible by any TP size that
-    divides it); the extra rows are never predicted (their logits are masked)."""
-    return -(-cfg.vocab_size // cfg.vocab_pad_to) * cfg.vocab_pad_to
+    """`ModelConfig.padded_vocab`."""
+    return cfg.padded_vocab

@@ -24,11 +24,10 @@ import torch.nn.functional as F
 from megatron.core import tensor_parallel as mtp
 from torch import nn
 
+from pretrain.families.elmo import CHARS
 from pretrain.models.config import padded_vocab_size
 from pretrain.parallel import mcore
 
-CHARS = 262  # character ids (AllenNLP's): 0 a padding word, 1..256 a UTF-8 byte + 1, 257..261 begin and end of
-# sentence, begin and end of word, padding inside a word
 MAX_CHARS = 50  # character ids per word
 
 

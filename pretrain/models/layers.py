@@ -82,16 +82,19 @@ class Context:
 
     @classmethod
     def of(cls, cfg, tp) -> "Context":
-        init = normal(cfg.init_std)
-        out_init = normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)) if cfg.scaled_init else init
-        inits = dict.fromkeys(("word", "qkv", "q", "kv", "fc1", "bias"), init) | {"out": out_init, "fc2": out_init}
-        if cfg.init == "t5":
-            inits = t5_inits(cfg)
-        return cls(cfg, tp, mcore.model_parallel_config(tp), inits)
+        return cls(cfg, tp, mcore.model_parallel_config(tp), INITS[cfg.init](cfg))
 
 
 def normal(std):
     return lambda w: nn.init.normal_(w, mean=0.0, std=std)
+
+
+def normal_inits(cfg) -> dict:
+    """Every weight N(0, init_std); residual output projections N(0, init_std / sqrt(2 * layers)) with GPT-2's
+    scaled_init."""
+    init = normal(cfg.init_std)
+    out_init = normal(cfg.init_std / math.sqrt(2 * cfg.num_layers)) if cfg.scaled_init else init
+    return dict.fromkeys(("word", "qkv", "q", "kv", "fc1", "bias"), init) | {"out": out_init, "fc2": out_init}
 
 
 def t5_inits(cfg) -> dict:
@@ -108,6 +111,9 @@ def t5_inits(cfg) -> dict:
         return w
     return {"word": normal(1.0), "qkv": qkv, "q": normal((d * head) ** -0.5), "kv": normal(d ** -0.5),
             "out": normal(width ** -0.5), "fc1": normal(d ** -0.5), "fc2": normal(f ** -0.5), "bias": normal(d ** -0.5)}
+
+
+INITS = {"normal": normal_inits, "t5": t5_inits}  # model.init: the weight initialisations by role
 
 
 class Embeddings(nn.Module):

@@ -123,8 +123,10 @@ class Pretraining(nn.Module):
         first = self.tp.rank() * (vocab // parts)
         self.register_buffer("vocab_padding", torch.arange(first, first + vocab // parts) >= cfg.vocab_size,
                              persistent=False)
-        for name, head in (heads() if callable(heads) else heads or {}).items():  # they initialise themselves
+        added = heads() if callable(heads) else heads or {}
+        for name, head in added.items():  # they initialise themselves
             self.add_module(name, head)
+        self.added = tuple(added)
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, position_ids=None,
                sample_index=None, attend_lo=None, attend_hi=None, trace: dict | None = None):
@@ -215,7 +217,10 @@ class Pretraining(nn.Module):
         gathers a parameter only for its owner's forward unless told: pretrain/engine.py registers these): the LM
         heads read the tied word embeddings, a post-LN block passes its LayerNorms' weights to the fused residual +
         LayerNorm kernel; a model inside this one (ELECTRA's generator, on this model's embeddings; a distillation
-        teacher, on its own) alike."""
+        teacher, on its own) alike; and an objective's head that reads this model's (its `external_parameters(model)`:
+        SpanBERT's SBO head, the tied word embeddings)."""
+        for name in self.added:
+            yield from getattr(getattr(self, name), "external_parameters", lambda model: ())(self)
         for m in (self, *(c for c in self.children() if isinstance(c, Pretraining))):
             yield (m.mlm if "mlm" in m.cfg.heads else m), m.embeddings.word.weight
             for block in m.blocks:

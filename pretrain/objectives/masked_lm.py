@@ -83,8 +83,12 @@ class MaskedLM(Masked):
         return out
 
     def compute(self, model, batch, phase=None, fused=False):
-        """The MLM head runs on the masked tokens alone; with the engine's `fused_lm_loss` (training only) it
-        returns its loss and correct count instead of logits."""
+        return self.masked_terms(model, batch, fused)[0]
+
+    def masked_terms(self, model, batch, fused=False, **asked) -> tuple[dict, dict]:
+        """The `mlm` (and `nsp`) terms, and the model's outputs (`asked`: more of them, e.g. `with_hidden`). The MLM
+        head runs on the masked tokens alone; with the engine's `fused_lm_loss` (training only) it returns its loss
+        and correct count instead of logits."""
         from pretrain import losses
 
         where = self.where(batch)
@@ -92,14 +96,14 @@ class MaskedLM(Masked):
         target = losses.pick(batch["labels"], masked, 2)
         out = model(batch["input_ids"], batch.get("attention_mask"), batch["token_type_ids"], batch.get("task_type_ids"),
                     positions=masked, labels=target if fused else None,
-                    **{k: batch[k] for k in losses.PACKED if k in batch})
+                    **{k: batch[k] for k in losses.PACKED if k in batch}, **asked)
         if fused:
             terms = {"mlm": losses.Term(out["lm_loss"][0], target.new_full((), len(target)), out["lm_loss"][1])}
         else:
             terms = {"mlm": losses.token_term(out["logits"], target)}
         if "nsp" in where:
             terms["nsp"] = losses.class_term(out["nsp_logits"], batch["next_sentence_label"])
-        return terms
+        return terms, out
 
 
 OBJECTIVES = (

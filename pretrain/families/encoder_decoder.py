@@ -1,14 +1,36 @@
-"""The Hugging Face conversion of an encoder-decoder (pretrain/models/seq2seq.py) as data: where a stack's blocks live
-(`block`), the names of their attention linears (`self_attention`, `cross_attention`), the other block parameters
-(`layer_keys`), the parameters outside the blocks (`keys`), and the tied copies (`tied`). A family (T5, BART) sets
-them; the queries, keys and values are interleaved per head as ptm's fused layers hold them."""
+"""What the encoder-decoder families (T5, BART) share: their model (pretrain/models/seq2seq.py), its cost (the
+decoder's stack and parameters) and its Hugging Face conversion as data: where a stack's blocks live (`block`), the
+names of their attention linears (`self_attention`, `cross_attention`), the other block parameters (`layer_keys`),
+the parameters outside the blocks (`keys`), and the tied copies (`tied`). A family sets them; the queries, keys and
+values are interleaved per head as ptm's fused layers hold them. Not a family itself."""
 from __future__ import annotations
 
 import re
 
-from pretrain.families.base import VOCAB_ROWS, Adapter, interleave_qkv, split_qkv, take
+from pretrain.families.base import VOCAB_ROWS, Adapter, Cost, interleave_heads, split_heads, take
+from pretrain.stacks import Stack
 
 STACKS = ("encoder", "decoder")
+
+
+MODEL = "pretrain.models.seq2seq:EncoderDecoder"  # an encoder-decoder family's model
+
+
+class EncoderDecoderCost(Cost):
+    """The encoder's stack and the decoder's (model.decoder_layers, each block with cross-attention to the encoder's
+    output), the decoder's final norm, position table, embedding LayerNorm and each stack's bucketed bias table."""
+
+    def stacks(self, m, seq_len, decoder, predicted):
+        return [Stack(m, m.num_layers, seq_len), Stack(m, m.decoder_layers, decoder or seq_len, seq_len)]
+
+    def more_modules(self, m, layer, shared):
+        h, a, norm = m.hidden_size, m.attention_width, shared["norm"]
+        bias = 1 if m.bias else 0
+        cross = [(0, norm), (h * a + a * bias, 0), (2 * h * a + 2 * a * bias, 0), (a * h, h * bias)]  # norm, q, kv, out
+        out = (layer["norms"] + layer["attention"] + layer["mlp"] + cross) * m.decoder_layers
+        out += [(0, norm)] if m.norm == "pre" else []
+        out += [(0, shared["positions"])] + ([(0, shared["embedding_norm"])] if shared["embedding_norm"] else [])
+        return out + [(m.relative_buckets * m.num_heads, 0)] * 2 if m.position_encoding == "bucketed" else out
 
 
 class EncoderDecoderAdapter(Adapter):
@@ -43,10 +65,10 @@ class EncoderDecoderAdapter(Adapter):
                 at = self.block.format(stack=stack, i=i)
                 for kind in self.kinds:
                     q, k, v = (hf[f"{at}{self.self_attention.format(n)}.{kind}"] for n in self.letters)
-                    out[f"{stack}.blocks.{i}.attn.qkv.{kind}"] = interleave_qkv(q, k, v, num_heads).contiguous()
+                    out[f"{stack}.blocks.{i}.attn.qkv.{kind}"] = interleave_heads((q, k, v), num_heads).contiguous()
                     if stack == "decoder":
                         k, v = (hf[f"{at}{self.cross_attention.format(n)}.{kind}"] for n in self.letters[1:])
-                        out[f"{stack}.blocks.{i}.cross.kv.{kind}"] = interleave_kv(k, v, num_heads).contiguous()
+                        out[f"{stack}.blocks.{i}.cross.kv.{kind}"] = interleave_heads((k, v), num_heads).contiguous()
         return out, missing
 
     def to_hf(self, ours: dict, num_layers: int, num_heads: int, vocab_size: int) -> dict:
@@ -58,30 +80,16 @@ class EncoderDecoderAdapter(Adapter):
             for i in range(layers[stack]):
                 at = self.block.format(stack=stack, i=i)
                 for kind in self.kinds:
-                    q, k, v = split_qkv(ours[f"{stack}.blocks.{i}.attn.qkv.{kind}"], num_heads)
+                    q, k, v = split_heads(ours[f"{stack}.blocks.{i}.attn.qkv.{kind}"], num_heads)
                     out.update({f"{at}{self.self_attention.format(n)}.{kind}": t.contiguous()
                                 for n, t in zip(self.letters, (q, k, v))})
                     if stack == "decoder":
-                        k, v = split_kv(ours[f"{stack}.blocks.{i}.cross.kv.{kind}"], num_heads)
+                        k, v = split_heads(ours[f"{stack}.blocks.{i}.cross.kv.{kind}"], num_heads, 2)
                         out.update({f"{at}{self.cross_attention.format(n)}.{kind}": t.contiguous()
                                     for n, t in zip(self.letters[1:], (k, v))})
         word = out[self.keys["embeddings.word.weight"]]
         out.update({copy: word for copy in self.tied})
         return out
-
-
-def interleave_kv(k, v, heads: int):
-    """[k; v] (each [hidden, ...]) -> the per-head layout [heads][2][head_dim, ...] of ptm's cross-attention kv."""
-    import torch
-
-    rest = k.shape[1:]
-    return torch.stack([k, v]).view(2, heads, -1, *rest).transpose(0, 1).reshape(-1, *rest)
-
-
-def split_kv(kv, heads: int):
-    """Inverse of interleave_kv: -> (k, v)."""
-    rest = kv.shape[1:]
-    return kv.view(heads, 2, -1, *rest).transpose(0, 1).reshape(2, -1, *rest).unbind(0)
 
 
 def count_blocks(state: dict, block: str) -> dict[str, int]:

@@ -1,0 +1,54 @@
+"""A stack of transformer layers and what one of its layers costs: torch-free formulas that pretrain/cost.py and the
+families' cost hooks (pretrain/families/, `Cost`) share. Nothing of ptm is imported here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One stack of transformer layers: its sizes (`model`, a ModelConfig), depth, the tokens per sequence it runs on,
+    and for a decoder of an encoder-decoder the keys per sequence its cross-attention reads (0: none). A family's
+    cost hook may give it a second stream of queries on `queries` tokens (XLNet's), `memory` keys more for every query
+    (Transformer-XL's memory of earlier segments), attention that keeps its probabilities for the backward pass
+    (`keeps_scores`: scores in plain matmuls), and its own formula for one layer's FLOPs (`layer(stack)`)."""
+
+    model: object
+    layers: int
+    seq_len: int
+    context: int = 0
+    queries: int = 0
+    memory: int = 0
+    keeps_scores: bool = False
+    layer: Callable | None = None
+
+    @property
+    def recomputed(self) -> int:
+        """How many of its layers `model.activation_checkpointing` recomputes (each stack numbers its own)."""
+        setting = self.model.activation_checkpointing
+        return self.layers if setting is True else len({i for i in setting or () if i < self.layers})
+
+
+def layer_flops_per_sample(m, seq_len: int) -> int:
+    """Training FLOPs of one transformer layer on one sequence: its matmuls 6*s*(4ha + 2hf) and attention
+    12*a*s^2 (doubled with relative positions), a the attention width (= h unless model.head_dim sets it); see
+    pretrain/cost.py's model_flops_per_sample."""
+    h, s, a = m.hidden_size, seq_len, m.attention_width
+    return 6 * s * (4 * h * a + (3 if m.gated_mlp else 2) * h * m.ffn_hidden_size) + 12 * a * s * s * (
+        2 if m.position_encoding == "relative" else 1)
+
+
+def cross_flops_per_sample(m, seq_len: int, context: int) -> int:
+    """Training FLOPs of one decoder layer's cross-attention: queries and output on `seq_len` tokens (6*s*2ha), keys
+    and values of the `context` encoder outputs (6*c*2ha), scores and weighted sum over s x c (12*a*s*c)."""
+    h, a = m.hidden_size, m.attention_width
+    return 12 * seq_len * h * a + 12 * context * h * a + 12 * a * seq_len * context
+
+
+def stack_flops(stack: Stack) -> int:
+    """Training FLOPs of one sequence through a stack's layers, a decoder's cross-attention included."""
+    if stack.layer:
+        return stack.layers * stack.layer(stack)
+    cross = cross_flops_per_sample(stack.model, stack.seq_len, stack.context) if stack.context else 0
+    return stack.layers * (layer_flops_per_sample(stack.model, stack.seq_len) + cross)
