@@ -217,10 +217,10 @@ class Pretraining(nn.Module):
         gathers a parameter only for its owner's forward unless told: pretrain/engine.py registers these): the LM
         heads read the tied word embeddings, a post-LN block passes its LayerNorms' weights to the fused residual +
         LayerNorm kernel; a model inside this one (ELECTRA's generator, on this model's embeddings; a distillation
-        teacher, on its own) alike; and an objective's head that reads this model's (its `external_parameters(model)`:
-        SpanBERT's SBO head, the tied word embeddings)."""
+        teacher, on its own) alike; and an objective's head that reads this model's (its `reads(model)`: SpanBERT's SBO
+        head, the tied word embeddings)."""
         for name in self.added:
-            yield from getattr(getattr(self, name), "external_parameters", lambda model: ())(self)
+            yield from getattr(getattr(self, name), "reads", lambda model: ())(self)
         for m in (self, *(c for c in self.children() if isinstance(c, Pretraining))):
             yield (m.mlm if "mlm" in m.cfg.heads else m), m.embeddings.word.weight
             for block in m.blocks:

@@ -101,7 +101,7 @@ def sbo_head(cfg):
             logits = tied_logits(x, word, tp) + self.bias
             return logits.masked_fill(padding, torch.finfo(logits.dtype).min)
 
-        def external_parameters(self, model):
+        def reads(self, model):
             """The word embeddings, which its forward reads (ZeRO-3 gathers them for it: pretrain/engine.py)."""
             yield self, model.embeddings.word.weight
 
