@@ -191,8 +191,8 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
     """(transformer layers, LM head) activation bytes per GPU, as ptm's kernels on a GPU keep them. A layer keeps
     s*b*h*(10 + 24/t) bytes in 16 bits (Korthikanti et al. 2022, tensor parallelism without sequence parallelism;
     24 is 8 + 4f/h for an MLP of width f), double in fp32, plus its attention's: 4*a*s*b/t (flash or memory-efficient
-    attention's fp32 logsumexp) or, where the probabilities are kept (`attention_keeps_scores`), Korthikanti's
-    5*a*s^2*b/t (16-bit probabilities, their dropout mask and dropped-out copy). A checkpointed layer keeps only its
+    attention's fp32 logsumexp) or, where the probabilities are kept (a stack's `keeps_scores`, set by its family),
+    Korthikanti's 5*a*s^2*b/t (16-bit probabilities, their dropout mask and dropped-out copy). A checkpointed layer keeps only its
     input (2*s*b*h), and one layer's full activations live again during its recomputation. LM head: the fp32 logits
     over this rank's vocabulary; with the fused linear cross-entropy (`Config.lm_loss_fusable`) only what it keeps for
     the backward pass: the input's gradient, the fp32 weight-gradient sum and a chunk of logits (up to
