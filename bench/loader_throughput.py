@@ -16,7 +16,7 @@ from pathlib import Path
 from data_prep.dataset import Corpus
 from pretrain.data.bert import BertDataset
 from pretrain.data.loader import make_loader
-from pretrain.objectives.masking import Masker
+from pretrain.data.masking import Masker
 
 GPU_SAMPLES_PER_S = 2000
 

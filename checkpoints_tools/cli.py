@@ -78,12 +78,12 @@ def main(argv=None) -> None:
 
             print(f"wrote {to_hf(a.checkpoint, a.out, a.max_shard_size)}")
         elif a.command == "to-elmo":
-            from checkpoints_tools.elmo import to_elmo
+            from checkpoints_tools.bilm_tf import to_elmo
 
             print(f"wrote {to_elmo(a.checkpoint, a.out)}")
         else:
             if a.command == "from-elmo":
-                from checkpoints_tools.elmo import from_elmo as read
+                from checkpoints_tools.bilm_tf import from_elmo as read
             else:
                 from checkpoints_tools.hf import from_hf as read
             source = a.elmo_dir if a.command == "from-elmo" else a.hf_dir

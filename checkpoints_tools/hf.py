@@ -25,7 +25,7 @@ def adapter(arch: str) -> families.Adapter:
 
 def hf_config(cfg: ModelConfig, special: dict):
     """The transformers config of the first model `cfg` exports (`special`: the tokenizer's special ids)."""
-    return adapter(cfg.arch).hf_config(cfg, special)
+    return adapter(cfg.arch).for_model(cfg).hf_config(cfg, special)
 
 
 # ---- tokenizers -------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     if families.get(cfg.arch).adapter is None:
         raise C.CheckpointError(f"{ckpt} holds model.arch={cfg.arch}, which has no Hugging Face class; "
                                 f"{families.get(cfg.arch).export}")
-    family = adapter(cfg.arch)
+    family = adapter(cfg.arch).for_model(cfg)
     models = family.models(cfg)
     problems = [p for _, m, _ in models for p in family.problems(m)]
     if problems:

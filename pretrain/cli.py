@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="PNG to write (default: RUN_DIR/report.png)")
     e = sub.add_parser("elmo", help="ELMo representations of text: a scalar mix of a trained ELMo's layers",
                        description="Load an ELMo (a checkpoint, a run, or options.json + weights.hdf5) and print each "
-                                   "word's vector norm in every layer and in the equal-weight mix (pretrain/elmo.py "
+                                   "word's vector norm in every layer and in the equal-weight mix (pretrain/elmo_vectors.py "
                                    "is the module a downstream model uses).")
     e.add_argument("path", help="a checkpoint, a training out_dir, or a directory with options.json + weights.hdf5")
     e.add_argument("--text", nargs="+", required=True, help="sentences, words separated by spaces")
@@ -68,7 +68,7 @@ def main(argv=None) -> None:
         return
     if a.command == "elmo":
         from pretrain.checkpoint import CheckpointError
-        from pretrain.elmo import describe
+        from pretrain.elmo_vectors import describe
 
         try:
             print(describe(a.path, a.text))

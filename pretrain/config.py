@@ -21,10 +21,10 @@ import yaml
 
 from pretrain import families, objectives, schema
 from pretrain import yaml_config as Y
-from pretrain.models.config import ModelConfig, embedding_width, positions_needed
+from pretrain.models.config import ATTENTIONS, ModelConfig, embedding_width, positions_needed
 from pretrain.objectives.ernie import ErnieStage  # noqa: F401 (the ernie section's stages, named here too)
-from pretrain.objectives import masking
-from pretrain.objectives.masking import STRATEGIES as MASKINGS
+from pretrain.data import masking
+from pretrain.data.masking import STRATEGIES as MASKINGS
 from pretrain.schema import AUTO, opt
 from pretrain.yaml_config import ConfigError
 from ptm import shipped
@@ -254,6 +254,10 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
                     and sum(h in heads for h in ("lm", "mlm", "rtd")) == 1 and not ("rtd" in heads and "nsp" in heads),
                     f"model.heads={heads} is not one LM head and optionally nsp; set it to [lm], [mlm] or either "
                     f"with nsp, or [rtd] (ELECTRA)")
+    layers = cfg.model.attention_layers
+    errors.need(layers is None or (layers and all(a in ATTENTIONS for a in layers)),
+                f"model.attention_layers=[{', '.join(map(str, layers or []))}] is not a list of {' | '.join(ATTENTIONS)}; e.g. set "
+                f"model.attention_layers=[global] (dense) or [global,local] (alternating)")
     betas = cfg.optimizer.betas
     errors.need(len(betas) == 2 and all(0 <= b < 1 for b in betas),
                 f"optimizer.betas={betas} must be two values in [0, 1); e.g. set optimizer.betas=[0.9,0.999]")
@@ -302,6 +306,15 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(m.norm_type != "rmsnorm" or m.norm == "pre",
                 "model.norm_type=rmsnorm needs model.norm=pre (a post-LN block's residual kernel is LayerNorm's); set "
                 "model.norm=pre or model.norm_type=layernorm")
+    local, kinds = "local" in m.attention_layers, "[" + ", ".join(m.attention_layers) + "]"
+    sdpa = m.position_encoding in ("learned", "roberta", "bucketed") and families.get(m.arch).attends
+    errors.need(not local or sdpa,
+                f"model.attention_layers={kinds} has local layers, which model.arch={m.arch} with "
+                f"model.position_encoding={m.position_encoding} has no band for (local attention is SDPA's with a "
+                f"mask: position_encoding learned, roberta or bucketed); set model.attention_layers=[global]")
+    errors.need(len(set(m.attention_layers)) == 1 or m.share_layers in ("none", "ffn"),
+                f"model.share_layers={m.share_layers} shares one attention between layers that model.attention_layers="
+                f"{kinds} makes different; set model.share_layers=none (or ffn), or one kind of attention")
     errors.need("lm" not in m.heads or embedding_width(m) == m.hidden_size,
                 f"model.embedding_size={m.embedding_size} differs from model.hidden_size={m.hidden_size}, but the lm "
                 f"head projects hidden states onto the word embeddings; use the mlm head or model.embedding_size=0")

@@ -56,14 +56,14 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
     if whole is not None:
         return whole
     h, f, v, e, a = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m), m.attention_width
-    bias = 1 if m.bias else 0
+    bias, qkv_bias = (1 if m.bias else 0), (1 if m.bias and m.qkv_bias else 0)
     norm = h if m.norm_type == "rmsnorm" else 2 * h  # RMSNorm has no bias
     positions = m.max_position_embeddings if m.position_encoding in ("learned", "roberta") else 0
     tables = [(v * e, 0), (0, positions * e), (0, m.type_vocab_size * e), (0, m.task_type_vocab_size * e)]
     embeddings = ([] if shared_embeddings else tables) + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
     layer = family.layer_modules(m, {
         "norms": [(0, norm), (0, norm)],
-        "attention": [(3 * h * a + 3 * a * bias, 0), (a * h, h * bias)],  # QKV (column), output (row: bias replicated)
+        "attention": [(3 * h * a + 3 * a * qkv_bias, 0), (a * h, h * bias)],  # QKV (column), output (row: bias replicated)
         "mlp": [(f * h + f * bias, 0), (f * h, h * bias)] + ([(f * h + f * bias, 0)] if m.gated_mlp else [])})
     norms, attention, mlp = layer["norms"], layer["attention"], layer["mlp"]  # (the MLP: fc1, fc2, gate)
     if m.share_layers == "all":
@@ -142,7 +142,9 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
                                       a = heads x model.head_dim other than h; 3hf with a gated MLP)
       + 12 * L * h * s^2              attention scores QK^T and P @ V over the full s x s square (a for h)
                                       (causal masking's halving is not applied, as in Megatron and nanoGPT);
-                                      twice that with relative positions (NEZHA: q . a_ij and P . a_ij too)
+                                      a local layer's over s x its band, s x min(s, attention_window) when causal
+                                      (stacks.attended_keys); twice that with relative positions (NEZHA: q . a_ij
+                                      and P . a_ij too)
       + 6 * p * e * V                 LM head logits on the predicted tokens (e: the embedding width, = h
                                       unless factorised as ALBERT's)
       + 6 * p * h * e                 with an mlm head: its transform dense on the predicted tokens

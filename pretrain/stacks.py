@@ -30,13 +30,23 @@ class Stack:
         return self.layers if setting is True else len({i for i in setting or () if i < self.layers})
 
 
-def layer_flops_per_sample(m, seq_len: int) -> int:
-    """Training FLOPs of one transformer layer on one sequence: its matmuls 6*s*(4ha + 2hf) and attention
-    12*a*s^2 (doubled with relative positions), a the attention width (= h unless model.head_dim sets it); see
-    pretrain/cost.py's model_flops_per_sample."""
+def attended_keys(m, seq_len: int, layer: int = 0) -> int:
+    """The keys each query's scores are counted over in layer `layer` (`model.attention_layers`): a global layer's,
+    every position of the sequence (causal masking's halving is not applied, as in Megatron and nanoGPT); a local
+    layer's, its band: attention_window positions when causal, 2 * attention_window - 1 when not, at most the
+    sequence (the band's first rows, shorter at the sequence's start, are not discounted either)."""
+    if m.attention(layer) == "global":
+        return seq_len
+    return min(seq_len, m.attention_window if m.causal else 2 * m.attention_window - 1)
+
+
+def layer_flops_per_sample(m, seq_len: int, layer: int = 0) -> int:
+    """Training FLOPs of layer `layer` on one sequence: its matmuls 6*s*(4ha + 2hf) and attention 12*a*s*k (doubled
+    with relative positions), a the attention width (= h unless model.head_dim sets it), k the keys each query reads
+    (`attended_keys`: s, or a local layer's band); see pretrain/cost.py's model_flops_per_sample."""
     h, s, a = m.hidden_size, seq_len, m.attention_width
-    return 6 * s * (4 * h * a + (3 if m.gated_mlp else 2) * h * m.ffn_hidden_size) + 12 * a * s * s * (
-        2 if m.position_encoding == "relative" else 1)
+    return 6 * s * (4 * h * a + (3 if m.gated_mlp else 2) * h * m.ffn_hidden_size) + 12 * a * s * attended_keys(
+        m, s, layer) * (2 if m.position_encoding == "relative" else 1)
 
 
 def cross_flops_per_sample(m, seq_len: int, context: int) -> int:
@@ -51,4 +61,4 @@ def stack_flops(stack: Stack) -> int:
     if stack.layer:
         return stack.layers * stack.layer(stack)
     cross = cross_flops_per_sample(stack.model, stack.seq_len, stack.context) if stack.context else 0
-    return stack.layers * (layer_flops_per_sample(stack.model, stack.seq_len) + cross)
+    return sum(layer_flops_per_sample(stack.model, stack.seq_len, i) + cross for i in range(stack.layers))

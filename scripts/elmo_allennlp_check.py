@@ -17,9 +17,9 @@ if os.environ.get("SHIM"):
 from allennlp.modules.elmo import _ElmoBiLm, batch_to_ids  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from checkpoints_tools.elmo import from_files, read_files  # noqa: E402
-from pretrain.data.elmo import char_ids  # noqa: E402
-from pretrain.models.elmo import ELMo  # noqa: E402
+from checkpoints_tools.bilm_tf import from_files, read_files  # noqa: E402
+from pretrain.data.char_words import char_ids  # noqa: E402
+from pretrain.models.char_bilm import ELMo  # noqa: E402
 from pretrain.parallel import mcore  # noqa: E402
 
 directory = sys.argv[1]

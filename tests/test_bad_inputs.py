@@ -46,7 +46,7 @@ def _truncate(path: str, size: int) -> str:
 @pytest.fixture(scope="module")
 def w(small, train_data, sp_model, tmp_path_factory):
     """Runs of three families (BERT, GPT-2, ELMo), their exports, a dataset, and damaged or foreign copies of each."""
-    from checkpoints_tools.elmo import to_elmo
+    from checkpoints_tools.bilm_tf import to_elmo
     from checkpoints_tools.hf import to_hf
 
     root = str(tmp_path_factory.mktemp("bad_inputs"))

@@ -160,7 +160,7 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["zero.stage=4"], 1, "zero.stage=4 is not one of 0 | 1 | 2 | 3"),
     (["parallel.timeout_s=10", "parallel.heartbeat_s=10"], 1,
      "parallel.heartbeat_s=10.0 is not below parallel.timeout_s=10"),
-    (["model.arch=bort"], 1, "model.arch='bort' is not one of bert | gpt2 | ernie"),
+    (["model.arch=bort"], 1, "model.arch='bort' is not one of bert | gpt2 | gpt3 | ernie"),
     (["data.objective=mlm_xyz"], 1, "data.objective='mlm_xyz' is not one of mlm_nsp | mlm_sop | mlm | clm | ernie"),
     (["data.masking=random"], 1,
      "data.masking='random' is not one of token | whole_word | span | ngram | correction | knowledge"),

@@ -8,7 +8,7 @@ import pytest
 from data_prep.dataset import Corpus
 from helpers import quick_build
 from pretrain.data.bert import BertDataset, _truncate_pair
-from pretrain.objectives.masking import IGNORE, Masker, SimilarWords
+from pretrain.data.masking import IGNORE, Masker, SimilarWords
 
 ENTITIES = "Python\nmodule\nobject\nfile\nstring\n李白\n杜甫\n长安\n"
 

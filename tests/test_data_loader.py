@@ -16,7 +16,7 @@ from pretrain.data.factory import build_sources
 from pretrain.data.gpt import GPTDataset
 from pretrain.data.loader import DistributedSampler, make_loader
 from pretrain.data.packing import pack
-from pretrain.objectives.masking import Masker
+from pretrain.data.masking import Masker
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import h5py  # a dependency (ELMo's weights.hdf5): missing, the tests fail rathe
 def test_character_ids_are_bilm_tfs():
     """begin-of-word, the UTF-8 bytes (at most 48), end-of-word, padding to 50, each + 1; <S> and </S> are the
     sentence characters between the word marks."""
-    from pretrain.data.elmo import char_ids
+    from pretrain.data.char_words import char_ids
 
     def raw(word):
         return (char_ids(word) - 1).tolist()
@@ -94,7 +94,7 @@ def _reference(options: dict, w: dict, chars: np.ndarray, lengths: list[int]) ->
 
 def _model(**changes):
     from pretrain.config import load
-    from pretrain.models.elmo import ELMo
+    from pretrain.models.char_bilm import ELMo
     from pretrain.parallel import mcore
 
     m = load("elmo-tiny").model
@@ -116,7 +116,7 @@ def test_layers_match_a_float64_reference_of_the_published_equations_read_from_t
     1e-6 on every real position (measured: 1e-15), with the cell and projection clips reached; the reference's
     weights are read from the weights.hdf5 ptm writes (h5py), so the TF layouts are what AllenNLP loads; the
     import gives back every tensor bit for bit."""
-    from checkpoints_tools.elmo import from_files, to_files
+    from checkpoints_tools.bilm_tf import from_files, to_files
 
     cfg, model = _model(activation=activation, cell_clip=1.5, proj_clip=0.8)
     options, weights = to_files(model.state_dict(), cfg)
@@ -179,7 +179,7 @@ def test_training_exports_and_imports_elmo_files(words_data, tmp_path):
             "train.steps=2", f"checkpoint.init_from={tmp_path / 'imported'}")
     assert (tmp_path / "more" / "metrics.jsonl").exists()
     # downstream: the run and its export give the same layers; the mix starts as their mean and learns, the biLM not
-    from pretrain.elmo import ELMoEmbedder
+    from pretrain.elmo_vectors import ELMoEmbedder
 
     sentences = [["Return", "the", "value", "."], ["中文"]]
     ours, exported = ELMoEmbedder.load(str(run)), ELMoEmbedder.load(str(tmp_path / "elmo"))
@@ -202,7 +202,7 @@ def test_plan_counts_elmo_as_built_and_as_published():
     from pretrain import cost
     from pretrain.config import load
     from pretrain.models.config import padded_vocab_size
-    from pretrain.models.elmo import ELMo
+    from pretrain.models.char_bilm import ELMo
     from pretrain.parallel import mcore
 
     original = load("elmo-original", ["model.vocab_size=793471"]).model

@@ -2,14 +2,14 @@
 masking, padded samples), ERNIE 2.0 (two tasks of one stage), GPT-2 (unpacked documents, padded windows), RoBERTa
 (mlm on full sentences, its positions), ALBERT (shared layers, factorised embeddings, n-gram masking, SOP), MacBERT
 (correction masking), ELECTRA (a generator sampling the tokens a discriminator judges), NEZHA (relative positions
-inside attention), GPT (a post-LN decoder), UniLM (four attention masks, one per sample), SpanBERT (span masking and
-the span boundary objective's head on each span's boundary tokens), T5 (an encoder-decoder:
-span corruption, cross-attention, the bucketed relative bias split by heads; its own dataset, with sentinels), BART
-(a post-LN encoder-decoder: text infilling and sentence permutation), MASS (BART's shape, half of each sentence
-masked and decoded), XLNet (two-stream relative attention, a factorisation order per sample), ELMo (LSTMs, a
-softmax split by TP, on words), DistilBERT (a frozen teacher in the same step) and TinyBERT (attention scores and
-hidden states of the teacher, split by TP alike, then its soft targets), under TP=2 x DP=2 with
-ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
+inside attention), GPT (a post-LN decoder), GPT-3 (layers alternating dense and locally banded attention), UniLM
+(four attention masks, one per sample), SpanBERT (span masking and the span boundary objective's head on each span's
+boundary tokens), T5 (an encoder-decoder: span corruption, cross-attention, the bucketed relative bias split by
+heads; its own dataset, with sentinels), BART (a post-LN encoder-decoder: text infilling and sentence permutation),
+MASS (BART's shape, half of each sentence masked and decoded), XLNet (two-stream relative attention, a factorisation
+order per sample), ELMo (LSTMs, a softmax split by TP, on words), DistilBERT (a frozen teacher in the same step) and
+TinyBERT (attention scores and hidden states of the teacher, split by TP alike, then its soft targets), under TP=2 x
+DP=2 with ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
 
 Every loss is a sum over its elements divided by their count in the whole global batch (pretrain/losses.py); with
 per-micro-batch means the BERT differences were up to 1.4e-1. The one-process references run under ZeRO-1: DeepSpeed
@@ -40,6 +40,7 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "electra": (["electra-tiny"], {"": 8, "generator.": 2}, "rtd_loss"),  # the generator's samples drawn alike on every layout
     "nezha": (["nezha-tiny", "model.max_relative_position=8"], 2, "mlm_loss"),  # relative positions, clipped
     "gpt": (["gpt-tiny", "model.num_heads=4", "data.pack_documents=false"], 4, "lm_loss"),  # post-LN decoder
+    "gpt3": (["gpt3-tiny", "model.attention_window=8"], 4, "lm_loss"),  # dense and local layers (a band of 8 of 32)
     "unilm": (["unilm-tiny"], 2, "mlm_loss"),  # each sample under its own mask (4 kinds), drawn from the sample
     "spanbert": (["spanbert-tiny"], 2, "mlm_loss"),  # span masking; the SBO head's boundaries found per sample, its
     # bias split by TP as the MLM head's

@@ -1,4 +1,5 @@
 """to-hf / from-hf: transformers loads what ptm writes (weights, config, tokenizer) and the reverse."""
+import dataclasses
 import json
 import os
 import shutil
@@ -24,11 +25,12 @@ def one_process_group():
 
 def _checkpoint(tmp_path, arch, tok_dir, nfkc=True, **features):
     tok = load_tokenizer(tok_dir)
-    cfg = ModelConfig(arch=arch, vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=4,
-                      ffn_hidden_size=128 if arch == "gpt" else 64, max_position_embeddings=64,  # GPT's MLP: 4 x hidden
-                      type_vocab_size={"gpt2": 0, "gpt": 0, "roberta": 1, "t5": 0, "bart": 0, "xlnet": 0}.get(arch, 2),
-                      layer_norm_eps=1e-5 if arch in ("gpt2", "gpt", "bart") else 1e-12, hidden_dropout=0, attention_dropout=0,
-                      pad_token_id=tok.special["pad"] if arch == "roberta" else -1, **features)
+    cfg = ModelConfig(**{**dict(
+        arch=arch, vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=4,
+        ffn_hidden_size=128 if arch == "gpt" else 64, max_position_embeddings=64,  # GPT's MLP: 4 x hidden
+        type_vocab_size={"gpt2": 0, "gpt": 0, "gpt3": 0, "roberta": 1, "t5": 0, "bart": 0, "xlnet": 0}.get(arch, 2),
+        layer_norm_eps=1e-5 if arch in ("gpt2", "gpt", "gpt3", "bart") else 1e-12, hidden_dropout=0,
+        attention_dropout=0, pad_token_id=tok.special["pad"] if arch == "roberta" else -1), **features})
     torch.manual_seed(0)
     model = models.build(cfg).eval()
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000007"
@@ -82,6 +84,84 @@ def test_gpt2_and_gpt_to_hf_generate(arch, gpt2_vocab, tmp_path):
                                    rtol=0, atol=1e-5)
     gen = transformers.pipeline("text-generation", model=str(out), tokenizer=str(out))
     assert gen("def add(a, b):", max_new_tokens=5, do_sample=False)[0]["generated_text"].startswith("def add(a, b):")
+
+
+def _greedy(model, ids, steps: int):
+    """ptm's greedy continuation of `ids`: the whole sequence through the model for each new token."""
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(ids)["logits"][:, -1, :model.cfg.vocab_size]
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
+    return ids
+
+
+def test_gpt3_exports_as_gpt_neo_and_generates_its_tokens_and_dense_as_gpt2(gpt2_vocab, tmp_path):
+    """GPT-3 with layers alternating dense and local attention (a band of 4 in 12 tokens) exports as
+    GPTNeoForCausalLM (attention_types, window_size; ptm's 1/sqrt(head_dim) folded into q_proj, as GPT-Neo's scores
+    are unscaled): HF's logits equal ptm's and `generate` picks ptm's greedy tokens. With q, k, v biases the export is
+    refused, naming the feature; all dense, it exports as GPT2LMHeadModel (c_attn biases zero)."""
+    tok_dir = tmp_path / "tok"
+    load_tokenizer(gpt2_vocab).save(str(tok_dir))
+    sizes = dict(num_layers=4, num_heads=2, attention_window=4)
+    model, cfg = _checkpoint(tmp_path / "local", "gpt3", str(tok_dir), nfkc=False, **sizes)
+    assert [type(b.attn.core).__name__ for b in model.blocks] == ["DotProductAttention", "LocalAttention"] * 2
+    out = tmp_path / "hf"
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "local" / "run", "--out", out)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == "GPTNeoForCausalLM" and hf.config.attention_layers == ["global", "local"] * 2
+    assert hf.config.window_size == 4
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    enc = tok("def add(a, b): return a + b if a else b", return_tensors="pt")
+    assert enc["input_ids"].shape[1] > 3 * cfg.attention_window  # the band leaves most keys out
+    with torch.no_grad():
+        mine = model(enc["input_ids"])["logits"][..., :cfg.vocab_size]
+        torch.testing.assert_close(mine, hf(**enc).logits, rtol=0, atol=1e-5)
+        dense = Pretraining(dataclasses.replace(cfg, attention_layers=["global"])).eval()
+        dense.load_state_dict(model.state_dict())
+        assert (dense(enc["input_ids"])["logits"][..., :cfg.vocab_size] - mine).abs().max() > 1e-3  # the band acts
+    theirs = hf.generate(**enc, max_new_tokens=8, do_sample=False, num_beams=1)
+    assert torch.equal(theirs, _greedy(model, enc["input_ids"], 8))
+
+    _checkpoint(tmp_path / "biased", "gpt3", str(tok_dir), nfkc=False, qkv_bias=True, **sizes)
+    refused = run_cli("checkpoints_tools", "to-hf", tmp_path / "biased" / "run", "--out", tmp_path / "no", check=False)
+    assert refused.returncode and "model.qkv_bias=True has no HF class: GPTNeoForCausalLM" in refused.stderr
+
+    model, cfg = _checkpoint(tmp_path / "dense", "gpt3", str(tok_dir), nfkc=False, attention_layers=["global"],
+                             **sizes)
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "dense" / "run", "--out", tmp_path / "gpt2")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "gpt2").eval()
+    assert type(hf).__name__ == "GPT2LMHeadModel" and not hf.transformer.h[0].attn.c_attn.bias.any()
+    with torch.no_grad():
+        torch.testing.assert_close(model(enc["input_ids"])["logits"][..., :cfg.vocab_size], hf(**enc).logits,
+                                   rtol=0, atol=1e-5)
+
+
+def test_gpt_neo_comes_in_computing_its_logits_and_goes_back_bit_exact(gpt2_vocab, tmp_path):
+    """A GPTNeoForCausalLM (layers [global, local] x 2, window 4, unscaled scores) imports as GPT-3 with
+    scaled_attention=false: ptm's logits and greedy tokens are HF's, and to-hf writes its weights back bit for bit."""
+    vocab = load_tokenizer(gpt2_vocab).vocab_size
+    torch.manual_seed(0)
+    hf = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(
+        vocab_size=vocab, max_position_embeddings=64, hidden_size=32, num_layers=4, num_heads=2, window_size=4,
+        attention_types=[[["global", "local"], 2]], bos_token_id=0, eos_token_id=0)).eval()
+    src = tmp_path / "src"
+    hf.save_pretrained(src)
+    transformers.GPT2TokenizerFast.from_pretrained(os.path.dirname(gpt2_vocab)).save_pretrained(src)
+    run_cli("checkpoints_tools", "from-hf", src, "--out", tmp_path / "ckpt")
+    cfg = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
+    assert (cfg.arch, cfg.attention_layers, cfg.attention_window, cfg.scaled_attention, cfg.qkv_bias) == (
+        "gpt3", ["global", "local"], 4, False, False)
+    model = Pretraining(cfg).eval()
+    model.load_state_dict(C.load_full_model(str(tmp_path / "ckpt")))
+    ids = torch.randint(0, vocab, (2, 14))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)["logits"][..., :vocab], hf(ids).logits, rtol=0, atol=1e-5)
+    assert torch.equal(hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                                   num_beams=1), _greedy(model, ids, 6))
+    run_cli("checkpoints_tools", "to-hf", tmp_path / "ckpt", "--out", tmp_path / "back")
+    back = transformers.GPTNeoForCausalLM.from_pretrained(tmp_path / "back").state_dict()
+    for k, v in hf.state_dict().items():
+        assert torch.equal(v, back[k]), k
 
 
 @pytest.mark.parametrize("arch", ["bert", "gpt2", "gpt", "ernie", "roberta", "albert", "nezha"])

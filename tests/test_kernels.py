@@ -52,7 +52,7 @@ def test_one_tp_rank_runs_plain_linears_not_megatron_cores(arch, monkeypatch):
     apply = function.apply
     monkeypatch.setattr(function, "apply", lambda *args: (calls.update(["megatron"]), apply(*args))[1])
     cfg = tiny(arch)
-    cls = Pretraining if arch != "xlnet" else __import__("pretrain.models.xlnet", fromlist=["XLNet"]).XLNet
+    cls = Pretraining if arch != "xlnet" else __import__("pretrain.models.two_stream", fromlist=["XLNet"]).XLNet
 
     def run_linears(fast: bool):
         mcore.initialize(tp=1, seed=0)

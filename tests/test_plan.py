@@ -250,7 +250,7 @@ def test_every_plan_option_has_help():
 
 
 @pytest.mark.parametrize("preset", ["bert-base", "roberta-base", "albert-base", "electra-base", "nezha-base", "gpt2",
-                                    "gpt", "unilm-large"])
+                                    "gpt", "unilm-large", "gpt3-small", "gpt3-13b"])
 def test_preset_parameter_counts_equal_hugging_face_classes(preset):
     """`ptm plan`'s count of a published size (vocabulary unpadded) equals the HF class's, built on the meta device
     (ELECTRA: ElectraForPreTraining + ElectraForMaskedLM, whose embedding tables are the discriminator's in ptm)."""

@@ -11,9 +11,9 @@ from data_prep.text import STRUCTURES, TextOptions, has, normalize
 from data_prep.tokenizer import load_tokenizer
 from data_prep.verify import verify
 from pretrain.data.bert import BertDataset
-from pretrain.data.ernie import ErnieDataset
+from pretrain.data.multitask import ErnieDataset
 from pretrain.data.gpt import GPTDataset
-from pretrain.objectives.masking import Masker
+from pretrain.data.masking import Masker
 
 LEVEL = {"sentence_starts": "sentences", "word_start": "words", "phrase_spans": "full", "entity_spans": "full"}
 

@@ -1,4 +1,4 @@
-"""XLNet and Transformer-XL (pretrain/models/xlnet.py) against Hugging Face's XLNetLMHeadModel on random weights:
+"""XLNet and Transformer-XL (pretrain/models/two_stream.py) against Hugging Face's XLNetLMHeadModel on random weights:
 both streams with XLNet's permutation mask and target positions, relative segments, a padded row, the memory of a
 previous call, the causal (attn_type uni) variant, the loss on labels, and HF -> ptm -> HF bit for bit."""
 import os
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from pretrain.families import get
 from pretrain.models.config import ModelConfig
-from pretrain.models.xlnet import XLNet
+from pretrain.models.two_stream import XLNet
 from pretrain.parallel import mcore
 
 transformers = pytest.importorskip("transformers")
@@ -208,7 +208,7 @@ def test_the_cost_module_counts_xlnet_as_built_and_as_hf_does(tp):
         p.numel() for p in hf.parameters())
 
 
-# ---- the permutation objective's draws (pretrain/data/xlnet.py) --------------------------------------------------
+# ---- the permutation objective's draws (pretrain/data/permutation.py) --------------------------------------------------
 
 def _xlnet_local_perm(is_masked, functional, index):
     """The released code's `_local_perm` (TensorFlow), line for line in numpy, given its shuffled `index`."""
@@ -225,16 +225,16 @@ def test_the_factorisation_is_xlnets_local_permutation():
     """perm_mask equals the released `_local_perm`'s for the same order (random predicted and functional tokens,
     two blocks of perm_size); in it every unpredicted token is seen by all, a target sees exactly the targets ranked
     before it, and the order is one permutation of perm_size applied to each block."""
-    from pretrain.data import xlnet
+    from pretrain.data import permutation
 
     rng = np.random.default_rng(0)
     for _ in range(20):
         s, perm_size = 16, 8
         is_masked, functional = rng.random(s) < 0.3, rng.random(s) < 0.1
-        order = xlnet.local_order(s, perm_size, rng)
+        order = permutation.local_order(s, perm_size, rng)
         assert sorted(order) == list(range(s)) and (order[8:] - order[:8] == 8).all()
         targets = is_masked & ~functional
-        perm = xlnet.factorisation(targets, functional, order)
+        perm = permutation.factorisation(targets, functional, order)
         assert (perm == _xlnet_local_perm(is_masked, functional, order)).all()
         plain = ~is_masked & ~functional
         assert not perm[:, plain].any()
@@ -247,19 +247,19 @@ def test_span_mask_predicts_the_goal_in_whole_word_ngrams():
     """Exactly `goal` tokens (85 of 512, as XLNet's num_predict), a function of the generator alone; with words of
     two tokens, nearly all of them in runs of whole words (the rest single tokens that top up the goal); a goal of
     every token is met."""
-    from pretrain.data import xlnet
+    from pretrain.data import permutation
 
     word_start = np.tile([1, 0], 256).astype(np.uint8)
     whole = total = 0
     for seed in range(10):
-        mask = xlnet.span_mask(word_start, 85, np.random.default_rng(seed))
-        assert mask.sum() == 85 and (mask == xlnet.span_mask(word_start, 85, np.random.default_rng(seed))).all()
+        mask = permutation.span_mask(word_start, 85, np.random.default_rng(seed))
+        assert mask.sum() == 85 and (mask == permutation.span_mask(word_start, 85, np.random.default_rng(seed))).all()
         edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(int), [0]])))
         for begin, end in zip(edges[::2], edges[1::2]):
             total += end - begin
             whole += (end - begin) * (word_start[begin] == 1 and (end == len(mask) or word_start[end] == 1))
     assert whole / total > 0.8
-    assert xlnet.span_mask(word_start, 512, np.random.default_rng(0)).all()
+    assert permutation.span_mask(word_start, 512, np.random.default_rng(0)).all()
 
 
 @pytest.mark.parametrize("preset", ["xlnet-tiny", "transfo-xl-tiny"])
@@ -296,7 +296,7 @@ def test_permutation_samples_are_a_sep_b_sep_cls_with_their_targets_in_an_order(
     window has one, B the rest of A's window about half the time; num_predict targets, ascending, never a functional token, labelled with their own tokens; perm_mask
     the factorisation of those targets; the same sample whenever it is read."""
     from data_prep.dataset import Corpus
-    from pretrain.data.xlnet import PermutationSamples
+    from pretrain.data.permutation import PermutationSamples
 
     corpus = Corpus(train_data)
     sep, cls = corpus.special_ids["sep"], corpus.special_ids["cls"]
@@ -336,7 +336,7 @@ def test_streams_walk_the_windows_in_order_and_xlnet_reuses_the_tokens_before_a(
     from data_prep.dataset import Corpus
     from pretrain.data.gpt import GPTDataset
     from pretrain.data.indexes import stream_order
-    from pretrain.data.xlnet import PermutationSamples
+    from pretrain.data.permutation import PermutationSamples
 
     assert stream_order(10, 3).tolist() == [0, 3, 6, 1, 4, 7, 2, 5, 8]
     streams, r = 4, 8

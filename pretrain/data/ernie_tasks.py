@@ -1,4 +1,4 @@
-"""ERNIE 2.0's pretraining tasks (Sun et al. 2020): what each predicts, from which samples (pretrain/data/ernie.py
+"""ERNIE 2.0's pretraining tasks (Sun et al. 2020): what each predicts, from which samples (pretrain/data/multitask.py
 builds them; pretrain/objectives/ernie.py trains them). Plain data: imported by the config without numpy."""
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ VOCAB_ROWS = ("embeddings.word.weight", "mlm.bias", "lm_bias", "softmax.weight",
 # (padded) vocabulary entry
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # ptm -> HF hidden_act
 COMMON = dict(norm_type="layernorm", bias=True, gated_mlp=False, scaled_attention=True, scaled_logits=False,
-              init="normal", relative_segments=False)
+              init="normal", relative_segments=False, attention_layers=["global"], qkv_bias=True)
 # the model features of a family that does not name them (every family before T5), and what its HF class computes
 
 
@@ -74,6 +74,8 @@ class Family:
     cost: Cost = Cost()  # where its model costs what the transformer's formulas do not count
     attends: bool = True  # its model is blocks of attention heads (ELMo's is a character CNN and LSTMs)
     fields: tuple = ()  # the model.* fields only it reads (its config section; tests/test_imports.py guards them)
+    wire: Callable | None = None  # wire(model): what its model builds beyond the features' layers (ELECTRA's
+    # generator), called by the model once its own layers are initialised
     export: str = "keep the model in ptm's format"  # what to do with a model that has no HF class (no adapter)
 
 
@@ -109,7 +111,8 @@ class Adapter:
     def problems(self, cfg) -> list[str]:
         """Why `cfg`'s model is not what the HF class computes (empty: it is): one line per feature, with the fix."""
         out = []
-        common = {k: (v,) for k, v in COMMON.items() if k != "init"}  # how weights start: nothing HF computes
+        common = {k: tuple(v) if isinstance(v, list) else (v,)  # (a list: the values each element may take)
+                  for k, v in COMMON.items() if k != "init"}  # (init: how weights start, nothing HF computes)
         for key, allowed in {**common, **self.computes}.items():
             value = getattr(cfg, key)
             ok = value in allowed if not isinstance(value, list) else all(v in allowed for v in value)
@@ -122,6 +125,11 @@ class Adapter:
             out.append(f"model.head_dim={cfg.head_dim} has no HF class: {self.hf_class} splits hidden_size over the "
                        f"heads; keep the model in ptm's format, or train one with model.head_dim=0")
         return out
+
+    def for_model(self, cfg) -> "Adapter":
+        """The adapter that exports a model shaped like `cfg`: this one, or for a family whose models have more than
+        one HF class, the one that computes this model (GPT-3's: dense or alternating)."""
+        return self
 
     shared: tuple[str, ...] = ()  # a companion model's parameters that are the first model's (ELECTRA's embeddings)
 
@@ -202,6 +210,8 @@ class Adapter:
         for i in range(self.blocks(num_layers)):
             at = self.layer.format(p=self.prefix, i=i) + self.qkv
             for kind in ("weight", "bias"):
+                if f"{at}.{kind}" not in hf and f"{at}.{self.qkv_names[0]}.{kind}" not in hf:
+                    continue  # no biases (model.qkv_bias=false)
                 if self.fused_qkv:
                     fused = hf[f"{at}.{kind}"]
                     q, k, v = (fused.t() if kind == "weight" and self.conv1d else fused).chunk(3, dim=0)
@@ -223,6 +233,8 @@ class Adapter:
         for i in range(self.blocks(num_layers)):
             at = self.layer.format(p=self.prefix, i=i) + self.qkv
             for kind in ("weight", "bias"):
+                if f"blocks.{i}.attn.qkv.{kind}" not in ours:
+                    continue  # no biases (model.qkv_bias=false)
                 q, k, v = split_heads(ours[f"blocks.{i}.attn.qkv.{kind}"], num_heads)
                 if self.fused_qkv:
                     fused = torch.cat([q, k, v])

@@ -120,9 +120,22 @@ def generator_config(cfg):
                    heads=["mlm"], generator_size=0.0)  # imports the families, so not imported here)
 
 
+def wire(model) -> None:
+    """What ELECTRA's model builds beyond the features' (`Family.wire`, called once the model's own layers are
+    initialised): with the rtd head, its generator, a model of the same class on `generator_config`, reading the
+    model's embedding tables and their LayerNorm (one copy)."""
+    if "rtd" in model.cfg.heads:
+        model.generator = type(model)(generator_config(model.cfg), tp=model.tp)
+        model.generator.embeddings.share(model.embeddings)
+
+
 def check(cfg, need, objective) -> None:
-    """The rtd head and the generator come together, and the generator's sizes split over the heads and TP ranks."""
+    """The rtd head and the generator come together, only in ELECTRA's model (`wire`), and the generator's sizes split
+    over the heads and TP ranks."""
     m, tp = cfg.model, cfg.parallel.tp
+    need("rtd" not in m.heads or m.arch == "electra",
+         f"model.heads={m.heads} with model.arch={m.arch}: the rtd head trains with ELECTRA's generator, which "
+         f"model.arch=electra builds; set model.arch=electra")
     need(("rtd" in m.heads) == (m.generator_size > 0),
          f"model.generator_size={m.generator_size} with model.heads={m.heads}: ELECTRA's rtd head trains with a "
          f"generator and only it has one; set model.generator_size to a fraction in (0, 1] with heads [rtd], else 0")
@@ -141,5 +154,4 @@ class ElectraCost(Cost):
 
 
 FAMILY = Family("electra", "ELECTRA: a discriminator detecting the tokens a small generator replaced", FEATURES,
-                ElectraAdapter(), check, cost=ElectraCost(),
-                fields=("generator_size",))
+                ElectraAdapter(), check, cost=ElectraCost(), fields=("generator_size",), wire=wire)

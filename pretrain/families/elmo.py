@@ -1,8 +1,8 @@
 """ELMo (Peters et al. 2018, "Deep contextualized word representations"): a character CNN with highway layers and a
 projection, a forward and a backward LSTM language model with projections, clipping and residual connections, one
-softmax over the word vocabulary shared by both directions (pretrain/models/elmo.py); the bidirectional LM objective
+softmax over the word vocabulary shared by both directions (pretrain/models/char_bilm.py); the bidirectional LM objective
 (pretrain/objectives/bilm.py) on word datasets (`data_prep words`). Exports as bilm-tf's options.json +
-weights.hdf5 + vocabulary, which AllenNLP's `Elmo` reads (checkpoints_tools/elmo.py)."""
+weights.hdf5 + vocabulary, which AllenNLP's `Elmo` reads (checkpoints_tools/bilm_tf.py)."""
 from __future__ import annotations
 
 from pretrain.families.base import Cost, Family
@@ -73,6 +73,6 @@ class ElmoCost(Cost):
 
 
 FAMILY = Family("elmo", "ELMo: character CNN, forward and backward LSTM LMs with one softmax", FEATURES, None, check,
-                model="pretrain.models.elmo:ELMo", cost=ElmoCost(), attends=False,
+                model="pretrain.models.char_bilm:ELMo", cost=ElmoCost(), attends=False,
                 fields=("char_filters", "char_embedding_size", "highway_layers", "cell_clip", "proj_clip"),
                 export="export it with `ptm convert to-elmo` (bilm-tf's files, which AllenNLP reads)")

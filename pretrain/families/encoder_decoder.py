@@ -25,8 +25,8 @@ class EncoderDecoderCost(Cost):
 
     def more_modules(self, m, layer, shared):
         h, a, norm = m.hidden_size, m.attention_width, shared["norm"]
-        bias = 1 if m.bias else 0
-        cross = [(0, norm), (h * a + a * bias, 0), (2 * h * a + 2 * a * bias, 0), (a * h, h * bias)]  # norm, q, kv, out
+        bias, qkv = (1 if m.bias else 0), (1 if m.bias and m.qkv_bias else 0)
+        cross = [(0, norm), (h * a + a * qkv, 0), (2 * h * a + 2 * a * qkv, 0), (a * h, h * bias)]  # norm, q, kv, out
         out = (layer["norms"] + layer["attention"] + layer["mlp"] + cross) * m.decoder_layers
         out += [(0, norm)] if m.norm == "pre" else []
         out += [(0, shared["positions"])] + ([(0, shared["embedding_norm"])] if shared["embedding_norm"] else [])

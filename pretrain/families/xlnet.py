@@ -1,4 +1,4 @@
-"""XLNet (Yang et al. 2019): post-LN blocks of two-stream relative attention over a memory (pretrain/models/xlnet.py),
+"""XLNet (Yang et al. 2019): post-LN blocks of two-stream relative attention over a memory (pretrain/models/two_stream.py),
 GELU, XLNet's relative segment encodings, the tied LM head with a bias; permutation language modelling. The
 Transformer-XL style (causal, with memory, no permutation; no adaptive softmax) is the same model with
 `model.causal: true`. Exports as XLNetLMHeadModel (attn_type bi, or uni when causal) and imports it and XLNetModel."""
@@ -175,5 +175,5 @@ class XLNetCost(Cost):
 
 
 FAMILY = Family("xlnet", "XLNet / Transformer-XL: two-stream relative attention with memory, permutation LM",
-                FEATURES, XLNetAdapter(), check, model="pretrain.models.xlnet:XLNet", cost=XLNetCost(),
+                FEATURES, XLNetAdapter(), check, model="pretrain.models.two_stream:XLNet", cost=XLNetCost(),
                 fields=("mem_len", "reuse_len", "clamp_len", "relative_segments"))

@@ -1,5 +1,5 @@
 """The pretraining models: `build(cfg)` is the model class its family names (`Family.model`): the encoder or decoder
-of model.py, an encoder-decoder (seq2seq.py), XLNet / Transformer-XL (xlnet.py), ELMo's biLM (elmo.py)."""
+of model.py, an encoder-decoder (seq2seq.py), XLNet / Transformer-XL (two_stream.py), ELMo's biLM (char_bilm.py)."""
 import importlib
 
 

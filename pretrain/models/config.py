@@ -26,6 +26,8 @@ POSITIONS = ("learned", "roberta", "relative", "bucketed", "transformer_xl")  # 
 # T5's bucketed relative position bias: a learned scalar per head and distance bucket, added to the attention scores;
 # Transformer-XL's (XLNet's): sinusoids of the distance projected per layer, with learned content and position biases
 SHARING = ("none", "all", "attention", "ffn")  # ALBERT's cross-layer parameter sharing
+ATTENTIONS = ("global", "local")  # a layer's attention: every position (every earlier one, causal) | a band of the
+# nearest attention_window positions (GPT-3's locally banded layers, GPT-Neo's "local")
 ARCH_FEATURES = families.ARCH_FEATURES
 ARCHS = families.names()
 
@@ -77,6 +79,9 @@ class ModelConfig:
                            range=">= 0")
     proj_clip: float = opt(0.0, "ELMo: the LSTMs' projected states are clipped likewise; 0: not clipped",
                            range=">= 0")
+    attention_window: int = opt(256, "attention_layers' local layers: each query attends to the attention_window "
+                                     "nearest positions (causal: itself and the attention_window - 1 before it; "
+                                     "GPT-Neo's window_size)", range="> 0")
     pad_token_id: int = opt(-1, "the padding id, which position_encoding=roberta numbers positions from; -1: the "
                                 "dataset's")
     layer_norm_eps: float = opt(1e-12, "LayerNorm epsilon", range="> 0")
@@ -120,6 +125,12 @@ class ModelConfig:
                                   choices=POSITIONS)
     relative_segments: bool | None = opt(None, "XLNet's segment term in attention (same segment or not, learned per "
                                                "head) instead of segment embeddings; null: the arch's")
+    attention_layers: list[str] | None = opt(None, "the attention of each layer, the list repeated over the layers: "
+                                                   "global (every position; causal: every earlier one) | local (the "
+                                                   "attention_window nearest, GPT-3's locally banded layers); e.g. "
+                                                   "[global, local] alternates them; null: the arch's")
+    qkv_bias: bool | None = opt(None, "biases on the attention's query, key and value projections (with model.bias; "
+                                      "GPT-Neo has none); null: the arch's")
     share_layers: str | None = opt(None, "none | all (one layer's parameters for every layer, ALBERT) | attention | "
                                          "ffn (only those sublayers shared); null: the arch's", choices=SHARING)
 
@@ -129,12 +140,15 @@ class ModelConfig:
             if getattr(self, key) is None:
                 setattr(self, key, list(value) if isinstance(value, list) else value)
 
-
     @property
     def padded_vocab(self) -> int:
         """The vocabulary rounded up to `vocab_pad_to` (GPU-friendly shapes, divisible by any TP size that divides it);
         the extra rows are never predicted (their logits are masked)."""
         return -(-self.vocab_size // self.vocab_pad_to) * self.vocab_pad_to
+
+    def attention(self, layer: int) -> str:
+        """The attention of layer `layer` (global | local): `attention_layers`, repeated."""
+        return self.attention_layers[layer % len(self.attention_layers)]
 
     @property
     def head_size(self) -> int:

@@ -194,6 +194,30 @@ class DotProductAttention(nn.Module):
                                               scale=self.scale)
 
 
+class LocalAttention(DotProductAttention):
+    """DotProductAttention within a band: query i attends to the keys j with i - window < j <= i when causal (GPT-3's
+    locally banded layers; GPT-Neo's "local"), |i - j| < window otherwise. The band joins the mask as a boolean [s, t]
+    mask (the queries are the last s of the t keys' positions: incremental decoding), so SDPA runs without is_causal."""
+
+    def __init__(self, ctx: Context, head_dim: int, causal: bool | None = None):
+        super().__init__(ctx, head_dim, causal)
+        self.window = ctx.cfg.attention_window
+
+    def forward(self, q, k, v, mask, p: float, scores: Record | None = None):
+        s, t = q.shape[2], k.shape[2]
+        distance = torch.arange(t - s, t, device=q.device)[:, None] - torch.arange(t, device=q.device)  # [s, t]
+        band = (distance >= 0) & (distance < self.window) if self.causal else distance.abs() < self.window
+        if mask is None:
+            mask = band
+        elif mask.dtype == torch.bool:
+            mask = mask & band
+        else:  # an additive bias (T5's buckets)
+            mask = mask.masked_fill(~band, torch.finfo(mask.dtype).min)
+        if scores is not None:
+            scores.append(q @ k.transpose(-1, -2) * (self.scale or q.shape[-1] ** -0.5))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=self.scale)
+
+
 class RelativeAttention(nn.Module):
     """NEZHA's functional relative positions: the scores add q . a_ij and the output p_ij . a_ij, a_ij fixed sinusoids
     of the clipped distance (`relative_positions`); computed in plain matmuls (SDPA has no value-side term). A Record
@@ -246,8 +270,8 @@ class SelfAttention(nn.Module):
         self.heads = cfg.num_heads // ctx.tp.size()
         self.head_dim = cfg.head_size
         self.dropout = cfg.attention_dropout
-        self.qkv = ColumnParallelLinear(h, 3 * a, config=ctx.mp, init_method=ctx.inits["qkv"], bias=cfg.bias,
-                                            gather_output=False, tp_group=ctx.tp)
+        self.qkv = ColumnParallelLinear(h, 3 * a, config=ctx.mp, init_method=ctx.inits["qkv"],
+                                        bias=cfg.bias and cfg.qkv_bias, gather_output=False, tp_group=ctx.tp)
         self.core = build_module(submodules.core, ctx, self.head_dim, causal)
         self.out = RowParallelLinear(a, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
                                      input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
@@ -277,10 +301,10 @@ class CrossAttention(nn.Module):
         self.heads = cfg.num_heads // ctx.tp.size()
         self.head_dim = cfg.head_size
         self.dropout = cfg.attention_dropout
-        self.q = ColumnParallelLinear(h, a, config=ctx.mp, init_method=ctx.inits["q"], bias=cfg.bias,
-                                          gather_output=False, tp_group=ctx.tp)
-        self.kv = ColumnParallelLinear(h, 2 * a, config=ctx.mp, init_method=ctx.inits["kv"], bias=cfg.bias,
-                                           gather_output=False, tp_group=ctx.tp)
+        self.q = ColumnParallelLinear(h, a, config=ctx.mp, init_method=ctx.inits["q"], bias=cfg.bias and cfg.qkv_bias,
+                                      gather_output=False, tp_group=ctx.tp)
+        self.kv = ColumnParallelLinear(h, 2 * a, config=ctx.mp, init_method=ctx.inits["kv"],
+                                       bias=cfg.bias and cfg.qkv_bias, gather_output=False, tp_group=ctx.tp)
         self.core = build_module(submodules.core, ctx, self.head_dim, False)
         self.out = RowParallelLinear(a, h, config=ctx.mp, init_method=ctx.inits["out"], bias=cfg.bias,
                                      input_is_parallel=True, skip_bias_add=True, tp_group=ctx.tp)
@@ -445,19 +469,21 @@ class Block(nn.Module):
         return K.layer_norm(self._out(*out), norm.weight, norm.bias, norm.eps, x)
 
 
-def attention_spec(cfg, causal: bool | None = None) -> ModuleSpec:
-    """Self-attention with the core the position encoding needs: NEZHA's relative terms, else torch's SDPA (T5's
-    bucketed bias comes in the mask)."""
-    core = RelativeAttention if cfg.position_encoding == "relative" else DotProductAttention
+def attention_spec(cfg, causal: bool | None = None, layer: int = 0) -> ModuleSpec:
+    """Self-attention of layer `layer` with the core the position encoding and the layer's attention need: NEZHA's
+    relative terms, a local layer's band (`model.attention_layers`), else torch's SDPA (T5's bucketed bias comes in
+    the mask)."""
+    core = RelativeAttention if cfg.position_encoding == "relative" else \
+        LocalAttention if cfg.attention(layer) == "local" else DotProductAttention
     return ModuleSpec(SelfAttention, params={"causal": causal}, submodules=AttentionSubmodules(core=core))
 
 
-def block_spec(cfg, decoder: bool = False) -> ModuleSpec:
-    """The block the model's features make: the LayerNorm's place, the attention's core, the MLP; a decoder's (of an
-    encoder-decoder) also attends to the encoder's output."""
+def block_spec(cfg, decoder: bool = False, layer: int = 0) -> ModuleSpec:
+    """The block the model's features make for layer `layer` of its stack: the LayerNorm's place, the attention's
+    core, the MLP; a decoder's (of an encoder-decoder) also attends to the encoder's output."""
     cross = ModuleSpec(CrossAttention, submodules=AttentionSubmodules(core=DotProductAttention)) if decoder else None
     return ModuleSpec(Block, params={"pre_ln": cfg.norm == "pre"},
-                      submodules=BlockSubmodules(attention=attention_spec(cfg, None), mlp=MLP,
+                      submodules=BlockSubmodules(attention=attention_spec(cfg, None, layer), mlp=MLP,
                                                  cross_attention=cross))
 
 

@@ -6,6 +6,8 @@ config (pretrain/models/config.py), never a family's name:
                   pre: LayerNorm before each sublayer and a final one (GPT-2)
     activation    gelu (BERT) | gelu_tanh (GPT-2)
     causal        attention to earlier tokens only (GPT-2)
+    attention_layers  each layer's attention: global, or local (a band of attention_window positions: GPT-3's
+                  alternating dense and locally banded layers)
     heads         lm: the word embeddings as output projection (GPT-2); mlm: BERT's dense + GELU + LayerNorm
                   transform first, plus a bias; nsp: pooler + 2-way classifier (NSP/SOP); rtd: ELECTRA's
                   discriminator head (dense + activation + a score per token) and a generator, a narrower masked LM
@@ -32,8 +34,8 @@ from megatron.core.transformer.spec_utils import build_module
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from pretrain import families
 from pretrain import kernels as K
-from pretrain.families.electra import generator_config
 from pretrain.models.config import embedding_width, padded_vocab_size
 from pretrain.models.layers import Context, Embeddings, Record, approximation, block_spec
 from pretrain.parallel import mcore
@@ -98,13 +100,14 @@ class Pretraining(nn.Module):
         self.cfg, self.tp = cfg, tp or mcore.tp_group()
         ctx = Context.of(cfg, self.tp)
         self.embeddings = Embeddings(ctx)
-        spec = block_spec(cfg)
         shared = {"attention": "attn", "ffn": "mlp"}.get(cfg.share_layers)
         if shared:  # ALBERT's shared sublayer: one module, owned here, called by every block
-            self.shared = build_module(getattr(spec.submodules, "attention" if shared == "attn" else "mlp"), ctx)
+            self.shared = build_module(getattr(block_spec(cfg).submodules, "attention" if shared == "attn" else "mlp"),
+                                       ctx)
         blocks = 1 if cfg.share_layers == "all" else cfg.num_layers
-        self.blocks = nn.ModuleList(build_module(spec, ctx, shared={shared: self.shared} if shared else None)
-                                    for _ in range(blocks))
+        self.blocks = nn.ModuleList(build_module(block_spec(cfg, layer=i), ctx,
+                                                 shared={shared: self.shared} if shared else None)
+                                    for i in range(blocks))
         self.checkpointed = _checkpointed_layers(cfg.activation_checkpointing, cfg.num_layers)
         if cfg.norm == "pre":
             self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
@@ -116,9 +119,9 @@ class Pretraining(nn.Module):
         if "rtd" in cfg.heads:
             self.rtd = RTDHead(cfg)
         init_replicated(self, cfg.init_std)
-        if "rtd" in cfg.heads:  # built after the initialisation above: it initialises itself
-            self.generator = Pretraining(generator_config(cfg), tp=self.tp)
-            self.generator.embeddings.share(self.embeddings)
+        wire = families.get(cfg.arch).wire
+        if wire:  # what the family builds beyond the features (ELECTRA's generator), after the initialisation
+            wire(self)  # above: it initialises itself
         vocab, parts = padded_vocab_size(cfg), self.tp.size()
         first = self.tp.rank() * (vocab // parts)
         self.register_buffer("vocab_padding", torch.arange(first, first + vocab // parts) >= cfg.vocab_size,

@@ -32,8 +32,7 @@ class Stack(nn.Module):
     def __init__(self, ctx: Context, layers: int, decoder: bool):
         super().__init__()
         cfg = ctx.cfg
-        spec = block_spec(cfg, decoder=decoder)
-        self.blocks = nn.ModuleList(build_module(spec, ctx) for _ in range(layers))
+        self.blocks = nn.ModuleList(build_module(block_spec(cfg, decoder, i), ctx) for i in range(layers))
         self.bias = BucketedBias(ctx, bidirectional=not decoder) if cfg.position_encoding == "bucketed" else None
         self.final_norm = norm(cfg) if cfg.norm == "pre" else None
         self.dropout = nn.Dropout(cfg.hidden_dropout)

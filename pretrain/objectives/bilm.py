@@ -1,4 +1,4 @@
-"""ELMo's bidirectional LM (bilm-tf): on packed windows of words (pretrain/data/elmo.py), the forward LSTMs predict
+"""ELMo's bidirectional LM (bilm-tf): on packed windows of words (pretrain/data/char_words.py), the forward LSTMs predict
 each next word and the backward LSTMs each previous one, through the one softmax they share (a full softmax, not
 bilm-tf's sampled one). Terms `fwd` and `bwd`, each per predicted word, weighted 1/2 (bilm-tf's mean of the two);
 beside each its unigram baseline: the loss of predicting every word by its training-set frequency
@@ -29,7 +29,7 @@ class BiLM(Objective):
         return 2 * data.seq_len
 
     def source(self, path, corpus, docs, phase, cache_dir=None):
-        from pretrain.data.elmo import ELMoWindows
+        from pretrain.data.char_words import ELMoWindows
 
         if corpus.manifest["tokenizer"]["kind"] != "words":
             raise ValueError(f"{path} holds {corpus.manifest['tokenizer']['kind']} tokens; data.objective=bilm "

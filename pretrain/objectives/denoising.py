@@ -3,7 +3,7 @@ its sentences permuted and 30% of its tokens in Poisson(3) spans each replaced b
 original. One term, `lm`, over the target tokens (padding excluded); a second baseline copies the corrupted input."""
 from __future__ import annotations
 
-from pretrain.objectives.seq2seq import Seq2Seq
+from pretrain.objectives.base import Seq2Seq
 
 ORDER = 95
 

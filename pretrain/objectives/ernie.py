@@ -1,4 +1,4 @@
-"""ERNIE 2.0 continual multi-task pretraining (Sun et al. 2020; samples: pretrain/data/ernie.py, tasks:
+"""ERNIE 2.0 continual multi-task pretraining (Sun et al. 2020; samples: pretrain/data/multitask.py, tasks:
 pretrain/data/ernie_tasks.py). The `ernie` config section schedules the tasks in stages; one term per task of the
 current stage: `mlm` for knowledge masking (on the model's MLM head), the task's name for the others, each on a
 head of its own (`heads`). The same section's stages schedule ERNIE 1.0's knowledge-masking levels for the masked-LM
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pretrain.data.ernie_tasks import SEQUENCE_TASKS, TASK_SPECS, TASKS, TOKEN_TASKS, USER_LABELED
 from pretrain.objectives.base import Section
 from pretrain.objectives.masked_lm import Masked
-from pretrain.objectives.masking import KNOWLEDGE_LEVELS as LEVELS
+from pretrain.data.masking import KNOWLEDGE_LEVELS as LEVELS
 from pretrain.schema import opt
 
 ORDER = 30
@@ -97,7 +97,7 @@ class Ernie(Masked):
         return f"tasks {phase.tasks}"
 
     def source(self, path, corpus, docs, phase, cache_dir=None):
-        from pretrain.data.ernie import ErnieDataset
+        from pretrain.data.multitask import ErnieDataset
 
         if phase is None or not phase.tasks:
             raise ValueError("data.objective=ernie needs the current stage's tasks (ernie.stages)")

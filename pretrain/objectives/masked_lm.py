@@ -17,7 +17,7 @@ ORDER = 10
 
 
 class Masked(Objective):
-    """An objective whose samples are masked by `data.masking` (pretrain/objectives/masking.py)."""
+    """An objective whose samples are masked by `data.masking` (pretrain/data/masking.py)."""
 
     strategy = None  # the masking strategy it always uses; None: data.masking
     pair_task = "none"  # BERT-style samples (pretrain/data/bert.py): nsp | sop | next | none
@@ -46,7 +46,7 @@ class Masked(Objective):
     def masker(self, corpus, phase=None):
         """The dynamic masker of the config's data section for `corpus`'s vocabulary (and, for MacBERT's
         correction masking, `data.similar_words` in its tokens), at `phase`'s knowledge level."""
-        from pretrain.objectives.masking import Masker, SimilarWords
+        from pretrain.data.masking import Masker, SimilarWords
 
         data = self.cfg.data
         strategy = self.strategy or data.masking

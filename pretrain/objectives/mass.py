@@ -3,7 +3,7 @@ half of each sentence masked in the encoder, the decoder predicting it from its 
 the masked fragments' tokens."""
 from __future__ import annotations
 
-from pretrain.objectives.seq2seq import Seq2Seq
+from pretrain.objectives.base import Seq2Seq
 
 ORDER = 96
 

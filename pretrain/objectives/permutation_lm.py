@@ -1,4 +1,4 @@
-"""XLNet's permutation language modelling (samples: pretrain/data/xlnet.py): each sample's predicted tokens are read by
+"""XLNet's permutation language modelling (samples: pretrain/data/permutation.py): each sample's predicted tokens are read by
 the query stream at their positions, each seeing the unpredicted tokens and the predicted ones before it in a sampled
 factorisation order, never its own token. One term, `lm`, over the predicted tokens (num_predict per sample)."""
 from __future__ import annotations
@@ -60,7 +60,7 @@ class PermutationLM(Objective):
         return num_predict(self.cfg) if self.cfg is not None else round(data.seq_len * 85 / 512)
 
     def source(self, path, corpus, docs, phase, cache_dir=None):
-        from pretrain.data.xlnet import PermutationSamples
+        from pretrain.data.permutation import PermutationSamples
 
         c = self.cfg
         return PermutationSamples(path, c.data.seq_len, num_predict(c), c.xlnet.perm_size,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from pretrain.objectives.seq2seq import Seq2Seq
+from pretrain.objectives.base import Seq2Seq
 
 ORDER = 90
 

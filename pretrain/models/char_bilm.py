@@ -1,6 +1,6 @@
 """ELMo (Peters et al. 2018), as bilm-tf trains it and AllenNLP reads it.
 
-Each word comes in as 50 character ids (pretrain/data/elmo.py); a character CNN (one Conv1d per filter width,
+Each word comes in as 50 character ids (pretrain/data/char_words.py); a character CNN (one Conv1d per filter width,
 max-pooled over the characters, then the activation), highway layers and a projection give it a context-free vector
 of `hidden_size` (P). A forward and a backward stack of `num_layers` LSTMs with a projection (cell size
 `ffn_hidden_size` C, the cell clipped at `cell_clip`, the projected state at `proj_clip`) read those vectors; from the

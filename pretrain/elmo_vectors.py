@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pretrain.data.elmo import char_ids
+from pretrain.data.char_words import char_ids
 
 
 class ScalarMix(nn.Module):
@@ -44,7 +44,7 @@ class ScalarMix(nn.Module):
 
 
 class ELMoEmbedder(nn.Module):
-    """A frozen ELMo biLM (pretrain/models/elmo.py) and `mixes` scalar mixes of its layers (one per place a task
+    """A frozen ELMo biLM (pretrain/models/char_bilm.py) and `mixes` scalar mixes of its layers (one per place a task
     uses ELMo)."""
 
     def __init__(self, bilm, mixes: int = 1, layer_norm: bool = False):
@@ -59,13 +59,13 @@ class ELMoEmbedder(nn.Module):
         """From a ptm checkpoint (or a run's latest) or a directory of bilm-tf's options.json + weights.hdf5; anything
         else is a CheckpointError naming it."""
         from pretrain import checkpoint as C
-        from pretrain.models.elmo import ELMo
+        from pretrain.models.char_bilm import ELMo
         from pretrain.parallel import mcore
 
         takes = ("an ELMo checkpoint or run (model.arch=elmo), or a directory of bilm-tf's options.json + "
                  "weights.hdf5 (`ptm convert to-elmo`)")
         if os.path.isfile(os.path.join(path, "options.json")):
-            from checkpoints_tools.elmo import read_model
+            from checkpoints_tools.bilm_tf import read_model
 
             cfg, state, _ = read_model(path, 1)
         else:
