@@ -131,7 +131,7 @@ def family_fields_read_outside(source: str, module: str, owners: dict) -> set[st
 
 
 def test_no_family_field_is_read_outside_its_family():
-    """A model field that only one family reads (its `Family.fields`: ELMo's character CNN, XLNet's memory, ELECTRA's
+    """A model field that only one family reads (its `Family.section`: ELMo's character CNN, XLNet's memory, ELECTRA's
     generator, the encoder-decoders' decoder) is read only by the family's modules (pretrain/families/, the objectives,
     the model class it builds); the shared machinery asks the family (its cost hooks, `attends`, `export`, checks)."""
     from pretrain import families

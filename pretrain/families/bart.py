@@ -5,7 +5,7 @@ model with its own objective."""
 from __future__ import annotations
 
 from pretrain.families.base import ExportError, Family
-from pretrain.families.encoder_decoder import MODEL, EncoderDecoderAdapter, EncoderDecoderCost
+from pretrain.families.encoder_decoder import MODEL, SECTION, EncoderDecoderAdapter, EncoderDecoderCost
 
 ORDER = 120
 FEATURES = dict(norm="post", norm_type="layernorm", bias=True, gated_mlp=False, activation="gelu", causal=False,
@@ -91,4 +91,4 @@ class BartAdapter(EncoderDecoderAdapter):
 
 FAMILY = Family("bart", "BART: post-LN encoder-decoder with biases, learned positions from row 2, denoising",
                 FEATURES, BartAdapter(), model=MODEL,
-                cost=EncoderDecoderCost(), fields=("decoder_layers",))
+                cost=EncoderDecoderCost(), section=SECTION)

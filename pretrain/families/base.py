@@ -73,10 +73,17 @@ class Family:
     model: str = "pretrain.models.model:Pretraining"  # its model class, "module:Class" (imported when built)
     cost: Cost = Cost()  # where its model costs what the transformer's formulas do not count
     attends: bool = True  # its model is blocks of attention heads (ELMo's is a character CNN and LSTMs)
-    fields: tuple = ()  # the model.* fields only it reads (its config section; tests/test_imports.py guards them)
+    section: tuple = ()  # the model.* fields only it reads, (name, type, schema.opt(...)) each: its config section,
+    # joined into ModelConfig (pretrain/models/config.py); tests/test_imports.py guards their reads
     wire: Callable | None = None  # wire(model): what its model builds beyond the features' layers (ELECTRA's
     # generator), called by the model once its own layers are initialised
     export: str = "keep the model in ptm's format"  # what to do with a model that has no HF class (no adapter)
+
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The names of its section's fields."""
+        return tuple(name for name, *_ in self.section)
 
 
 class Adapter:

@@ -8,8 +8,14 @@ from dataclasses import replace
 
 from pretrain.families import bert
 from pretrain.families.base import Cost, ExportError, Family, hf_common
+from pretrain.schema import opt
 
 ORDER = 60
+SECTION = (  # the model field only ELECTRA reads: its config section
+    ("generator_size", float, opt(0.0, "ELECTRA (heads [rtd]): the generator's width (hidden size, heads, MLP) as a "
+        "fraction of the model's; it shares the model's embeddings (the paper: 1/4 to 1/2)",
+        range="[0, 1]")),
+)
 FEATURES = dict(bert.FEATURES, heads=["rtd"])
 GENERATOR = ("generator", "ElectraForMaskedLM")  # the generator's subdirectory and class
 GENERATOR_SIZE = 0.25  # the generator made for a discriminator imported alone (ELECTRA-small's and -large's)
@@ -154,4 +160,4 @@ class ElectraCost(Cost):
 
 
 FAMILY = Family("electra", "ELECTRA: a discriminator detecting the tokens a small generator replaced", FEATURES,
-                ElectraAdapter(), check, cost=ElectraCost(), fields=("generator_size",), wire=wire)
+                ElectraAdapter(), check, cost=ElectraCost(), section=SECTION, wire=wire)

@@ -6,8 +6,21 @@ weights.hdf5 + vocabulary, which AllenNLP's `Elmo` reads (checkpoints_tools/bilm
 from __future__ import annotations
 
 from pretrain.families.base import Cost, Family
+from pretrain.schema import opt
 
 ORDER = 130
+SECTION = (  # the model fields only ELMo reads: its config section
+    ("char_filters", list[list[int]], opt([], "ELMo: the character CNN's [width, filters] pairs (published: [[1, 32], "
+        "[2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]); with them "
+        "the model is ELMo's biLM: hidden_size is the LSTMs' projection, "
+        "ffn_hidden_size their cell, num_layers each direction's layers")),
+    ("char_embedding_size", int, opt(16, "ELMo: width of the character embeddings", range="> 0")),
+    ("highway_layers", int, opt(0, "ELMo: highway layers after the character CNN", range=">= 0")),
+    ("cell_clip", float, opt(0.0, "ELMo: the LSTM cells are clipped to [-cell_clip, cell_clip]; 0: not clipped",
+        range=">= 0")),
+    ("proj_clip", float, opt(0.0, "ELMo: the LSTMs' projected states are clipped likewise; 0: not clipped",
+        range=">= 0")),
+)
 FEATURES = dict(norm="post", activation="relu", causal=False, heads=["lm"], scaled_init=False,  # lm: its softmax
                 position_encoding="learned", share_layers="none")
 CHARS = 262  # character ids (AllenNLP's): 0 a padding word, 1..256 a UTF-8 byte + 1, 257..261 begin and end of
@@ -74,5 +87,5 @@ class ElmoCost(Cost):
 
 FAMILY = Family("elmo", "ELMo: character CNN, forward and backward LSTM LMs with one softmax", FEATURES, None, check,
                 model="pretrain.models.char_bilm:ELMo", cost=ElmoCost(), attends=False,
-                fields=("char_filters", "char_embedding_size", "highway_layers", "cell_clip", "proj_clip"),
+                section=SECTION,
                 export="export it with `ptm convert to-elmo` (bilm-tf's files, which AllenNLP reads)")

@@ -8,7 +8,13 @@ from __future__ import annotations
 import re
 
 from pretrain.families.base import VOCAB_ROWS, Adapter, Cost, interleave_heads, split_heads, take
+from pretrain.schema import opt
 from pretrain.stacks import Stack
+
+SECTION = (  # the model field the encoder-decoders (T5, BART) read: their config section
+    ("decoder_layers", int, opt(0, "layers of a decoder stack that attends to the encoder's output through "
+        "cross-attention (encoder-decoder models: T5, BART, MASS); 0: none", range=">= 0")),
+)
 
 STACKS = ("encoder", "decoder")
 

@@ -6,7 +6,7 @@ the scaling off, which is how it reads a 1.1 model)."""
 from __future__ import annotations
 
 from pretrain.families.base import ExportError, Family, sentencepiece_to_fast
-from pretrain.families.encoder_decoder import MODEL, EncoderDecoderAdapter, EncoderDecoderCost
+from pretrain.families.encoder_decoder import MODEL, SECTION, EncoderDecoderAdapter, EncoderDecoderCost
 
 ORDER = 110
 FEATURES = dict(norm="pre", norm_type="rmsnorm", bias=False, gated_mlp=False, activation="relu", causal=False,
@@ -103,4 +103,4 @@ def check(cfg, need, objective) -> None:
 
 FAMILY = Family("t5", "T5: pre-LN encoder-decoder, RMSNorm, bucketed relative bias, span corruption",
                 FEATURES, T5Adapter(), check, model=MODEL,
-                cost=EncoderDecoderCost(), fields=("decoder_layers",))
+                cost=EncoderDecoderCost(), section=SECTION)

@@ -6,9 +6,19 @@ from __future__ import annotations
 
 from pretrain.families.base import (VOCAB_ROWS, Adapter, Cost, ExportError, Family, interleave_heads,
                                     sentencepiece_to_fast, split_heads, take)
+from pretrain.schema import opt
 from pretrain.stacks import Stack
 
 ORDER = 120
+SECTION = (  # the model fields only XLNet / Transformer-XL read: its config section
+    ("clamp_len", int, opt(-1, "position_encoding=transformer_xl: distances beyond this are clamped to it; -1: none")),
+    ("mem_len", int, opt(0, "Transformer-XL / XLNet memory: each layer also attends to the last mem_len inputs it had "
+        "(the previous segments of the same stream, detached); 0: none", range=">= 0")),
+    ("reuse_len", int, opt(0, "XLNet memory: each sample's first reuse_len tokens continue its stream and are what the "
+        "memory keeps (the rest is A and B; XLNet: 256 of 512); 0: every token", range=">= 0")),
+    ("relative_segments", bool | None, opt(None, "XLNet's segment term in attention (same segment or not, learned per "
+        "head) instead of segment embeddings; null: the arch's")),
+)
 FEATURES = dict(norm="post", activation="gelu", causal=False, heads=["lm"], scaled_init=False,
                 position_encoding="transformer_xl", share_layers="none", embedding_norm=False, relative_segments=True)
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}  # ptm -> XLNetConfig.ff_activation
@@ -176,4 +186,4 @@ class XLNetCost(Cost):
 
 FAMILY = Family("xlnet", "XLNet / Transformer-XL: two-stream relative attention with memory, permutation LM",
                 FEATURES, XLNetAdapter(), check, model="pretrain.models.two_stream:XLNet", cost=XLNetCost(),
-                fields=("mem_len", "reuse_len", "clamp_len", "relative_segments"))
+                section=SECTION)

@@ -33,7 +33,9 @@ ARCHS = families.names()
 
 
 @dataclass
-class ModelConfig:
+class SharedModelConfig:
+    """The model fields any family may use; `ModelConfig` joins each family's own (its `Family.section`)."""
+
     arch: str = opt("bert", " | ".join(ARCHS) + ": a family (pretrain/families/): the features below that a config "
                             "leaves unset take its values, and its Hugging Face class converts the model",
                     choices=families.names)
@@ -44,8 +46,6 @@ class ModelConfig:
     embedding_size: int = opt(0, "width of the embeddings, projected to hidden_size (ALBERT's factorised embedding); "
                                  "the MLM head maps back to it; 0: hidden_size", range=">= 0")
     num_layers: int = opt(12, "transformer layers (of the encoder, in an encoder-decoder)", range="> 0")
-    decoder_layers: int = opt(0, "layers of a decoder stack that attends to the encoder's output through "
-                                 "cross-attention (encoder-decoder models: T5, BART, MASS); 0: none", range=">= 0")
     num_heads: int = opt(12, "attention heads", range="> 0")
     head_dim: int = opt(0, "width of each attention head (Megatron's kv_channels, T5's d_kv); 0: hidden_size / "
                            "num_heads (T5 1.1 small: 6 heads of 64 in a 512-wide model)", range=">= 0")
@@ -61,24 +61,6 @@ class ModelConfig:
                                     "(half per direction in the encoder)", range="> 0")
     relative_max_distance: int = opt(128, "position_encoding=bucketed: distances from this on share the last "
                                           "bucket (T5: 128)", range="> 0")
-    clamp_len: int = opt(-1, "position_encoding=transformer_xl: distances beyond this are clamped to it; -1: none")
-    mem_len: int = opt(0, "Transformer-XL / XLNet memory: each layer also attends to the last mem_len inputs it had "
-                          "(the previous segments of the same stream, detached); 0: none", range=">= 0")
-    reuse_len: int = opt(0, "XLNet memory: each sample's first reuse_len tokens continue its stream and are what the "
-                            "memory keeps (the rest is A and B; XLNet: 256 of 512); 0: every token", range=">= 0")
-    generator_size: float = opt(0.0, "ELECTRA (heads [rtd]): the generator's width (hidden size, heads, MLP) as a "
-                                     "fraction of the model's; it shares the model's embeddings (the paper: 1/4 to 1/2)",
-                                range="[0, 1]")
-    char_filters: list[list[int]] = opt([], "ELMo: the character CNN's [width, filters] pairs (published: [[1, 32], "
-                                            "[2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]); with them "
-                                            "the model is ELMo's biLM: hidden_size is the LSTMs' projection, "
-                                            "ffn_hidden_size their cell, num_layers each direction's layers")
-    char_embedding_size: int = opt(16, "ELMo: width of the character embeddings", range="> 0")
-    highway_layers: int = opt(0, "ELMo: highway layers after the character CNN", range=">= 0")
-    cell_clip: float = opt(0.0, "ELMo: the LSTM cells are clipped to [-cell_clip, cell_clip]; 0: not clipped",
-                           range=">= 0")
-    proj_clip: float = opt(0.0, "ELMo: the LSTMs' projected states are clipped likewise; 0: not clipped",
-                           range=">= 0")
     attention_window: int = opt(256, "attention_layers' local layers: each query attends to the attention_window "
                                      "nearest positions (causal: itself and the attention_window - 1 before it; "
                                      "GPT-Neo's window_size)", range="> 0")
@@ -123,8 +105,6 @@ class ModelConfig:
                                               "sinusoids of the distance projected per layer, content and position "
                                               "biases u and v; two-stream attention and a memory); null: the arch's",
                                   choices=POSITIONS)
-    relative_segments: bool | None = opt(None, "XLNet's segment term in attention (same segment or not, learned per "
-                                               "head) instead of segment embeddings; null: the arch's")
     attention_layers: list[str] | None = opt(None, "the attention of each layer, the list repeated over the layers: "
                                                    "global (every position; causal: every earlier one) | local (the "
                                                    "attention_window nearest, GPT-3's locally banded layers); e.g. "
@@ -160,6 +140,20 @@ class ModelConfig:
         """The width of the queries, keys, values and the attention output: every head's."""
         return self.num_heads * self.head_size
 
+
+def _sections() -> list[tuple]:
+    """Every family's own model fields (`Family.section`: ELMo's character CNN, XLNet's memory, ELECTRA's generator,
+    the encoder-decoders' decoder), once each, in the registry's order."""
+    joined = {}
+    for family in families.REGISTRY.values():
+        for name, type_, spec in family.section:
+            joined.setdefault(name, (name, type_, spec))
+    return list(joined.values())
+
+
+ModelConfig = dataclasses.make_dataclass("ModelConfig", _sections(), bases=(SharedModelConfig,))
+ModelConfig.__module__ = __name__
+ModelConfig.__doc__ = "The `model` section: the shared fields and every family's own (`Family.section`)."
 
 FEATURES = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.default is None)  # what the model computes
 
