@@ -1,8 +1,10 @@
-"""`python -m checkpoints_tools` (also `ptm convert`): consolidate, reshard, to-hf, from-hf, to-elmo, from-elmo; the
-families named in --help are the registry's (pretrain/families/)."""
+"""`python -m checkpoints_tools` (also `ptm convert`): consolidate, reshard, to-hf, from-hf, and to-NAME / from-NAME for
+each family's own formats (`Family.formats`: ELMo's to-elmo, from-elmo); the families named in --help are the
+registry's (pretrain/families/)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -14,13 +16,23 @@ def hf_families() -> dict[str, object]:
     return {f.help.split(":")[0]: f.adapter for f in families.REGISTRY.values() if f.adapter is not None}
 
 
+def other_formats() -> dict[str, tuple[str, object]]:
+    """{format name: (display name of its family, its `Format`)} of every registered family's other formats."""
+    from pretrain import families
+
+    return {fmt.name: (f.help.split(":")[0], fmt) for f in families.REGISTRY.values() for fmt in f.formats}
+
+
 def parser() -> argparse.ArgumentParser:
+    from pretrain import families
+
     prog = sys.argv[0] if sys.argv[0].startswith("ptm ") else "python -m checkpoints_tools"
-    exported = hf_families()
+    exported, formats = hf_families(), other_formats()
     ap = argparse.ArgumentParser(prog=prog, description="Consolidate and reshard ptm checkpoints of any layout; "
                                                         "convert them to and from Hugging Face format "
-                                                        f"({', '.join(exported)}) and ELMo's bilm-tf files (to-elmo, "
-                                                        "from-elmo).")
+                                                        f"({', '.join(exported)})" + "".join(
+                                                            f" and {family}'s {fmt.files} (to-{name}, from-{name})"
+                                                            for name, (family, fmt) in formats.items()) + ".")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     c = sub.add_parser("consolidate", help="any TP x DP x ZeRO checkpoint -> one full fp32 state (tp=1)",
                        description="Join every ZeRO partition and TP shard into whole fp32 tensors (weights and, "
@@ -38,8 +50,9 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("to-hf", help="ptm checkpoint (or a run's out_dir) -> transformers model directory",
                        description="Write config.json, safetensors weights and the tokenizer, loadable with the "
                                    "family's transformers class and AutoTokenizer: "
-                                   + ", ".join(f"{name} ({a.hf_class})" for name, a in exported.items())
-                                   + ". ELMo has no transformers class: use to-elmo.")
+                                   + ", ".join(f"{name} ({a.hf_class})" for name, a in exported.items()) + "."
+                                   + "".join(f" {f.help.split(':')[0]} has no transformers class: {f.export}."
+                                             for f in families.REGISTRY.values() if f.adapter is None))
     t.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
     t.add_argument("--out", required=True, help="directory to write")
     t.add_argument("--max-shard-size", default="2GB", help="split weights into safetensors shards of this size")
@@ -49,15 +62,13 @@ def parser() -> argparse.ArgumentParser:
                                    + "; heads missing from base models (e.g. BertModel) are initialised and reported.")
     f.add_argument("hf_dir", help="a transformers model directory (config.json, weights, tokenizer files)")
     f.add_argument("--out", required=True, help="checkpoint directory to write")
-    e = sub.add_parser("to-elmo", help="ELMo checkpoint -> bilm-tf's options.json + weights.hdf5 + vocab.txt",
-                       description="Write the files AllenNLP's Elmo reads (and the shared softmax, which it ignores).")
-    e.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
-    e.add_argument("--out", required=True, help="directory to write")
-    i = sub.add_parser("from-elmo", help="options.json + weights.hdf5 + vocab.txt -> ptm checkpoint",
-                       description="Import bilm-tf's ELMo files (ptm's export, or a published model: its softmax, "
-                                   "not in the published files, is initialised and reported).")
-    i.add_argument("elmo_dir", help="a directory with options.json, weights.hdf5 and vocab.txt")
-    i.add_argument("--out", required=True, help="checkpoint directory to write")
+    for name, (family, fmt) in formats.items():  # a family's own formats (its `Family.formats`)
+        e = sub.add_parser(f"to-{name}", help=f"{family} checkpoint -> {fmt.files}", description=fmt.writes)
+        e.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
+        e.add_argument("--out", required=True, help="directory to write")
+        i = sub.add_parser(f"from-{name}", help=f"{fmt.files} -> ptm checkpoint", description=fmt.reads)
+        i.add_argument("source", help=fmt.source)
+        i.add_argument("--out", required=True, help="checkpoint directory to write")
     return ap
 
 
@@ -77,16 +88,18 @@ def main(argv=None) -> None:
             from checkpoints_tools.hf import to_hf
 
             print(f"wrote {to_hf(a.checkpoint, a.out, a.max_shard_size)}")
-        elif a.command == "to-elmo":
-            from checkpoints_tools.bilm_tf import to_elmo
-
-            print(f"wrote {to_elmo(a.checkpoint, a.out)}")
-        else:
-            if a.command == "from-elmo":
-                from checkpoints_tools.bilm_tf import from_elmo as read
-            else:
+        elif a.command.startswith("to-"):  # a family's own format
+            name = a.command.removeprefix("to-")
+            export = getattr(importlib.import_module(other_formats()[name][1].module), f"to_{name}")
+            print(f"wrote {export(a.checkpoint, a.out)}")
+        else:  # from-hf, or from a family's own format
+            if a.command == "from-hf":
                 from checkpoints_tools.hf import from_hf as read
-            source = a.elmo_dir if a.command == "from-elmo" else a.hf_dir
+                source = a.hf_dir
+            else:
+                name = a.command.removeprefix("from-")
+                read = getattr(importlib.import_module(other_formats()[name][1].module), f"from_{name}")
+                source = a.source
             out, initialised = read(source, a.out)
             print(f"wrote {out}")
             if initialised:

@@ -59,6 +59,7 @@ class ELMoEmbedder(nn.Module):
         """From a ptm checkpoint (or a run's latest) or a directory of bilm-tf's options.json + weights.hdf5; anything
         else is a CheckpointError naming it."""
         from pretrain import checkpoint as C
+        from pretrain import models
         from pretrain.models.char_bilm import ELMo
         from pretrain.parallel import mcore
 
@@ -74,7 +75,7 @@ class ELMoEmbedder(nn.Module):
             except C.CheckpointError:
                 raise C.CheckpointError(f"{path} holds no ELMo; pass {takes}") from None
             cfg = C.model_config(C.read_meta(C.check_complete(ckpt)))
-            if not cfg.char_filters:  # the ELMo family's model: a character CNN and LSTMs
+            if not issubclass(models.model_class(cfg), ELMo):  # the model its family builds
                 raise C.CheckpointError(f"{ckpt} holds model.arch={cfg.arch}, not an ELMo; pass {takes}")
             state = C.load_full_model(ckpt)
         cfg.hidden_dropout = 0.0

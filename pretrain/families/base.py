@@ -64,6 +64,20 @@ class Cost:
 
 
 @dataclass(frozen=True)
+class Format:
+    """A family's file format other than Hugging Face's (ELMo's bilm-tf files), converted by `ptm convert to-NAME` and
+    `from-NAME`: `module` (imported when converting) holds `to_NAME(checkpoint, out) -> directory written` and
+    `from_NAME(directory, out) -> (checkpoint written, parameters it initialised)`."""
+
+    name: str  # the verbs' suffix
+    module: str  # "package.module" of the two functions
+    files: str  # what the export writes and the import reads
+    writes: str  # the export's --help description
+    reads: str  # the import's --help description
+    source: str  # the import's argument
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     help: str
@@ -75,6 +89,7 @@ class Family:
     attends: bool = True  # its model is blocks of attention heads (ELMo's is a character CNN and LSTMs)
     section: tuple = ()  # the model.* fields only it reads, (name, type, schema.opt(...)) each: its config section,
     # joined into ModelConfig (pretrain/models/config.py); tests/test_imports.py guards their reads
+    formats: tuple = ()  # its `Format`s other than Hugging Face's (converted by the convert verbs they name)
     wire: Callable | None = None  # wire(model): what its model builds beyond the features' layers (ELECTRA's
     # generator), called by the model once its own layers are initialised
     export: str = "keep the model in ptm's format"  # what to do with a model that has no HF class (no adapter)

@@ -1,11 +1,11 @@
 """ELMo (Peters et al. 2018, "Deep contextualized word representations"): a character CNN with highway layers and a
 projection, a forward and a backward LSTM language model with projections, clipping and residual connections, one
-softmax over the word vocabulary shared by both directions (pretrain/models/char_bilm.py); the bidirectional LM objective
-(pretrain/objectives/bilm.py) on word datasets (`data_prep words`). Exports as bilm-tf's options.json +
+softmax over the word vocabulary shared by both directions (pretrain/models/char_bilm.py); the bidirectional LM
+objective (pretrain/objectives/bilm.py) on word datasets (`data_prep words`). Exports as bilm-tf's options.json +
 weights.hdf5 + vocabulary, which AllenNLP's `Elmo` reads (checkpoints_tools/bilm_tf.py)."""
 from __future__ import annotations
 
-from pretrain.families.base import Cost, Family
+from pretrain.families.base import Cost, Family, Format
 from pretrain.schema import opt
 
 ORDER = 130
@@ -85,7 +85,13 @@ class ElmoCost(Cost):
         return b * words * word * size, logits
 
 
+BILM_TF = Format("elmo", "checkpoints_tools.bilm_tf", "bilm-tf files (options.json + weights.hdf5 + vocab.txt)",
+                 writes="Write the files AllenNLP's Elmo reads (and the shared softmax, which it ignores).",
+                 reads="Import bilm-tf's ELMo files (ptm's export, or a published model: its softmax, not in the "
+                       "published files, is initialised and reported).",
+                 source="a directory with options.json, weights.hdf5 and vocab.txt")
+
 FAMILY = Family("elmo", "ELMo: character CNN, forward and backward LSTM LMs with one softmax", FEATURES, None, check,
                 model="pretrain.models.char_bilm:ELMo", cost=ElmoCost(), attends=False,
-                section=SECTION,
+                section=SECTION, formats=(BILM_TF,),
                 export="export it with `ptm convert to-elmo` (bilm-tf's files, which AllenNLP reads)")
