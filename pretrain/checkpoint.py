@@ -42,7 +42,7 @@ from safetensors.torch import save_file
 
 from pretrain import device as dev
 from pretrain import signals
-from pretrain.families.base import VOCAB_ROWS
+from pretrain.families import VOCAB_ROWS
 from pretrain.models.config import FEATURES, ModelConfig
 from ptm.files import fsync_dir, sha256_file, write_json, write_text
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from pretrain.families import base
 from pretrain.families.base import COMMON, Adapter, ExportError, Family
 
-__all__ = ["ARCH_FEATURES", "COMMON", "REGISTRY", "Adapter", "ExportError", "Family", "by_model_type", "get", "names"]
+__all__ = ["ARCH_FEATURES", "COMMON", "REGISTRY", "VOCAB_ROWS", "Adapter", "ExportError", "Family", "by_model_type", "get", "names"]
 
 
 def _registry() -> dict[str, Family]:
@@ -22,6 +23,8 @@ def _registry() -> dict[str, Family]:
 
 REGISTRY = _registry()
 ARCH_FEATURES = {name: f.features for name, f in REGISTRY.items()}
+VOCAB_ROWS = base.VOCAB_ROWS + tuple(dict.fromkeys(r for f in REGISTRY.values() for r in f.vocab_rows))
+# every model's parameters with a row per (padded) vocabulary entry: the shared model's and the families' own
 
 
 def names() -> tuple[str, ...]:

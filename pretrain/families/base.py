@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-VOCAB_ROWS = ("embeddings.word.weight", "mlm.bias", "lm_bias", "softmax.weight", "softmax.bias")  # parameters with a row per
-# (padded) vocabulary entry
+VOCAB_ROWS = ("embeddings.word.weight", "mlm.bias")  # the shared model's parameters with a row per (padded)
+# vocabulary entry; a family's own add to them (`Family.vocab_rows`; every family's: `families.VOCAB_ROWS`)
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # ptm -> HF hidden_act
 COMMON = dict(norm_type="layernorm", bias=True, gated_mlp=False, scaled_attention=True, scaled_logits=False,
               init="normal", relative_segments=False, attention_layers=["global"], qkv_bias=True)
@@ -89,6 +89,7 @@ class Family:
     attends: bool = True  # its model is blocks of attention heads (ELMo's is a character CNN and LSTMs)
     section: tuple = ()  # the model.* fields only it reads, (name, type, schema.opt(...)) each: its config section,
     # joined into ModelConfig (pretrain/models/config.py); tests/test_imports.py guards their reads
+    vocab_rows: tuple = ()  # its model's own parameters with a row per (padded) vocabulary entry (XLNet's LM bias)
     formats: tuple = ()  # its `Format`s other than Hugging Face's (converted by the convert verbs they name)
     wire: Callable | None = None  # wire(model): what its model builds beyond the features' layers (ELECTRA's
     # generator), called by the model once its own layers are initialised
@@ -270,9 +271,9 @@ class Adapter:
         return out
 
 
-def take(hf: dict, key_map: dict, vocab_rows: int) -> tuple[dict, list[str]]:
-    """The ptm tensors of `key_map` (ptm name -> HF name) from HF state dict `hf`, vocabulary rows padded to
-    `vocab_rows`; and the ptm names `hf` lacks."""
+def take(hf: dict, key_map: dict, vocab_rows: int, rows: tuple = VOCAB_ROWS) -> tuple[dict, list[str]]:
+    """The ptm tensors of `key_map` (ptm name -> HF name) from HF state dict `hf`, vocabulary rows (of the parameters
+    `rows` names) padded to `vocab_rows`; and the ptm names `hf` lacks."""
     import torch
 
     out, missing = {}, []
@@ -281,7 +282,7 @@ def take(hf: dict, key_map: dict, vocab_rows: int) -> tuple[dict, list[str]]:
             missing.append(ours)
             continue
         t = hf[theirs]
-        if ours in VOCAB_ROWS and t.shape[0] < vocab_rows:
+        if ours in rows and t.shape[0] < vocab_rows:
             t = torch.cat([t, t.new_zeros(vocab_rows - t.shape[0], *t.shape[1:])])
         out[ours] = t.contiguous()
     return out, missing

@@ -93,5 +93,5 @@ BILM_TF = Format("elmo", "checkpoints_tools.bilm_tf", "bilm-tf files (options.js
 
 FAMILY = Family("elmo", "ELMo: character CNN, forward and backward LSTM LMs with one softmax", FEATURES, None, check,
                 model="pretrain.models.char_bilm:ELMo", cost=ElmoCost(), attends=False,
-                section=SECTION, formats=(BILM_TF,),
+                section=SECTION, formats=(BILM_TF,), vocab_rows=("softmax.weight", "softmax.bias"),
                 export="export it with `ptm convert to-elmo` (bilm-tf's files, which AllenNLP reads)")

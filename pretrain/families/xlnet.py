@@ -10,6 +10,8 @@ from pretrain.schema import opt
 from pretrain.stacks import Stack
 
 ORDER = 120
+OWN_ROWS = ("lm_bias",)  # its LM head's bias, a row per vocabulary entry
+ROWS = VOCAB_ROWS + OWN_ROWS
 SECTION = (  # the model fields only XLNet / Transformer-XL read: its config section
     ("clamp_len", int, opt(-1, "position_encoding=transformer_xl: distances beyond this are clamped to it; -1: none")),
     ("mem_len", int, opt(0, "Transformer-XL / XLNet memory: each layer also attends to the last mem_len inputs it had "
@@ -90,7 +92,7 @@ class XLNetAdapter(Adapter):
 
     def from_hf(self, hf, num_layers, num_heads, vocab_rows, task_types=False):
         hf = {k if k.startswith(("transformer.", "lm_loss.")) else f"transformer.{k}": v for k, v in hf.items()}
-        out, missing = take(hf, self.key_map(num_layers), vocab_rows)
+        out, missing = take(hf, self.key_map(num_layers), vocab_rows, ROWS)
         out["query_start"] = hf["transformer.mask_emb"].flatten().contiguous()
         for i in range(num_layers):
             at, mine = LAYER.format(i=i) + "rel_attn.", f"blocks.{i}.attn."
@@ -102,7 +104,7 @@ class XLNetAdapter(Adapter):
         return out, missing
 
     def to_hf(self, ours, num_layers, num_heads, vocab_size):
-        out = {theirs: (ours[mine][:vocab_size] if mine in VOCAB_ROWS else ours[mine]).contiguous()
+        out = {theirs: (ours[mine][:vocab_size] if mine in ROWS else ours[mine]).contiguous()
                for mine, theirs in self.key_map(num_layers).items()}
         width = ours["query_start"].shape[0]
         out["transformer.mask_emb"] = ours["query_start"].view(1, 1, width).contiguous()
@@ -186,4 +188,4 @@ class XLNetCost(Cost):
 
 FAMILY = Family("xlnet", "XLNet / Transformer-XL: two-stream relative attention with memory, permutation LM",
                 FEATURES, XLNetAdapter(), check, model="pretrain.models.two_stream:XLNet", cost=XLNetCost(),
-                section=SECTION)
+                section=SECTION, vocab_rows=OWN_ROWS)

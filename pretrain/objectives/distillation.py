@@ -86,7 +86,7 @@ def load_teacher(cfg):
 
     from pretrain import checkpoint as C
     from pretrain import models
-    from pretrain.families.base import VOCAB_ROWS
+    from pretrain.families import VOCAB_ROWS
     from pretrain.models.config import padded_vocab_size
     from pretrain.parallel import mcore
 
