@@ -3,6 +3,7 @@ its memory per GPU before launch."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import socket
@@ -34,13 +35,18 @@ def parser() -> argparse.ArgumentParser:
                                    "learning rate, tokens/s, gradient norm) into one PNG; print summary.json.")
     r.add_argument("run_dir", help="a training out_dir")
     r.add_argument("--out", help="PNG to write (default: RUN_DIR/report.png)")
-    e = sub.add_parser("elmo", help="ELMo representations of text: a scalar mix of a trained ELMo's layers",
-                       description="Load an ELMo (a checkpoint, a run, or options.json + weights.hdf5) and print each "
-                                   "word's vector norm in every layer and in the equal-weight mix (pretrain/elmo_vectors.py "
-                                   "is the module a downstream model uses).")
-    e.add_argument("path", help="a checkpoint, a training out_dir, or a directory with options.json + weights.hdf5")
-    e.add_argument("--text", nargs="+", required=True, help="sentences, words separated by spaces")
+    for command in family_commands().values():  # a family's own (ELMo's `elmo`)
+        c = sub.add_parser(command.name, help=command.help, description=command.description)
+        for flags, options in command.arguments:
+            c.add_argument(*flags, **options)
     return ap
+
+
+def family_commands() -> dict:
+    """{name: `families.base.Command`} of every registered family's commands."""
+    from pretrain import families
+
+    return {c.name: c for f in families.REGISTRY.values() for c in f.commands}
 
 
 def _lost_contact(e: RuntimeError, dist_error: type) -> bool:
@@ -66,12 +72,12 @@ def main(argv=None) -> None:
         if os.path.isfile(summary):
             print(open(summary).read())
         return
-    if a.command == "elmo":
+    if a.command in family_commands():
         from pretrain.checkpoint import CheckpointError
-        from pretrain.elmo_vectors import describe
 
+        module, function = family_commands()[a.command].run.split(":")
         try:
-            print(describe(a.path, a.text))
+            print(getattr(importlib.import_module(module), function)(a))
         except CheckpointError as e:
             sys.exit("\n".join(f"pretrain: error: {line}" for line in str(e).splitlines()))
         return

@@ -100,6 +100,11 @@ class ELMoEmbedder(nn.Module):
         return {"elmo": [mix(layers, mask) for mix in self.mixes], "mask": mask, "layers": layers}
 
 
+def command(args) -> str:
+    """`ptm elmo PATH --text ...` (the ELMo family's `Command`)."""
+    return describe(args.path, args.text)
+
+
 def describe(path: str, text: list[str]) -> str:
     """Each word's vector norm in every layer and in the (initial, equal-weight) mix, one table per sentence."""
     elmo = ELMoEmbedder.load(path)

@@ -1,22 +1,34 @@
-"""The `ptm` command: `ptm prep|train|plan|report|elmo|convert|launch ...` runs `python -m data_prep|pretrain|...`."""
+"""The `ptm` command: `ptm prep|train|plan|report|convert|launch ...` (and the families' commands, e.g. `ptm elmo`) runs
+`python -m data_prep|pretrain|...`."""
 import importlib.util
 import runpy
 import sys
 
-COMMANDS = {
+CORE = {
     "prep": ("data_prep", "raw text to sharded Arrow datasets, tokenizers"),
     "train": ("pretrain train", "pretrain a model of any family (BERT, GPT-2, T5, XLNet, ELMo, ...)"),
     "plan": ("pretrain plan", "before launch: does a config fit, how fast will it train?"),
     "report": ("pretrain report", "a run's curves as a PNG (loss, learning rate, throughput) and its summary"),
-    "elmo": ("pretrain elmo", "ELMo representations of text from a trained ELMo (a scalar mix of its layers)"),
-    "convert": ("checkpoints_tools", "consolidate, reshard, Hugging Face and ELMo export/import"),
+}
+TOOLS = {
+    "convert": ("checkpoints_tools", "consolidate, reshard, Hugging Face export/import and the families' own formats "
+                                     "(ELMo's bilm-tf files)"),
     "launch": ("launchers", "one rendezvous contract for every launcher"),
 }
 
 
+def commands() -> dict[str, tuple[str, str]]:
+    """{name: (module and arguments, help)}: ptm's own, then those the families add (`Family.commands`, run by
+    `python -m pretrain NAME`: ELMo's `elmo`)."""
+    from pretrain import families
+
+    added = {c.name: (f"pretrain {c.name}", c.help) for f in families.REGISTRY.values() for c in f.commands}
+    return {**CORE, **added, **TOOLS}
+
+
 def usage() -> str:
     lines = ["usage: ptm COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}  (python -m {module})" for name, (module, help_) in COMMANDS.items()]
+    lines += [f"  {name:<8} {help_}  (python -m {module})" for name, (module, help_) in commands().items()]
     lines += ["", "`ptm COMMAND --help` explains each command's options."]
     return "\n".join(lines)
 
@@ -30,9 +42,10 @@ def main(argv=None) -> None:
         from ptm import __version__
         print(f"ptm {__version__}")
         sys.exit(0)
-    if argv[0] not in COMMANDS:
-        sys.exit(f"ptm: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}")
-    module, *prefix = COMMANDS[argv[0]][0].split()  # "pretrain plan": `python -m pretrain plan ARGS...`
+    known = commands()
+    if argv[0] not in known:
+        sys.exit(f"ptm: unknown command {argv[0]!r}; choose one of {', '.join(known)}")
+    module, *prefix = known[argv[0]][0].split()  # "pretrain plan": `python -m pretrain plan ARGS...`
     if importlib.util.find_spec(f"{module}.__main__") is None:
         sys.exit(f"ptm: `ptm {argv[0]}` ({module}) is not part of this version of ptm yet")
     sys.argv = ["ptm", *prefix, *argv[1:]] if prefix else [f"ptm {argv[0]}", *argv[1:]]

@@ -78,6 +78,19 @@ class Format:
 
 
 @dataclass(frozen=True)
+class Command:
+    """A command a family adds to `ptm` (`python -m pretrain NAME`): its help and description, its arguments as
+    argparse's (flags, options) pairs, and `run`, "module:function" of the parsed arguments returning the text to
+    print (imported when it runs, so the parsers stay torch-free)."""
+
+    name: str
+    help: str
+    description: str
+    arguments: tuple
+    run: str
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     help: str
@@ -90,6 +103,7 @@ class Family:
     section: tuple = ()  # the model.* fields only it reads, (name, type, schema.opt(...)) each: its config section,
     # joined into ModelConfig (pretrain/models/config.py); tests/test_imports.py guards their reads
     vocab_rows: tuple = ()  # its model's own parameters with a row per (padded) vocabulary entry (XLNet's LM bias)
+    commands: tuple = ()  # the `Command`s it adds to `ptm` (ELMo's `ptm elmo`)
     formats: tuple = ()  # its `Format`s other than Hugging Face's (converted by the convert verbs they name)
     wire: Callable | None = None  # wire(model): what its model builds beyond the features' layers (ELECTRA's
     # generator), called by the model once its own layers are initialised

@@ -5,7 +5,7 @@ objective (pretrain/objectives/bilm.py) on word datasets (`data_prep words`). Ex
 weights.hdf5 + vocabulary, which AllenNLP's `Elmo` reads (checkpoints_tools/bilm_tf.py)."""
 from __future__ import annotations
 
-from pretrain.families.base import Cost, Family, Format
+from pretrain.families.base import Command, Cost, Family, Format
 from pretrain.schema import opt
 
 ORDER = 130
@@ -91,7 +91,15 @@ BILM_TF = Format("elmo", "checkpoints_tools.bilm_tf", "bilm-tf files (options.js
                        "published files, is initialised and reported).",
                  source="a directory with options.json, weights.hdf5 and vocab.txt")
 
+VECTORS = Command(
+    "elmo", "ELMo representations of text: a scalar mix of a trained ELMo's layers",
+    "Load an ELMo (a checkpoint, a run, or options.json + weights.hdf5) and print each word's vector norm in every "
+    "layer and in the equal-weight mix (pretrain/elmo_vectors.py is the module a downstream model uses).",
+    ((("path",), {"help": "a checkpoint, a training out_dir, or a directory with options.json + weights.hdf5"}),
+     (("--text",), {"nargs": "+", "required": True, "help": "sentences, words separated by spaces"})),
+    "pretrain.elmo_vectors:command")
+
 FAMILY = Family("elmo", "ELMo: character CNN, forward and backward LSTM LMs with one softmax", FEATURES, None, check,
                 model="pretrain.models.char_bilm:ELMo", cost=ElmoCost(), attends=False,
-                section=SECTION, formats=(BILM_TF,), vocab_rows=("softmax.weight", "softmax.bias"),
+                section=SECTION, formats=(BILM_TF,), commands=(VECTORS,), vocab_rows=("softmax.weight", "softmax.bias"),
                 export="export it with `ptm convert to-elmo` (bilm-tf's files, which AllenNLP reads)")
