@@ -15,7 +15,10 @@ def parser() -> argparse.ArgumentParser:
     from pretrain.config import describe
 
     prog = sys.argv[0] if sys.argv[0].split(" ")[0] == "ptm" else "python -m pretrain"
-    ap = argparse.ArgumentParser(prog=prog, description="Pretrain a model of any family of configs/ (BERT, GPT-2, ERNIE, RoBERTa, ALBERT, ELECTRA, NEZHA, UniLM, T5, BART, MASS, XLNet, ELMo, DistilBERT, TinyBERT, ...).")
+    ap = argparse.ArgumentParser(prog=prog, description="Pretrain a model of any family of configs/ (BERT, GPT-2, "
+                                                        "GPT-3, ERNIE, RoBERTa, ALBERT, ELECTRA, NEZHA, UniLM, "
+                                                        "SpanBERT, T5, BART, MASS, XLNet, ELMo, DistilBERT, TinyBERT, "
+                                                        "...).")
     ap.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # the deepspeed launcher adds it
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     t = sub.add_parser(
