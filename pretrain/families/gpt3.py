@@ -30,20 +30,11 @@ class GPTNeoAdapter(Adapter):
 
     hf_class = "GPTNeoForCausalLM"
     model_type = "gpt_neo"
-    prefix = "transformer."
-    layer = "{p}h.{i}."
+    prefix, layer, keys, tied = GPT2Adapter.prefix, GPT2Adapter.layer, GPT2Adapter.keys, GPT2Adapter.tied  # GPT-2's
     qkv = "attn.attention"
     qkv_names = ("q_proj", "k_proj", "v_proj")
-    layer_keys = {
-        "attn_norm.weight": "ln_1.weight", "attn_norm.bias": "ln_1.bias",
-        "attn.out.weight": "attn.attention.out_proj.weight", "attn.out.bias": "attn.attention.out_proj.bias",
-        "mlp_norm.weight": "ln_2.weight", "mlp_norm.bias": "ln_2.bias",
-        "mlp.fc1.weight": "mlp.c_fc.weight", "mlp.fc1.bias": "mlp.c_fc.bias",
-        "mlp.fc2.weight": "mlp.c_proj.weight", "mlp.fc2.bias": "mlp.c_proj.bias",
-    }
-    keys = {"embeddings.word.weight": "{p}wte.weight", "embeddings.position.weight": "{p}wpe.weight",
-            "final_norm.weight": "{p}ln_f.weight", "final_norm.bias": "{p}ln_f.bias"}
-    tied = {"lm_head.weight": "transformer.wte.weight"}
+    layer_keys = {**GPT2Adapter.layer_keys, "attn.out.weight": "attn.attention.out_proj.weight",  # GPT-2's, but the
+                  "attn.out.bias": "attn.attention.out_proj.bias"}  # attention's output (Linear, not Conv1D)
     computes = dict(GPT2Adapter.computes, qkv_bias=(False,), attention_layers=("global", "local"),
                     scaled_attention=(True, False))
     tokenizer = "none"
