@@ -50,6 +50,7 @@ from pretrain.cost import (Launches, checkpointed, count_parameters, decoder_tok
                            flops_per_sample, objective_parameters, predicted_tokens, stack_flops, stacks,
                            tp_launches)
 from pretrain.memory import with_micro_batch
+from pretrain.stacks import masked_flops
 from pretrain.models.config import embedding_width, padded_vocab_size
 
 HARDWARE_FILE = os.path.join(PRESETS_DIR, "hardware", "gpus.yaml")
@@ -397,11 +398,12 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
     act, kernels, hbm = 4 if cfg.precision == "fp32" else 2, cfg.kernels_on(cuda=True), hw.hbm_gbps * 1e9 * eff.memory
     rate = hw.peak(cfg.precision) * eff.matmul * gemm_shape(cfg)  # achieved matmul FLOP/s
     tp_per_node = min(t, hw.gpus_per_node)
-    compute, memory, tp_comm = flops * b / t / rate, 0.0, 0.0
+    executed = flops + sum(masked_flops(st) for st in stacks(m, s, decoder_tokens(cfg), predicted_tokens(cfg)))
+    compute, memory, tp_comm = executed * b / t / rate, 0.0, 0.0  # (local layers' masked scores take time too)
     for stack in stacks(m, s, decoder_tokens(cfg), predicted_tokens(cfg)):
         model, q, layers, recomputed = stack.model, stack.seq_len, stack.layers, stack.recomputed
         h, f = model.hidden_size, model.ffn_hidden_size
-        layer_flops = b * stack_flops(stack) / layers  # forward + backward of one layer
+        layer_flops = b * (stack_flops(stack) + masked_flops(stack)) / layers  # forward + backward of one layer
         compute += recomputed * layer_flops / 3 / t / rate  # the recomputed forwards
         rep, per_h, per_f = ELEMENTWISE[kernels]
         forward = b * q * (rep * h + (per_h * h + per_f * f) / t) * act
@@ -442,7 +444,8 @@ def gemm_shape(cfg: Config) -> float:
         for m_rows, n, k in gemms:
             work.append((layers * m_rows * n * k, g(m_rows) * g(n) * g(k)))
         dense = sum(m_rows * n * k for m_rows, n, k in gemms) * t / b  # per sequence, all TP ranks
-        work.append((layers * b * (stack_flops(stack) / layers / 6 - dense) / t, ATTENTION_RATE))
+        work.append((layers * b * ((stack_flops(stack) + masked_flops(stack)) / layers / 6 - dense) / t,
+                     ATTENTION_RATE))
     rows, vocab, width = b * predicted_tokens(cfg), padded_vocab_size(m) / t, embedding_width(m)
     work.append((rows * vocab * width, g(rows) * g(vocab) * g(width)))
     return sum(w for w, _ in work) / sum(w / rate for w, rate in work)

@@ -62,3 +62,13 @@ def stack_flops(stack: Stack) -> int:
         return stack.layers * stack.layer(stack)
     cross = cross_flops_per_sample(stack.model, stack.seq_len, stack.context) if stack.context else 0
     return sum(layer_flops_per_sample(stack.model, stack.seq_len, i) + cross for i in range(stack.layers))
+
+
+def masked_flops(stack: Stack) -> int:
+    """Training FLOPs of one sequence that a stack's attention kernels compute and its masks then discard: each local
+    layer's scores and weighted sum outside its band (SDPA under a band mask computes the whole s x s square). Not
+    model FLOPs (`stack_flops` leaves them out); the speed model adds them to the time."""
+    if stack.layer:
+        return 0
+    m, s = stack.model, stack.seq_len
+    return sum(12 * m.attention_width * s * (s - attended_keys(m, s, i)) for i in range(stack.layers))

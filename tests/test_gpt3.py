@@ -82,3 +82,19 @@ def test_local_layers_need_a_core_that_takes_a_mask_and_unshared_attention():
         load("albert-tiny", ["model.attention_layers=[global,local]"]).validate()
     with pytest.raises(ConfigError, match="model.attention_layers=\\[dense\\] is not a list of global | local"):
         load("gpt3-tiny", ["model.attention_layers=[dense]"]).validate()
+
+
+def test_the_speed_model_times_the_masked_square_that_local_layers_still_compute():
+    """On GPUs a local layer is SDPA under a band mask: it computes the whole s x s square and discards what lies
+    outside the band. So the predicted device time of GPT-3 Small (and of XL, whose recomputed forwards do so again)
+    matches the dense model's (the same kernels' work) while its model FLOPs, and so its MFU, are lower."""
+    from pretrain import speed
+
+    hw = speed.gpu("h100")
+    local = speed.predict(load("gpt3-small", ["train.micro_batch_size=4"]), hw, 64)
+    dense = speed.predict(load("gpt3-small", ["train.micro_batch_size=4", "model.attention_layers=[global]"]), hw, 64)
+    assert local.compute == pytest.approx(dense.compute, rel=1e-12)
+    assert local.flops_per_sample < 0.9 * dense.flops_per_sample and local.mfu < 0.9 * dense.mfu
+    xl = [speed.predict(load("gpt3-xl", ["train.micro_batch_size=2", *more]), hw, 64).compute
+          for more in ((), ("model.attention_layers=[global]",))]
+    assert xl[0] == pytest.approx(xl[1], rel=1e-12)
