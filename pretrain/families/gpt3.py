@@ -24,6 +24,13 @@ def period(layers: list[str]) -> list[str]:
     return next(layers[:p] for p in range(1, n + 1) if n % p == 0 and layers[:p] * (n // p) == layers)
 
 
+def attention_types(cfg) -> list:
+    """GPT-Neo's attention_types of ptm's attention_layers: [[the list, its repeats]], or one entry per layer where
+    the list does not divide the layers."""
+    layers, n = cfg.attention_layers, cfg.num_layers
+    return [[layers, n // len(layers)]] if n % len(layers) == 0 else [[[cfg.attention(i)], 1] for i in range(n)]
+
+
 class GPTNeoAdapter(Adapter):
     """GPTNeoForCausalLM: separate bias-free q, k, v projections, unscaled scores (`q_scale` folds ptm's
     1/sqrt(head_dim) into the query weights on export), local layers of window_size."""
@@ -54,9 +61,7 @@ class GPTNeoAdapter(Adapter):
         return transformers.GPTNeoConfig(
             vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_position_embeddings,
             hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
-            attention_types=[[cfg.attention_layers, cfg.num_layers // len(cfg.attention_layers)]]
-            if cfg.num_layers % len(cfg.attention_layers) == 0 else [[[cfg.attention(i)], 1]
-                                                                     for i in range(cfg.num_layers)],
+            attention_types=attention_types(cfg),
             intermediate_size=cfg.ffn_hidden_size, window_size=cfg.attention_window, activation_function="gelu_new",
             resid_dropout=cfg.hidden_dropout, embed_dropout=cfg.hidden_dropout, attention_dropout=cfg.attention_dropout,
             layer_norm_epsilon=cfg.layer_norm_eps, initializer_range=cfg.init_std, bos_token_id=eod, eos_token_id=eod,
