@@ -40,7 +40,8 @@ MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "electra": (["electra-tiny"], {"": 8, "generator.": 2}, "rtd_loss"),  # the generator's samples drawn alike on every layout
     "nezha": (["nezha-tiny", "model.max_relative_position=8"], 2, "mlm_loss"),  # relative positions, clipped
     "gpt": (["gpt-tiny", "model.num_heads=4", "data.pack_documents=false"], 4, "lm_loss"),  # post-LN decoder
-    "gpt3": (["gpt3-tiny", "model.attention_window=8"], 4, "lm_loss"),  # dense and local layers (a band of 8 of 32)
+    "gpt3": (["gpt3-tiny", "model.attention_window=8", "data.pack_documents=false"], 4, "lm_loss"),  # dense and
+    # local layers (a band of 8 of 32), padded windows as GPT-2's
     "unilm": (["unilm-tiny"], 2, "mlm_loss"),  # each sample under its own mask (4 kinds), drawn from the sample
     "spanbert": (["spanbert-tiny"], 2, "mlm_loss"),  # span masking; the SBO head's boundaries found per sample, its
     # bias split by TP as the MLM head's
