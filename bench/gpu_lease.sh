@@ -71,8 +71,8 @@ if [ "$(left)" -gt 60 ]; then  # CUDA-graphed blocks, in a process of their own:
   echo "== gpu_step (graphed) exited $? at $((SECONDS - start)) s"
 fi
 if [ "$(left)" -gt 90 ]; then  # what is left: the longer sequences, for the speed model's length terms
-  timeout -k 10 $(($(left) - 20)) $py bench/gpu_step.py --cases bert-large-512 gpt2-medium-1024 --precisions bf16 \
-    --steps 6
+  timeout -k 10 $(($(left) - 20)) $py bench/gpu_step.py --cases bert-large-512 gpt2-medium-1024 gpt3-small-2048 \
+    gpt3-small-2048-dense --precisions bf16 --steps 6
   echo "== gpu_step (longer sequences) exited $? at $((SECONDS - start)) s"
 fi
 find "$out" \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.yaml' -o -name 'events.*' \) \

@@ -27,7 +27,10 @@ CASES = {  # name: (preset, seq_len, micro batch, optimizer)
     "bert-large-512": ("bert-large", 512, 16, "lamb"),
     "gpt2-medium-1024": ("gpt2-medium", 1024, 8, "adamw"),
     "bert-base-128": ("bert-base", 128, 32, "lamb"),
+    "gpt3-small-2048": ("gpt3-small", 2048, 4, "adamw"),  # local layers: SDPA under a band mask
+    "gpt3-small-2048-dense": ("gpt3-small", 2048, 4, "adamw"),  # the same, every layer dense (`DENSE`)
 }
+DENSE = ("gpt3-small-2048-dense",)  # cases run with model.attention_layers=[global]
 ROWS = ("ptm", "ptm compiled", "ptm whole-compiled", "ptm graphed", "HF eager", "HF compiled", "megatron-core")
 TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=2", "model.ffn_hidden_size=256"]
 
@@ -36,13 +39,13 @@ def config(case: str, precision: str, tiny: bool, kernels: str = "auto", micro: 
            extra: tuple = ()):
     preset, seq, default, opt = CASES[case]
     batch = micro or default
-    vocab = 50257 if preset.startswith("gpt2") else 30522
+    vocab = 50257 if preset.startswith(("gpt2", "gpt3")) else 30522
     seq = min(seq, 64) if tiny else seq
     cfg = ptm_config(preset, [f"precision={precision}", f"model.vocab_size={vocab}", f"data.seq_len={seq}",
                               f"model.max_position_embeddings={max(seq, 512 if vocab == 30522 else 1024)}",
                               f"train.global_batch_size={2 if tiny else batch}", f"train.micro_batch_size={2 if tiny else batch}",
                               f"optimizer.name={opt}", "zero.stage=1", f"kernels={kernels}", *(TINY if tiny else []),
-                              *extra])
+                              *(["model.attention_layers=[global]"] if case in DENSE else []), *extra])
     return cfg, (2 if tiny else batch)
 
 
