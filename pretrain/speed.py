@@ -398,9 +398,10 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
     act, kernels, hbm = 4 if cfg.precision == "fp32" else 2, cfg.kernels_on(cuda=True), hw.hbm_gbps * 1e9 * eff.memory
     rate = hw.peak(cfg.precision) * eff.matmul * gemm_shape(cfg)  # achieved matmul FLOP/s
     tp_per_node = min(t, hw.gpus_per_node)
-    executed = flops + sum(masked_flops(st) for st in stacks(m, s, decoder_tokens(cfg), predicted_tokens(cfg)))
-    compute, memory, tp_comm = executed * b / t / rate, 0.0, 0.0  # (local layers' masked scores take time too)
-    for stack in stacks(m, s, decoder_tokens(cfg), predicted_tokens(cfg)):
+    model_stacks = stacks(m, s, decoder_tokens(cfg), predicted_tokens(cfg))
+    executed = flops + sum(masked_flops(st) for st in model_stacks)  # (local layers' masked scores take time too)
+    compute, memory, tp_comm = executed * b / t / rate, 0.0, 0.0
+    for stack in model_stacks:
         model, q, layers, recomputed = stack.model, stack.seq_len, stack.layers, stack.recomputed
         h, f = model.hidden_size, model.ffn_hidden_size
         layer_flops = b * (stack_flops(stack) + masked_flops(stack)) / layers  # forward + backward of one layer

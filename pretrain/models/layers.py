@@ -194,6 +194,9 @@ class DotProductAttention(nn.Module):
                                               scale=self.scale)
 
 
+BANDS: dict = {}  # LocalAttention's band masks by (queries, keys, window, causal, device)
+
+
 class LocalAttention(DotProductAttention):
     """DotProductAttention within a band: query i attends to the keys j with i - window < j <= i when causal (GPT-3's
     locally banded layers; GPT-Neo's "local"), |i - j| < window otherwise. The band joins the mask as a boolean [s, t]
@@ -203,10 +206,24 @@ class LocalAttention(DotProductAttention):
         super().__init__(ctx, head_dim, causal)
         self.window = ctx.cfg.attention_window
 
+    def band(self, s: int, t: int, device) -> torch.Tensor:
+        """The [s, t] band, built once per shape and device and shared by every local layer (`BANDS`), not again in
+        each layer of each step; inside a compiled graph it is built in the graph."""
+        if torch.compiler.is_compiling():
+            return self._band(s, t, device)
+        key = (s, t, self.window, self.causal, device)
+        if key not in BANDS:
+            if len(BANDS) >= 8:  # incremental decoding's growing shapes: keep a few
+                BANDS.clear()
+            BANDS[key] = self._band(s, t, device)
+        return BANDS[key]
+
+    def _band(self, s: int, t: int, device) -> torch.Tensor:
+        distance = torch.arange(t - s, t, device=device)[:, None] - torch.arange(t, device=device)  # [s, t]
+        return (distance >= 0) & (distance < self.window) if self.causal else distance.abs() < self.window
+
     def forward(self, q, k, v, mask, p: float, scores: Record | None = None):
-        s, t = q.shape[2], k.shape[2]
-        distance = torch.arange(t - s, t, device=q.device)[:, None] - torch.arange(t, device=q.device)  # [s, t]
-        band = (distance >= 0) & (distance < self.window) if self.causal else distance.abs() < self.window
+        band = self.band(q.shape[2], k.shape[2], q.device)
         if mask is None:
             mask = band
         elif mask.dtype == torch.bool:
