@@ -13,6 +13,6 @@ test: setup
 	$(PY) -m pytest -q tests
 
 bench: setup
-	@bash scripts/setup.sh dev,hf,mpi,kernels,bench
+	@bash scripts/setup.sh dev,hf,mpi,kernels,eval,bench
 	$(PY) bench/prep_throughput.py
 	$(PY) bench/parallel_overhead.py

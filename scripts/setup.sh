@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up: apt packages, .venv, torch (CPU build unless PTM_TORCH_INDEX says otherwise),
-# deepspeed, megatron-core and ptm itself. Usage: scripts/setup.sh [EXTRAS], e.g. "dev,hf,mpi,kernels".
+# deepspeed, megatron-core and ptm itself. Usage: scripts/setup.sh [EXTRAS], e.g. "dev,hf,mpi,kernels,eval".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras=${1:-dev,hf,mpi,kernels}
+extras=${1:-dev,hf,mpi,kernels,eval}
 stamp=.venv/.ptm-setup-$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)-${extras//,/_}
 [ -f "$stamp" ] && exit 0
 

@@ -134,6 +134,7 @@ class Adapter:
     tokenizer = "bert"  # special-token template of the exported tokenizer: bert | roberta | none (GPT's)
     # (checkpoints_tools/hf.py: TEMPLATES, export_tokenizer), unless `sentencepiece_tokenizer` gives the family's own
     head_widths = False  # the HF class takes heads of any width (T5's d_kv), not only hidden_size / num_heads
+    causal = False  # the HF class is a left-to-right language model (downstream: perplexity, last-word accuracy)
 
     # ---- configs ------------------------------------------------------------------------------------------
 

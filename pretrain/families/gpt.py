@@ -13,6 +13,7 @@ FEATURES = dict(norm="post", embedding_norm=False, activation="gelu_tanh", causa
 
 class GPTAdapter(Adapter):
     hf_class = "OpenAIGPTLMHeadModel"
+    causal = True
     model_type = "openai-gpt"
     prefix = "transformer."
     layer = "{p}h.{i}."

@@ -11,6 +11,7 @@ FEATURES = dict(norm="pre", activation="gelu_tanh", causal=True, heads=["lm"], s
 
 class GPT2Adapter(Adapter):
     hf_class = "GPT2LMHeadModel"
+    causal = True
     model_type = "gpt2"
     prefix = "transformer."
     layer = "{p}h.{i}."

@@ -36,6 +36,7 @@ class GPTNeoAdapter(Adapter):
     1/sqrt(head_dim) into the query weights on export), local layers of window_size."""
 
     hf_class = "GPTNeoForCausalLM"
+    causal = True
     model_type = "gpt_neo"
     prefix, layer, keys, tied = GPT2Adapter.prefix, GPT2Adapter.layer, GPT2Adapter.keys, GPT2Adapter.tied  # GPT-2's
     qkv = "attn.attention"

@@ -1,0 +1,3 @@
+from downstream.cli import main
+
+main()

@@ -1,0 +1,122 @@
+"""`python -m downstream` (also `ptm eval`, `ptm compare`, `ptm tasks`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from downstream import TaskError
+
+
+def _finetune_options(p: argparse.ArgumentParser) -> None:
+    from downstream.finetune import Options
+
+    d = Options()
+    g = p.add_argument_group("fine-tuning (Cramming's 'sane' spirit: few epochs, one grid for every task)")
+    g.add_argument("--epochs", type=int, default=d.epochs, help=f"epochs per run (default {d.epochs})")
+    g.add_argument("--lrs", type=float, nargs="+", default=list(d.lrs),
+                   help="learning-rate grid shared by every task (default %(default)s)")
+    g.add_argument("--task-model-lrs", type=float, nargs="+", default=list(d.task_model_lrs),
+                   help="the grid of a task model trained from scratch over frozen features (ELMo's; default "
+                        "%(default)s)")
+    g.add_argument("--seeds", type=int, nargs="+", default=list(d.seeds),
+                   help="seeds per learning rate; the median and spread are reported (default %(default)s)")
+    g.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (default %(default)s)")
+    g.add_argument("--max-len", type=int, default=d.max_len,
+                   help="tokens per input; longer texts keep head + tail (default %(default)s)")
+    g.add_argument("--max-train", type=int, default=0, help="use at most this many training examples (0: all)")
+
+
+def _options(a):
+    from downstream.finetune import Options
+
+    return Options(epochs=a.epochs, lrs=tuple(a.lrs), task_model_lrs=tuple(a.task_model_lrs), seeds=tuple(a.seeds),
+                   batch_size=a.batch_size, max_len=a.max_len, max_train=a.max_train,
+                   progress=getattr(a, "progress", True))
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m downstream",
+                                 description="Fine-tune and evaluate what ptm pretrains; compare families at an "
+                                             "equal budget.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    e = sub.add_parser("eval", help="fine-tune and score a run, checkpoint or export on tasks",
+                       description="Fine-tune MODEL on each --task (the family's transformers head; ELMo under a "
+                                   "task model) over a learning-rate grid and seeds; report the median and spread "
+                                   "of the best rate. Also: zero-shot cloze (MLM models), perplexity and last-word "
+                                   "accuracy (causal models). Writes OUT/results.json, OUT/curves.png and a line "
+                                   "per task; a re-run skips tasks already done with the same options.")
+    e.add_argument("model", help="a Hugging Face directory ptm exported (any family), a ptm run or checkpoint "
+                                 "(exported first), or an ELMo run / bilm-tf directory")
+    e.add_argument("--task", dest="tasks", action="append", default=[], metavar="DIR|NAME=DIR",
+                   help="a task directory with task.yaml (`ptm tasks` writes the shipped ones), or a known layout "
+                        "and its files, e.g. sst2=~/glue/SST-2, conll2003=~/conll, squad=~/squad (repeatable)")
+    e.add_argument("--out", help="results directory (default eval/NAME-OF-MODEL)")
+    e.add_argument("--no-pretraining", dest="pretrained", action="store_false",
+                   help="the same architecture randomly initialised: the baseline that shows what pretraining bought")
+    e.add_argument("--cloze", action="store_true",
+                   help="also score tasks with a `cloze` pattern zero-shot through the MLM head")
+    e.add_argument("--text", metavar="FILE", help="perplexity of a causal model on this file (one document per line, "
+                                                  "or JSONL with \"text\")")
+    e.add_argument("--last-word", metavar="FILE", help="LAMBADA-style last-word accuracy of a causal model on these "
+                                                       "passages (one per line, or JSONL with \"text\")")
+    e.add_argument("--save-model", action="store_true",
+                   help="save each task's best fine-tuned model to OUT/models/TASK (transformers loads it)")
+    e.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    _finetune_options(e)
+    t = sub.add_parser("tasks", help="write the shipped tasks, built from the embedded corpus",
+                       description="Write the tasks built from the embedded corpus (labels known by construction): "
+                                   "source (classification), next and order (pairs), position (regression), code "
+                                   "(CoNLL tagging), follow (SQuAD-style QA), each a directory with task.yaml.")
+    t.add_argument("--out", required=True, help="directory for the task directories")
+    t.add_argument("--corpus", help="a `data_prep corpus` directory (default: written into OUT/corpus)")
+    t.add_argument("--max-train", type=int, default=2000, help="training examples per task (default 2000)")
+    t.add_argument("--max-dev", type=int, default=400, help="dev examples per task (default 400)")
+    t.add_argument("--seed", type=int, default=0, help="the draws that build pairs and questions")
+    return ap
+
+
+def run(argv=None) -> int:
+    a = parser().parse_args(argv)
+    if a.command == "tasks":
+        from downstream import shipped
+
+        counts = shipped.write(a.out, a.corpus, a.seed, a.max_train, a.max_dev)
+        for name, (train, dev) in counts.items():
+            if name == "text":
+                print(f"{a.out}/text: dev.txt ({train} documents, --text), last_word.txt ({dev} passages, --last-word)")
+            else:
+                print(f"{a.out}/{name}: {train} train, {dev} dev ({shipped.SPECS[name]['kind']})")
+        return 0
+    if a.command == "eval":
+        import os
+
+        from downstream import evaluate as E
+
+        if not (a.tasks or a.text or a.last_word):
+            raise TaskError("nothing to evaluate: give --task (repeatable), --text or --last-word")
+        _quiet()
+        opts = _options(a)
+        opts.pretrained, opts.save_dir = a.pretrained, "yes" if a.save_model else ""
+        out = a.out or os.path.join("eval", os.path.basename(os.path.normpath(a.model)) +
+                                    ("" if a.pretrained else "-scratch"))
+        results = E.evaluate(a.model, out, a.tasks, opts, a.text, a.last_word, a.cloze)
+        if E.FT.world()[0] == 0:
+            print("\n".join(E.summary(results)))
+            print(f"results: {out}/results.json" + (f", curves: {out}/curves.png" if results["tasks"] else ""))
+    return 0
+
+
+def _quiet() -> None:
+    """transformers' load reports (a new head's weights are expected to be missing) only on errors."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+
+def main(argv=None) -> None:
+    from pretrain.checkpoint import CheckpointError
+
+    try:
+        sys.exit(run(argv))
+    except (TaskError, CheckpointError) as e:
+        sys.exit(f"downstream: error: {e}")

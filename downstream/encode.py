@@ -1,0 +1,149 @@
+"""Examples to model inputs with the export's own tokenizer (its special-token template, padding side and pad id).
+
+Long texts keep their head and tail (Sun et al. 2019, "How to Fine-Tune BERT for Text Classification": the first
+quarter of the budget from the start, the rest from the end); a pair shortens its longer text first. Tagging labels
+each word's first piece (the others are ignored by the loss and the metric); words past the length limit are
+predicted O. QA slides windows over the context (`stride` tokens overlapping, SQuAD's recipe) and answers with the
+best-scoring span of at most `max_answer` tokens over all windows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IGNORE = -100
+
+
+@dataclass
+class Encoder:
+    tok: object  # a transformers fast tokenizer
+    max_len: int
+    head_frac: float = 0.25
+    stride: int = 32
+    max_answer: int = 30
+    takes: tuple = ()  # the inputs the model accepts (empty: all)
+
+    @property
+    def backend(self):
+        return self.tok.backend_tokenizer
+
+    @property
+    def pad_id(self) -> int:
+        return self.tok.pad_token_id if self.tok.pad_token_id is not None else (self.tok.eos_token_id or 0)
+
+    @property
+    def _template(self) -> bool:
+        """The tokenizer puts special tokens around a pair (GPT's add none)."""
+        post = self.backend.post_processor
+        return post is not None and post.num_special_tokens_to_add(True) > 0
+
+    def _sep(self):
+        return self.tok.sep_token_id if self.tok.sep_token_id is not None else self.tok.eos_token_id
+
+    def _specials(self, pair: bool) -> int:
+        if self._template:
+            return self.backend.post_processor.num_special_tokens_to_add(pair)
+        return int(pair and self._sep() is not None)
+
+    def _pieces(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """A text's token ids and their character spans, without special tokens or truncation."""
+        out = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return out["input_ids"], out["offset_mapping"]
+
+    def _head_tail(self, text: str, offsets: list[tuple[int, int]], n: int) -> str:
+        """`text` cut to its first quarter of `n` tokens and its last tokens (offsets: its tokens' characters)."""
+        if len(offsets) <= n:
+            return text
+        keep = max(int(n * self.head_frac), 1)
+        head = text[:offsets[keep - 1][1]]
+        return head if n - keep <= 0 else head + " " + text[offsets[len(offsets) - (n - keep)][0]:]
+
+    def texts(self, texts: tuple[str, ...]) -> dict:
+        """One or two texts -> {input_ids, token_type_ids}, head + tail truncated to max_len (the template's special
+        tokens around them; without one, as GPT's, a separator token between two texts where the tokenizer has
+        one)."""
+        encs = [self._pieces(t) for t in texts]
+        budget = self.max_len - self._specials(len(texts) == 2)
+        lengths = [len(ids) for ids, _ in encs]
+        while sum(lengths) > budget:  # the longer text gives up tokens first
+            longer = lengths.index(max(lengths))
+            lengths[longer] -= max(min(sum(lengths) - budget, lengths[longer] - min(lengths)), 1)
+        cut = [self._head_tail(t, offsets, n) for t, (_, offsets), n in zip(texts, encs, lengths)]
+        if not self._template:
+            ids = [self._pieces(t)[0] for t in cut]
+            joined = ids[0] + ([self._sep()] if len(ids) == 2 and self._sep() is not None else []) + ids[-1] \
+                if len(ids) == 2 else ids[0]
+            return {"input_ids": joined[:self.max_len], "token_type_ids": [0] * len(joined[:self.max_len])}
+        out = self.tok(*cut, truncation=True, max_length=self.max_len)  # (a re-cut text may gain a token)
+        return {"input_ids": out["input_ids"], "token_type_ids": out.get("token_type_ids", [0] * len(out["input_ids"]))}
+
+    def words(self, words: list[str], tags: list[str], labels: list[str]) -> dict:
+        """A sentence of words -> inputs with each word's first piece labelled (`labels`: the tag set) and
+        `word_ids` (the word whose first piece each position is, -1 elsewhere)."""
+        out = self.tok(words, is_split_into_words=True, truncation=True, max_length=self.max_len)
+        seen, ids, word_ids = set(), [], []
+        for w in out.word_ids():
+            first = w is not None and w not in seen
+            seen.add(w)
+            ids.append(labels.index(tags[w]) if first else IGNORE)
+            word_ids.append(w if first else -1)
+        return {"input_ids": out["input_ids"], "token_type_ids": out.get("token_type_ids", [0] * len(ids)),
+                "labels": ids, "word_ids": word_ids}
+
+    def qa(self, question: str, context: str, answers: list[tuple[str, int]]) -> list[dict]:
+        """The windows of one example (transformers' run_qa recipe): inputs, the answer's token positions (0, 0 when
+        it is not inside the window), and each position's character span in the context (None outside it)."""
+        question_first = self.tok.padding_side == "right"  # XLNet pads left and reads the context first
+        question = self._head_tail(question, self._pieces(question)[1], max(self.max_len // 4, 1))  # leaves room
+        room = self.max_len - self._specials(True) - len(self._pieces(question)[0])
+        pair = (question, context) if question_first else (context, question)
+        out = self.tok(*pair, truncation="only_second" if question_first else "only_first", max_length=self.max_len,
+                       stride=min(self.stride, max(room // 2, 1) - 1) if room > 2 else 0,
+                       return_overflowing_tokens=True, return_offsets_mapping=True)
+        ctx_seq = 1 if question_first else 0
+        a_start, a_end = (answers[0][1], answers[0][1] + len(answers[0][0])) if answers else (-1, -1)
+        windows = []
+        for k, ids in enumerate(out["input_ids"]):
+            spans = [tuple(off) if s == ctx_seq else None
+                     for off, s in zip(out["offset_mapping"][k], out.sequence_ids(k))]
+            inside = [i for i, sp in enumerate(spans) if sp is not None]
+            s_pos = e_pos = 0
+            if inside and spans[inside[0]][0] <= a_start and spans[inside[-1]][1] >= a_end:
+                s_pos = next(i for i in inside if spans[i][1] > a_start)
+                e_pos = next(i for i in reversed(inside) if spans[i][0] < a_end)
+            types = out["token_type_ids"][k] if "token_type_ids" in out else [0] * len(ids)
+            windows.append({"input_ids": ids, "token_type_ids": types, "start": s_pos, "end": e_pos, "spans": spans})
+        return windows
+
+    def best_span(self, windows: list[dict], starts: list[torch.Tensor], ends: list[torch.Tensor], context: str) -> str:
+        """The context text of the best start <= end pair (at most max_answer tokens) over an example's windows."""
+        best, text = float("-inf"), ""
+        for w, s, e in zip(windows, starts, ends):
+            ok = torch.tensor([sp is not None for sp in w["spans"]])
+            n = len(ok)
+            s, e = s[:n].float().masked_fill(~ok, float("-inf")), e[:n].float().masked_fill(~ok, float("-inf"))
+            score = s[:, None] + e[None, :]
+            band = torch.ones(n, n, dtype=torch.bool).triu().tril(self.max_answer - 1)
+            score = score.masked_fill(~band, float("-inf"))
+            at = int(score.argmax())
+            i, j = divmod(at, n)
+            if score[i, j] > best:
+                best, text = float(score[i, j]), context[w["spans"][i][0]:w["spans"][j][1]]
+        return text
+
+    def pad(self, rows: list[dict], keys=("input_ids", "token_type_ids")) -> dict[str, torch.Tensor]:
+        """A batch of rows padded to its longest on the tokenizer's side; attention_mask (and `real`, the same for a
+        model that reads no mask) marks real tokens."""
+        n = max(len(r["input_ids"]) for r in rows)
+        left = self.tok.padding_side == "left"
+        out = {}
+        for key in (*keys, "attention_mask", "real"):
+            fill = {"input_ids": self.pad_id, "labels": IGNORE}.get(key, 0)
+            batch = []
+            for r in rows:
+                values = [1] * len(r["input_ids"]) if key in ("attention_mask", "real") else list(r[key])
+                pad = [fill] * (n - len(values))
+                batch.append(pad + values if left else values + pad)
+            out[key] = torch.tensor(batch)
+        return out

@@ -1,0 +1,117 @@
+"""`ptm eval`: one model on several tasks; results as JSON (one file per task as each finishes, so a re-run skips
+what is done), a line per task, and the curves as a PNG."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from downstream import finetune as FT
+from downstream import models as M
+from downstream import tasks as T
+from ptm.files import write_json
+
+
+def _done(path: str, key: dict):
+    """A task's saved result when it was computed with the same options (`key`), else None."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        saved = json.load(f)
+    return saved if saved.get("key") == key else None
+
+
+def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text: str | None = None,
+             last_word: str | None = None, cloze: bool = False) -> dict:
+    """Fine-tune and score `model` on each task (and the zero-shot scores asked for); returns the results, written
+    to OUT/results.json with OUT/curves.png."""
+    from downstream import zero_shot as Z
+
+    os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
+    rank = FT.world()[0]
+    source = M.resolve(model, out) if rank == 0 else None
+    source = _broadcast(source)
+    tasks = [T.load(arg) for arg in task_args]
+    options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in ("progress", "log", "save_dir")}
+    results = {"model": os.path.abspath(model), "family": source.family, "pretrained": opts.pretrained,
+               "options": options, "tasks": {}, "zero_shot": {}}
+    for task in tasks:
+        path = os.path.join(out, "tasks", f"{task.name}.json")
+        key = {"task": task.name, "options": options, "model": results["model"]}
+        saved = _done(path, key)
+        if saved is None:
+            run_opts = dataclasses.replace(opts, save_dir=os.path.join(out, "models", task.name) if opts.save_dir
+                                           else "")
+            saved = {"key": key, "result": FT.finetune(source, task, run_opts)}
+            if rank == 0:
+                write_json(path, saved)
+        results["tasks"][task.name] = saved["result"]
+        if cloze and task.cloze and not source.elmo and rank == 0:
+            results["zero_shot"][f"{task.name} (cloze)"] = Z.cloze(source, task, opts.max_len)
+    if rank == 0:
+        if text:
+            results["zero_shot"]["perplexity"] = {**Z.perplexity(source, text), "file": os.path.abspath(text)}
+        if last_word:
+            results["zero_shot"]["last word"] = {**Z.last_word(source, last_word), "file": os.path.abspath(last_word)}
+        write_json(os.path.join(out, "results.json"), results)
+        if results["tasks"]:
+            plot(results, os.path.join(out, "curves.png"))
+    return results
+
+
+def _broadcast(obj):
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, 0)
+    return box[0]
+
+
+def summary(results: dict) -> list[str]:
+    """One line per task and zero-shot score."""
+    name = os.path.basename(results["model"].rstrip("/"))
+    kind = "" if results["pretrained"] else " (not pretrained)"
+    lines = []
+    for task, r in results["tasks"].items():
+        lines.append(f"{name}{kind} {task}: {r['metric']} {r['median']:.4f} (median of {r['seeds']} seeds, "
+                     f"{r['min']:.4f}..{r['max']:.4f}; lr {r['lr']:g}; {r['head']})")
+    for what, r in results["zero_shot"].items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in r.items() if isinstance(v, float))
+        lines.append(f"{name} {what}: {shown}")
+    return lines
+
+
+def plot(results: dict, out: str) -> str:
+    """Each task's training loss (every run) and dev score after each epoch (median over seeds, per rate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["tasks"])
+    fig, axes = plt.subplots(2, len(names), figsize=(4 * len(names), 6), squeeze=False, constrained_layout=True)
+    for col, task in enumerate(names):
+        r = results["tasks"][task]
+        for lr, g in r["grid"].items():
+            for run in g["runs"]:
+                steps, losses = zip(*run["curve"]["loss"])
+                axes[0, col].plot(steps, losses, linewidth=0.7, alpha=0.6, label=f"lr {lr} seed {run['seed']}")
+            epochs = [e for e, _ in g["runs"][0]["curve"]["dev"]]
+            import statistics
+
+            med = [statistics.median(run["curve"]["dev"][i][1][r["metric"]] for run in g["runs"])
+                   for i in range(len(epochs))]
+            axes[1, col].plot(epochs, med, marker="o", label=f"lr {lr}")
+        axes[0, col].set_title(f"{task}: training loss")
+        axes[0, col].set_xlabel("step")
+        axes[1, col].set_title(f"{task}: dev {r['metric']} (median)")
+        axes[1, col].set_xlabel("epoch")
+        axes[1, col].legend(fontsize=7)
+    fig.suptitle(os.path.basename(results["model"].rstrip("/")))
+    tmp = f"{out}.tmp{os.getpid()}.png"
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,315 @@
+"""Downstream tasks as files in the common formats, read into examples with one-line errors naming the file, the
+line and the fix.
+
+A task is a directory with a `task.yaml` (or a known name and a directory: `sst2=~/glue/SST-2`, `KNOWN`):
+
+    name: next                    # what results call it
+    kind: classification          # classification | regression | tagging | qa
+    train: train.tsv              # GLUE/CLUE-style TSV (a header row, or `columns:`) or JSONL; CoNLL; SQuAD JSON
+    dev: dev.tsv
+    text: [sentence1, sentence2]  # one field, or two for a pair (classification, regression)
+    label: label                  # the field with the class name or the score
+    labels: [no, yes]             # optional: the classes in order (default: the training labels, sorted)
+    metrics: [accuracy, f1, mcc]  # the first is the one seeds and learning rates are chosen by
+    cloze: {pattern: "{text} It is about {mask}.", verbalizer: {email: mail, asyncio: loop}}  # zero-shot (MLM)
+
+CoNLL files (kind tagging) hold a token and its tag per line (`token_column`, `tag_column`: default 0 and -1),
+sentences separated by blank lines, `-DOCSTART-` lines skipped; tags are BIO (O, B-X, I-X; E-/S- too). SQuAD JSON
+(kind qa) is {"data": [{"paragraphs": [{"context", "qas": [{"id", "question", "answers": [{"text",
+"answer_start"}]}]}]}]} (v1.1; a v2 question without answers is skipped and counted).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import yaml
+
+from downstream import TaskError
+
+KINDS = ("classification", "regression", "tagging", "qa")
+DEFAULT_METRICS = {"classification": ["accuracy", "f1", "mcc"], "regression": ["pearson", "spearman"],
+                   "tagging": ["f1", "precision", "recall"], "qa": ["f1", "exact_match"]}
+SPEC_KEYS = {"name", "kind", "train", "dev", "format", "text", "label", "labels", "metrics", "cloze", "header",
+             "columns", "token_column", "tag_column"}
+
+# Layouts of public benchmarks' files, so `--task NAME=DIR` reads them as their authors ship them.
+_PAIR = {"kind": "classification", "train": "train.tsv", "dev": "dev.tsv", "label": "label"}
+KNOWN = {
+    "cola": {**_PAIR, "header": False, "columns": ["source", "label", "mark", "sentence"], "text": ["sentence"],
+             "metrics": ["mcc", "accuracy"]},
+    "sst2": {**_PAIR, "text": ["sentence"], "metrics": ["accuracy"]},
+    "mrpc": {**_PAIR, "text": ["#1 String", "#2 String"], "label": "Quality", "metrics": ["f1", "accuracy"]},
+    "qqp": {**_PAIR, "text": ["question1", "question2"], "label": "is_duplicate", "metrics": ["f1", "accuracy"]},
+    "stsb": {**_PAIR, "kind": "regression", "text": ["sentence1", "sentence2"], "label": "score"},
+    "mnli": {**_PAIR, "dev": "dev_matched.tsv", "text": ["sentence1", "sentence2"], "label": "gold_label",
+             "metrics": ["accuracy"]},
+    "qnli": {**_PAIR, "text": ["question", "sentence"], "metrics": ["accuracy"]},
+    "rte": {**_PAIR, "text": ["sentence1", "sentence2"], "metrics": ["accuracy"]},
+    "wnli": {**_PAIR, "text": ["sentence1", "sentence2"], "metrics": ["accuracy"]},
+    "afqmc": {**_PAIR, "train": "train.json", "dev": "dev.json", "format": "jsonl", "text": ["sentence1", "sentence2"],
+              "metrics": ["accuracy"]},
+    "tnews": {**_PAIR, "train": "train.json", "dev": "dev.json", "format": "jsonl", "text": ["sentence"],
+              "metrics": ["accuracy"]},
+    "iflytek": {**_PAIR, "train": "train.json", "dev": "dev.json", "format": "jsonl", "text": ["sentence"],
+                "metrics": ["accuracy"]},
+    "ocnli": {**_PAIR, "train": "train.50k.json", "dev": "dev.json", "format": "jsonl",
+              "text": ["sentence1", "sentence2"], "metrics": ["accuracy"]},
+    "conll2003": {"kind": "tagging", "train": "train.txt", "dev": "valid.txt"},
+    "squad": {"kind": "qa", "train": "train-v1.1.json", "dev": "dev-v1.1.json"},
+    "cmrc2018": {"kind": "qa", "train": "cmrc2018_train.json", "dev": "cmrc2018_dev.json"},
+}
+
+
+@dataclass
+class Example:
+    """One example: `texts` and `label` (a class name or a score) for classification and regression, `words` and
+    `tags` for tagging, `question`, `context` and `answers` ((text, character start) each) for QA."""
+    texts: tuple[str, ...] = ()
+    label: str | float | None = None
+    words: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    question: str = ""
+    context: str = ""
+    answers: list[tuple[str, int]] = field(default_factory=list)
+    id: str = ""
+
+
+@dataclass
+class Task:
+    name: str
+    kind: str
+    train: list[Example]
+    dev: list[Example]
+    labels: list[str]  # classes (classification) or tags (tagging), in order; empty otherwise
+    metrics: list[str]
+    cloze: dict | None = None
+    skipped: int = 0  # SQuAD v2 questions without answers
+
+    @property
+    def pair(self) -> bool:
+        return any(len(e.texts) == 2 for e in self.train[:1])
+
+
+def load(arg: str) -> Task:
+    """A task from `DIR` (holding task.yaml) or `NAME=DIR` (a `KNOWN` layout, task.yaml in DIR overriding it)."""
+    name, _, directory = arg.rpartition("=")
+    directory = os.path.expanduser(directory)
+    spec_file = os.path.join(directory, "task.yaml")
+    spec = dict(KNOWN[name]) if name in KNOWN else {}
+    if name and name not in KNOWN:
+        raise TaskError(f"--task {arg}: {name!r} is not a known task ({', '.join(KNOWN)}); pass a directory with a "
+                        "task.yaml, or KNOWN=DIR")
+    if not os.path.isdir(directory):
+        raise TaskError(f"--task {arg}: {directory} is not a directory; pass a directory holding task.yaml and the "
+                        "task's files (or KNOWN=DIR)")
+    if os.path.isfile(spec_file):
+        with open(spec_file, encoding="utf-8") as f:
+            try:
+                own = yaml.safe_load(f) or {}
+            except yaml.YAMLError as e:
+                raise TaskError(f"{spec_file}: not valid YAML ({str(e).splitlines()[0]}); fix the file") from None
+        if not isinstance(own, dict):
+            raise TaskError(f"{spec_file}: holds {type(own).__name__}, not a mapping of task keys; see "
+                            "docs/downstream.md")
+        spec.update(own)
+    elif not spec:
+        raise TaskError(f"--task {arg}: {spec_file} does not exist; write one (kind, train, dev, text, label) or "
+                        f"pass a known task as NAME=DIR ({', '.join(KNOWN)})")
+    return from_spec(spec, directory, name or os.path.basename(os.path.normpath(directory)), spec_file)
+
+
+def from_spec(spec: dict, directory: str, default_name: str, where: str) -> Task:
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise TaskError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; the keys are "
+                        f"{', '.join(sorted(SPEC_KEYS))}")
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        raise TaskError(f"{where}: kind={kind!r}; set kind to one of {' | '.join(KINDS)}")
+    for key in ("train", "dev"):
+        if not spec.get(key):
+            raise TaskError(f"{where}: no `{key}` file; name the {key} file (relative to {directory})")
+    files = {key: os.path.join(directory, spec[key]) for key in ("train", "dev")}
+    for key, path in files.items():
+        if not os.path.isfile(path):
+            raise TaskError(f"{path}: the task's {key} file does not exist; fix `{key}:` in {where} or add the file")
+    read = {"classification": _read_labelled, "regression": _read_labelled, "tagging": _read_conll,
+            "qa": _read_squad}[kind]
+    train, skipped = read(files["train"], spec, kind)
+    dev, skipped_dev = read(files["dev"], spec, kind)
+    for key, rows in (("train", train), ("dev", dev)):
+        if not rows:
+            raise TaskError(f"{files[key]}: no examples; the {key} file is empty")
+    labels = [str(x) for x in spec.get("labels", [])]
+    if kind in ("classification", "tagging"):
+        seen = sorted({e.label for e in train} if kind == "classification" else {t for e in train for t in e.tags},
+                      key=_natural)
+        labels = labels or seen
+        for key, rows in (("train", train), ("dev", dev)):
+            for i, e in enumerate(rows):
+                for value in ([e.label] if kind == "classification" else e.tags):
+                    if value not in labels:
+                        raise TaskError(f"{files[key]}: example {i + 1} has label {value!r}, which is not among "
+                                        f"{labels[:10]}; list it in `labels:` of {where} or fix the example")
+    metrics = list(spec.get("metrics") or DEFAULT_METRICS[kind])
+    from downstream import metrics as M
+
+    bad = [m for m in metrics if m not in M.FOR_KIND[kind]]
+    if bad:
+        raise TaskError(f"{where}: metric(s) {', '.join(bad)} do not apply to {kind}; choose from "
+                        f"{', '.join(M.FOR_KIND[kind])}")
+    cloze = spec.get("cloze")
+    if cloze is not None:
+        _check_cloze(cloze, labels, kind, where)
+    return Task(spec.get("name", default_name), kind, train, dev, labels, metrics, cloze, skipped + skipped_dev)
+
+
+def _natural(x: str):
+    try:
+        return 0, float(x), ""
+    except ValueError:
+        return 1, 0.0, x
+
+
+def _check_cloze(cloze, labels: list[str], kind: str, where: str) -> None:
+    if kind != "classification":
+        raise TaskError(f"{where}: `cloze` applies to classification tasks, not {kind}; remove it")
+    if not isinstance(cloze, dict) or "{mask}" not in str(cloze.get("pattern", "")):
+        raise TaskError(f"{where}: `cloze` needs a pattern with {{mask}} and {{text}} (or {{text_a}}, {{text_b}}) "
+                        "and a verbalizer {label: word}")
+    verbalizer = {str(k): str(v) for k, v in (cloze.get("verbalizer") or {}).items()}
+    missing = [lab for lab in labels if lab not in verbalizer]
+    if missing:
+        raise TaskError(f"{where}: cloze.verbalizer has no word for label(s) {', '.join(missing)}; give every label "
+                        "a word")
+    cloze["verbalizer"] = verbalizer
+
+
+def _format(path: str, spec: dict) -> str:
+    fmt = spec.get("format") or ("jsonl" if path.endswith((".jsonl", ".json")) else "tsv")
+    if fmt not in ("tsv", "jsonl"):
+        raise TaskError(f"{path}: format={fmt!r} for a classification or regression task; use tsv or jsonl")
+    return fmt
+
+
+def _rows(path: str, spec: dict):
+    """(line number, {field: value}) of a TSV (header row, or `columns:`) or JSONL file."""
+    fmt = _format(path, spec)
+    with open(path, encoding="utf-8-sig") as f:
+        lines = f.read().split("\n")
+    if fmt == "jsonl":
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskError(f"{path}:{n}: not a JSON object ({e.msg}); write one JSON object per line") from None
+            if not isinstance(row, dict):
+                raise TaskError(f"{path}:{n}: a JSON {type(row).__name__}, not an object; write one object per line")
+            yield n, row
+        return
+    header = spec.get("columns")
+    start = 0
+    if header is None and spec.get("header", True):
+        header, start = lines[0].rstrip("\r").split("\t"), 1
+    if not header:
+        raise TaskError(f"{path}: a TSV without a header row; add one, or list the columns in `columns:`")
+    for n, line in enumerate(lines[start:], start + 1):
+        line = line.rstrip("\r")
+        if not line:
+            continue
+        values = line.split("\t")
+        if len(values) != len(header):
+            raise TaskError(f"{path}:{n}: {len(values)} tab-separated fields where the header has {len(header)} "
+                            f"({', '.join(header)}); fix the line (tabs inside a text are not allowed)")
+        yield n, dict(zip(header, values))
+
+
+def _read_labelled(path: str, spec: dict, kind: str) -> tuple[list[Example], int]:
+    text, label = spec.get("text"), spec.get("label", "label")
+    text = [text] if isinstance(text, str) else text
+    if not text or len(text) > 2:
+        raise TaskError(f"{path}: `text` names {len(text or [])} fields; name one (single texts) or two (pairs) in "
+                        "task.yaml")
+    out = []
+    for n, row in _rows(path, spec):
+        for key in (*text, label):
+            if key not in row:
+                raise TaskError(f"{path}:{n}: no field {key!r} (it has {', '.join(map(str, row))}); fix the line or "
+                                "name the right fields in task.yaml (`text`, `label`)")
+        value = row[label]
+        if kind == "regression":
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise TaskError(f"{path}:{n}: {label}={value!r} is not a number; a regression task's label is a "
+                                "score") from None
+        else:
+            value = str(value)
+        out.append(Example(texts=tuple(str(row[k]) for k in text), label=value))
+    return out, 0
+
+
+def _read_conll(path: str, spec: dict, kind: str) -> tuple[list[Example], int]:
+    tok_col, tag_col = spec.get("token_column", 0), spec.get("tag_column", -1)
+    out, words, tags = [], [], []
+    with open(path, encoding="utf-8-sig") as f:
+        for n, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts or parts[0] == "-DOCSTART-":
+                if words:
+                    out.append(Example(words=words, tags=tags))
+                words, tags = [], []
+                continue
+            if len(parts) < 2:
+                raise TaskError(f"{path}:{n}: one column ({line.strip()!r}); a CoNLL line is a token and its tag "
+                                "separated by whitespace, sentences by a blank line")
+            tag = parts[tag_col]
+            if tag != "O" and tag[:2] not in ("B-", "I-", "E-", "S-"):
+                raise TaskError(f"{path}:{n}: tag {tag!r} is not BIO (O, B-TYPE, I-TYPE); fix the tag or "
+                                "`tag_column` in task.yaml")
+            words.append(parts[tok_col])
+            tags.append(tag)
+    if words:
+        out.append(Example(words=words, tags=tags))
+    return out, 0
+
+
+def _read_squad(path: str, spec: dict, kind: str) -> tuple[list[Example], int]:
+    with open(path, encoding="utf-8-sig") as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw)["data"]
+    except json.JSONDecodeError as e:
+        raise TaskError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); fix the file") from None
+    except (KeyError, TypeError):
+        raise TaskError(f"{path}: no top-level \"data\" list; a SQuAD file is {{\"data\": [{{\"paragraphs\": "
+                        "[...]}]}") from None
+    out, skipped = [], 0
+    for article in data:
+        for para in article.get("paragraphs", []):
+            context = para.get("context")
+            for qa in para.get("qas", []):
+                qid = str(qa.get("id", ""))
+                where = f"{path}:{_line_of(raw, qid)}"
+                if not isinstance(context, str) or "question" not in qa:
+                    raise TaskError(f"{where}: question {qid!r} lacks a context or a question; each paragraph has "
+                                    "\"context\" and each of its \"qas\" a \"question\"")
+                answers = [(a.get("text", ""), a.get("answer_start", -1)) for a in qa.get("answers", [])]
+                if not answers:
+                    skipped += 1  # SQuAD v2's unanswerable questions
+                    continue
+                for text, start in answers:
+                    if not isinstance(start, int) or context[start:start + len(text)] != text:
+                        raise TaskError(f"{where}: question {qid!r}: answer {text!r} is not at answer_start={start} "
+                                        f"of its context; fix answer_start (the character offset of the answer)")
+                out.append(Example(question=qa["question"], context=context, answers=answers, id=qid))
+    return out, skipped
+
+
+def _line_of(raw: str, needle: str) -> int:
+    at = raw.find(json.dumps(needle)) if needle else -1
+    return raw.count("\n", 0, at) + 1 if at >= 0 else 1
