@@ -110,10 +110,18 @@ class ELMoTask(nn.Module):
         self.elmo.bilm.eval()  # frozen: no dropout in the biLM
         return self
 
+    @staticmethod
+    def _run(lstm: nn.LSTM, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """A BiLSTM over the real words only (packed: the backward direction starts at each text's last word)."""
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+        lengths = mask.sum(1).clamp(min=1).cpu()
+        out, _ = lstm(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+        return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]
+
     def _encode(self, sentences: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         e = self.elmo(sentences)
-        h, _ = self.lstm(self.dropout(e["elmo"][0]))
-        return h, e["mask"]
+        return self._run(self.lstm, self.dropout(e["elmo"][0]), e["mask"]), e["mask"]
 
     @staticmethod
     def _pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -128,7 +136,7 @@ class ELMoTask(nn.Module):
             q, qm = self._encode([r[0] for r in rows])
             c, cm = self._encode([r[1] for r in rows])
             joined = torch.cat([c, self._pool(q, qm)[:, None].expand_as(c)], -1)
-            h, _ = self.lstm2(self.dropout(joined))
+            h = self._run(self.lstm2, self.dropout(joined), cm)
             start, end = self.out(h).unbind(-1)
             return start.masked_fill(~cm, -1e4), end.masked_fill(~cm, -1e4)
         u = self._pool(*self._encode([r[0] for r in rows]))

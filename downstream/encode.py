@@ -66,16 +66,20 @@ class Encoder:
         encs = [self._pieces(t) for t in texts]
         budget = self.max_len - self._specials(len(texts) == 2)
         lengths = [len(ids) for ids, _ in encs]
-        while sum(lengths) > budget:  # the longer text gives up tokens first
-            longer = lengths.index(max(lengths))
-            lengths[longer] -= max(min(sum(lengths) - budget, lengths[longer] - min(lengths)), 1)
-        cut = [self._head_tail(t, offsets, n) for t, (_, offsets), n in zip(texts, encs, lengths)]
-        if not self._template:
+        for _ in range(4):  # a text cut and read again can gain a token where head and tail meet: cut again
+            while sum(lengths) > budget:  # the longer text gives up tokens first
+                longer = lengths.index(max(lengths))
+                lengths[longer] -= max(min(sum(lengths) - budget, lengths[longer] - min(lengths)), 1)
+            cut = [self._head_tail(t, offsets, n) for t, (_, offsets), n in zip(texts, encs, lengths)]
             ids = [self._pieces(t)[0] for t in cut]
-            joined = ids[0] + ([self._sep()] if len(ids) == 2 and self._sep() is not None else []) + ids[-1] \
-                if len(ids) == 2 else ids[0]
-            return {"input_ids": joined[:self.max_len], "token_type_ids": [0] * len(joined[:self.max_len])}
-        out = self.tok(*cut, truncation=True, max_length=self.max_len)  # (a re-cut text may gain a token)
+            if sum(map(len, ids)) <= budget:
+                break
+            budget -= sum(map(len, ids)) - budget
+        if not self._template:
+            sep = [self._sep()] if len(ids) == 2 and self._sep() is not None else []
+            joined = (ids[0] + sep + ids[1] if len(ids) == 2 else ids[0])[:self.max_len]
+            return {"input_ids": joined, "token_type_ids": [0] * len(joined)}
+        out = self.tok(*cut, truncation=True, max_length=self.max_len)
         return {"input_ids": out["input_ids"], "token_type_ids": out.get("token_type_ids", [0] * len(out["input_ids"]))}
 
     def words(self, words: list[str], tags: list[str], labels: list[str]) -> dict:

@@ -27,17 +27,17 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
     to OUT/results.json with OUT/curves.png."""
     from downstream import zero_shot as Z
 
+    tasks = [T.load(arg) for arg in task_args]  # bad task files fail before any work
     os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
     rank = FT.world()[0]
     source = M.resolve(model, out) if rank == 0 else None
     source = _broadcast(source)
-    tasks = [T.load(arg) for arg in task_args]
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in ("progress", "log", "save_dir")}
     results = {"model": os.path.abspath(model), "family": source.family, "pretrained": opts.pretrained,
                "options": options, "tasks": {}, "zero_shot": {}}
     for task in tasks:
         path = os.path.join(out, "tasks", f"{task.name}.json")
-        key = {"task": task.name, "options": options, "model": results["model"]}
+        key = json.loads(json.dumps({"task": task.name, "options": options, "model": results["model"]}))
         saved = _done(path, key)
         if saved is None:
             run_opts = dataclasses.replace(opts, save_dir=os.path.join(out, "models", task.name) if opts.save_dir

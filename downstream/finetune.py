@@ -69,7 +69,7 @@ def build(source: M.Source, task: Task, pretrained: bool):
         from downstream.elmo_task import ELMoInputs, elmo_model
 
         return elmo_model(source.elmo, task.kind, labels, task.pair, pretrained), ELMoInputs(Options.max_len)
-    return M.head_model(source, task.kind, labels, pretrained), None
+    return M.head_model(source, task.kind, labels, pretrained, task.labels), None
 
 
 class Features:
@@ -211,7 +211,7 @@ def run_one(source: M.Source, task: Task, lr: float, seed: int, opts: Options, t
     if inputs is None:
         tok = M.tokenizer(source)
         mask = ("real",) if M.unmasked(source) else ("attention_mask",)  # "real": the padding, for pooling only
-        inputs = Encoder(tok, opts.max_len, takes=("input_ids", *mask) + (
+        inputs = Encoder(tok, M.max_len(tok, opts.max_len), takes=("input_ids", *mask) + (
             ("token_type_ids",) if "token_type_ids" in tok.model_input_names else ()))
     else:
         inputs.max_len = opts.max_len
@@ -247,7 +247,12 @@ def run_one(source: M.Source, task: Task, lr: float, seed: int, opts: Options, t
             opt.step()
             sched.step()
             step += 1
-            curve["loss"].append((step, float(loss) / size))
+            logged = loss.detach().clone()
+            if size > 1:  # every rank's share: the global batch's mean loss
+                import torch.distributed as dist
+
+                dist.all_reduce(logged)
+            curve["loss"].append((step, float(logged) / size))
             bar.update(1)
         metrics = score(task, task.dev, predict(model, dev_feats, opts.batch_size * 2, rank, size, dev))
         curve["dev"].append((epoch + 1, metrics))

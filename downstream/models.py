@@ -99,6 +99,12 @@ def unmasked(source: Source) -> bool:
         return json.load(f).get("attn_type") == "uni"
 
 
+def max_len(tok, wanted: int) -> int:
+    """`wanted`, or fewer where the model reads fewer positions (the tokenizer's model_max_length, set on export)."""
+    limit = tok.model_max_length
+    return min(wanted, limit) if isinstance(limit, int) and limit < 1 << 30 else wanted
+
+
 def tokenizer(source: Source):
     import transformers
 
@@ -108,10 +114,10 @@ def tokenizer(source: Source):
     return tok
 
 
-def head_model(source: Source, kind: str, labels: int, pretrained: bool = True) -> nn.Module:
+def head_model(source: Source, kind: str, labels: int, pretrained: bool = True, names: list[str] = ()) -> nn.Module:
     """The model fine-tuned on a task of `kind` with `labels` outputs (1 for regression): the family's transformers
     head, or a `LinearHead` over its base model; `pretrained=False`: the same architecture, randomly initialised
-    (the baseline that shows what pretraining bought)."""
+    (the baseline that shows what pretraining bought). `names`: the labels, saved in the config."""
     import transformers
 
     trust = trusted(source)
@@ -119,7 +125,8 @@ def head_model(source: Source, kind: str, labels: int, pretrained: bool = True) 
     tok = tokenizer(source)
     if getattr(config, "pad_token_id", None) is None:  # GPT's last-token pooling finds the last non-pad token
         config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    config.num_labels = labels
+    names = list(names) if len(names) == labels else [str(i) for i in range(labels)]
+    config.id2label, config.label2id = dict(enumerate(names)), {n: i for i, n in enumerate(names)}  # (sets num_labels)
     if kind == "regression":
         config.problem_type = "regression"
     auto = getattr(transformers, AUTO[kind])

@@ -9,7 +9,8 @@ A task is a directory with a `task.yaml` (or a known name and a directory: `sst2
     dev: dev.tsv
     text: [sentence1, sentence2]  # one field, or two for a pair (classification, regression)
     label: label                  # the field with the class name or the score
-    labels: [no, yes]             # optional: the classes in order (default: the training labels, sorted)
+    labels: [no, yes]             # optional: the classes in order (default: the training labels, sorted; tags:
+                                  #   train's and dev's)
     metrics: [accuracy, f1, mcc]  # the first is the one seeds and learning rates are chosen by
     cloze: {pattern: "{text} It is about {mask}.", verbalizer: {email: mail, asyncio: loop}}  # zero-shot (MLM)
 
@@ -35,28 +36,31 @@ SPEC_KEYS = {"name", "kind", "train", "dev", "format", "text", "label", "labels"
              "columns", "token_column", "tag_column"}
 
 # Layouts of public benchmarks' files, so `--task NAME=DIR` reads them as their authors ship them.
-_PAIR = {"kind": "classification", "train": "train.tsv", "dev": "dev.tsv", "label": "label"}
+_PAIR = {"kind": "classification", "train": "train.tsv", "dev": "dev.tsv", "label": "label", "labels": ["0", "1"]}
+_NLI = ["contradiction", "entailment", "neutral"]
+_RTE = ["entailment", "not_entailment"]
 KNOWN = {
     "cola": {**_PAIR, "header": False, "columns": ["source", "label", "mark", "sentence"], "text": ["sentence"],
              "metrics": ["mcc", "accuracy"]},
     "sst2": {**_PAIR, "text": ["sentence"], "metrics": ["accuracy"]},
     "mrpc": {**_PAIR, "text": ["#1 String", "#2 String"], "label": "Quality", "metrics": ["f1", "accuracy"]},
     "qqp": {**_PAIR, "text": ["question1", "question2"], "label": "is_duplicate", "metrics": ["f1", "accuracy"]},
-    "stsb": {**_PAIR, "kind": "regression", "text": ["sentence1", "sentence2"], "label": "score"},
+    "stsb": {**_PAIR, "kind": "regression", "text": ["sentence1", "sentence2"], "label": "score", "labels": []},
     "mnli": {**_PAIR, "dev": "dev_matched.tsv", "text": ["sentence1", "sentence2"], "label": "gold_label",
-             "metrics": ["accuracy"]},
-    "qnli": {**_PAIR, "text": ["question", "sentence"], "metrics": ["accuracy"]},
-    "rte": {**_PAIR, "text": ["sentence1", "sentence2"], "metrics": ["accuracy"]},
+             "labels": _NLI, "metrics": ["accuracy"]},
+    "qnli": {**_PAIR, "text": ["question", "sentence"], "labels": _RTE, "metrics": ["accuracy"]},
+    "rte": {**_PAIR, "text": ["sentence1", "sentence2"], "labels": _RTE, "metrics": ["accuracy"]},
     "wnli": {**_PAIR, "text": ["sentence1", "sentence2"], "metrics": ["accuracy"]},
     "afqmc": {**_PAIR, "train": "train.json", "dev": "dev.json", "format": "jsonl", "text": ["sentence1", "sentence2"],
               "metrics": ["accuracy"]},
     "tnews": {**_PAIR, "train": "train.json", "dev": "dev.json", "format": "jsonl", "text": ["sentence"],
-              "metrics": ["accuracy"]},
+              "labels": [], "metrics": ["accuracy"]},
     "iflytek": {**_PAIR, "train": "train.json", "dev": "dev.json", "format": "jsonl", "text": ["sentence"],
-                "metrics": ["accuracy"]},
+                "labels": [], "metrics": ["accuracy"]},
     "ocnli": {**_PAIR, "train": "train.50k.json", "dev": "dev.json", "format": "jsonl",
-              "text": ["sentence1", "sentence2"], "metrics": ["accuracy"]},
-    "conll2003": {"kind": "tagging", "train": "train.txt", "dev": "valid.txt"},
+              "text": ["sentence1", "sentence2"], "labels": _NLI, "metrics": ["accuracy"]},
+    "conll2003": {"kind": "tagging", "train": "train.txt", "dev": "valid.txt",
+                  "labels": ["O"] + [f"{b}-{t}" for t in ("PER", "ORG", "LOC", "MISC") for b in "BI"]},
     "squad": {"kind": "qa", "train": "train-v1.1.json", "dev": "dev-v1.1.json"},
     "cmrc2018": {"kind": "qa", "train": "cmrc2018_train.json", "dev": "cmrc2018_dev.json"},
 }
@@ -144,8 +148,8 @@ def from_spec(spec: dict, directory: str, default_name: str, where: str) -> Task
             raise TaskError(f"{files[key]}: no examples; the {key} file is empty")
     labels = [str(x) for x in spec.get("labels", [])]
     if kind in ("classification", "tagging"):
-        seen = sorted({e.label for e in train} if kind == "classification" else {t for e in train for t in e.tags},
-                      key=_natural)
+        seen = sorted({e.label for e in train} if kind == "classification"  # (tags: dev's too, a rare type's I-)
+                      else {t for e in train + dev for t in e.tags}, key=_natural)
         labels = labels or seen
         for key, rows in (("train", train), ("dev", dev)):
             for i, e in enumerate(rows):

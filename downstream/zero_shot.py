@@ -140,6 +140,7 @@ def cloze(source: M.Source, task, max_len: int = 128) -> dict:
     if tok.mask_token_id is None:
         raise TaskError(f"{source.path}: its tokenizer has no mask token")
     tok.truncation_side = "left"  # a long text loses its start, never the pattern's masks at the end
+    max_len = M.max_len(tok, max_len)
     pattern, verbalizer = task.cloze["pattern"], task.cloze["verbalizer"]
     words = {lab: tok(" " + verbalizer[lab], add_special_tokens=False)["input_ids"] for lab in task.labels}
     preds = []

@@ -1,0 +1,392 @@
+"""ptm eval (downstream/): task files and their errors, metrics against hand-computed values, every family's head
+against transformers loading the same export, padding that changes no prediction, ELMo under its task model, zero-shot
+scores, data parallel = one process, and a re-run that skips finished tasks."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, free_port
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("sklearn")
+pytest.importorskip("seqeval")
+
+from downstream import TaskError  # noqa: E402
+from downstream import finetune as FT  # noqa: E402
+from downstream import metrics as MX  # noqa: E402
+from downstream import models as M  # noqa: E402
+from downstream import shipped  # noqa: E402
+from downstream import tasks as T  # noqa: E402
+from downstream.encode import Encoder  # noqa: E402
+
+FAMILIES = ["bert-tiny", "roberta-tiny", "albert-tiny", "electra-tiny", "distilbert-tiny", "ernie-tiny", "nezha-tiny",
+            "gpt-tiny", "gpt2-tiny", "gpt3-tiny", "t5-tiny", "bart-tiny", "xlnet-tiny", "transfo-xl-tiny"]
+SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_hidden_size=128", "model.num_layers=2",
+         "model.max_position_embeddings=64", "model.hidden_dropout=0", "model.attention_dropout=0"]
+
+
+def at_init(preset: str, tok_dir: str, out) -> str:
+    """A ptm run holding `preset`'s model (narrowed) as initialised: what an export of that family looks like."""
+    from data_prep.tokenizer import load_tokenizer
+    from pretrain import checkpoint as C
+    from pretrain import models
+    from pretrain.config import load
+
+    extra = [] if preset.startswith("elmo") else SMALL
+    cfg = load(preset, [f"model.vocab_size={load_tokenizer(tok_dir).vocab_size}", *extra]).model
+    torch.manual_seed(0)
+    model = models.build(cfg).eval()
+    ckpt = out / "run" / "checkpoints" / "step_00000001"
+    ckpt.mkdir(parents=True)
+    C.save_model(str(ckpt), model.state_dict())
+    C.copy_tokenizer(tok_dir, str(ckpt))
+    C.write_meta(str(ckpt), model=cfg, params=C.param_info(model.named_parameters()), step=1, extra={"nfkc": True})
+    C.mark_latest(str(out / "run"), ckpt.name)
+    return str(out / "run")
+
+
+@pytest.fixture(scope="module")
+def exports(sp_model, t5_data, tmp_path_factory):
+    """{preset: Hugging Face directory} of every exported family, written by `checkpoints_tools.hf.to_hf`."""
+    from checkpoints_tools import hf
+
+    out = {}
+    for preset in FAMILIES:
+        d = tmp_path_factory.mktemp(preset)
+        tok = os.path.join(t5_data, "tokenizer") if preset.startswith("t5") else sp_model
+        out[preset] = hf.to_hf(at_init(preset, tok, d), str(d / "hf"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def task_dir(corpus, tmp_path_factory):
+    """The shipped tasks, small."""
+    d = tmp_path_factory.mktemp("tasks")
+    shipped.write(str(d), corpus["dir"], max_train=48, max_dev=24)
+    return d
+
+
+def _tiny(task: T.Task, train: int = 16, dev: int = 8) -> T.Task:
+    return T.Task(task.name, task.kind, task.train[:train], task.dev[:dev], task.labels, task.metrics, task.cloze)
+
+
+# ---- task files -------------------------------------------------------------------------------------------------
+
+def test_shipped_tasks_have_labels_known_by_construction(task_dir, corpus):
+    follow = T.load(str(task_dir / "follow"))
+    for e in follow.train + follow.dev:  # the answer is the sentence after the question's, in the context
+        text, start = e.answers[0]
+        assert e.context[start:start + len(text)] == text
+        assert e.context.index(e.question) + len(e.question) <= start
+    consecutive = {pair for _, _, text in shipped._documents(corpus["dir"])
+                   for s in [shipped._sentences(text)] for pair in zip(s, s[1:])}
+    order = T.load(str(task_dir / "order"))
+    assert {e.label for e in order.train} == {"kept", "swapped"}
+    assert all((e.texts if e.label == "kept" else e.texts[::-1]) in consecutive for e in order.train + order.dev)
+    nxt = T.load(str(task_dir / "next"))
+    assert all(e.texts in consecutive for e in nxt.train if e.label == "yes")
+    assert sum(e.texts not in consecutive for e in nxt.train if e.label == "no") >= 0.95 * sum(
+        e.label == "no" for e in nxt.train)
+    code = T.load(str(task_dir / "code"))
+    tagged = {w for e in code.train for w, t in zip(e.words, e.tags) if t == "B-CODE"}
+    assert tagged and all("_" in w or "." in w.strip(".") or w.endswith("()") for w in tagged)
+    position = T.load(str(task_dir / "position"))
+    assert {0.0, 1.0} <= {e.label for e in position.train} and position.kind == "regression"
+    source = T.load(str(task_dir / "source"))
+    assert source.labels == sorted(shipped.SOURCES) and source.cloze["verbalizer"] == shipped.SOURCES
+    assert os.path.getsize(task_dir / "text" / "last_word.txt") > 0
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("case", ["tsv", "jsonl", "conll", "squad", "label", "yaml", "known"])
+def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
+    d = tmp_path / case
+    spec = {"kind": "classification", "train": "train.tsv", "dev": "dev.tsv", "text": ["sentence"], "label": "label"}
+    good = "sentence\tlabel\nfine text\ta\nmore text\tb\n"
+    if case == "tsv":
+        _write(d / "train.tsv", "sentence\tlabel\nfine\ta\nbroken line without a tab\n")
+        _write(d / "dev.tsv", good)
+        want = ["train.tsv:3:", "1 tab-separated fields where the header has 2"]
+    elif case == "jsonl":
+        spec.update(train="train.jsonl", dev="dev.jsonl")
+        _write(d / "train.jsonl", '{"sentence": "a", "label": "x"}\n{"sentence": "b", label: 1}\n')
+        _write(d / "dev.jsonl", '{"sentence": "a", "label": "x"}\n')
+        want = ["train.jsonl:2:", "one JSON object per line"]
+    elif case == "conll":
+        spec = {"kind": "tagging", "train": "train.txt", "dev": "dev.txt"}
+        _write(d / "train.txt", "EU B-ORG\nrejects O\n\nGerman B-MISC\ncall PER\n")
+        _write(d / "dev.txt", "EU B-ORG\n")
+        want = ["train.txt:5:", "tag 'PER' is not BIO"]
+    elif case == "squad":
+        spec = {"kind": "qa", "train": "train.json", "dev": "dev.json"}
+        para = {"context": "The cat sat on the mat.", "qas": [{"id": "q1", "question": "Where?",
+                                                               "answers": [{"text": "the mat", "answer_start": 3}]}]}
+        _write(d / "train.json", json.dumps({"data": [{"paragraphs": [para]}]}, indent=1))
+        _write(d / "dev.json", json.dumps({"data": []}))
+        want = ["train.json:", "answer 'the mat' is not at answer_start=3", "fix answer_start"]
+    elif case == "label":
+        _write(d / "train.tsv", good)
+        _write(d / "dev.tsv", "sentence\tlabel\nx\tc\n")
+        want = ["dev.tsv: example 1 has label 'c'", "list it in `labels:`"]
+    elif case == "yaml":
+        spec = {"kind": "classify", "train": "train.tsv", "dev": "dev.tsv"}
+        _write(d / "train.tsv", good)
+        want = ["task.yaml: kind='classify'", "classification | regression | tagging | qa"]
+    else:
+        want = ["'glue' is not a known task", "pass a directory with a task.yaml"]
+    if case != "known":
+        import yaml
+
+        _write(d / "task.yaml", yaml.safe_dump(spec))
+    arg = f"glue={d}" if case == "known" else str(d)
+    with pytest.raises(TaskError) as e:
+        T.load(arg)
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in want), msg
+    # the CLI prints it as one line and exits non-zero, before any model is touched
+    proc = subprocess.run([sys.executable, "-m", "downstream", "eval", str(tmp_path / "no-model"), "--task", arg],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1] == f"downstream: error: {msg}"
+
+
+def test_known_layouts_read_glue_conll_and_squad_files_as_shipped(tmp_path):
+    _write(tmp_path / "mrpc" / "train.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA b.\tA c.\n")
+    _write(tmp_path / "mrpc" / "dev.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t3\t4\tX.\tY.\n")
+    mrpc = T.load(f"mrpc={tmp_path / 'mrpc'}")
+    assert mrpc.train[0].texts == ("A b.", "A c.") and mrpc.labels == ["0", "1"] and mrpc.metrics[0] == "f1"
+    _write(tmp_path / "cola" / "train.tsv", "gj04\t1\t\tThe book fell.\ngj04\t0\t*\tBook the fell.\n")
+    _write(tmp_path / "cola" / "dev.tsv", "gj04\t1\t\tIt rains.\n")
+    cola = T.load(f"cola={tmp_path / 'cola'}")  # no header row
+    assert cola.train[1].texts == ("Book the fell.",) and cola.metrics[0] == "mcc"
+    _write(tmp_path / "ner" / "train.txt", "-DOCSTART- -X- O O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n")
+    _write(tmp_path / "ner" / "valid.txt", "Peter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n")
+    ner = T.load(f"conll2003={tmp_path / 'ner'}")
+    assert ner.train[0].words == ["EU", "rejects"] and ner.dev[0].tags == ["B-PER", "I-PER"]
+
+
+# ---- metrics ----------------------------------------------------------------------------------------------------
+
+def test_metrics_equal_hand_computed_values():
+    gold, pred = ["a", "b", "b", "a", "b"], ["a", "b", "a", "a", "b"]
+    m = MX.classification(gold, pred, ["a", "b"], ["accuracy", "f1", "mcc"])
+    # TP=2 TN=2 FP=0 FN=1 for class b: F1 = 2PR/(P+R) with P=1, R=2/3; MCC = (2*2-0*1)/sqrt(2*3*2*3)
+    assert m == pytest.approx({"accuracy": 0.8, "f1": 0.8, "mcc": 4 / 6})
+    x, y = [1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 5.0]
+    mx, my = sum(x) / 4, sum(y) / 4
+    r = sum((a - mx) * (b - my) for a, b in zip(x, y)) / math.sqrt(sum((a - mx) ** 2 for a in x) *
+                                                                    sum((b - my) ** 2 for b in y))
+    # ranks of y: 1, 3, 2, 4 -> Spearman = 1 - 6 * sum d^2 / (n (n^2 - 1)) = 1 - 6 * 2 / 60
+    assert MX.regression(x, y, ["pearson", "spearman"]) == pytest.approx({"pearson": r, "spearman": 0.8})
+    t = MX.tagging([["B-X", "I-X", "O", "B-Y"]], [["B-X", "I-X", "O", "O"]], ["f1", "precision", "recall"])
+    assert t == pytest.approx({"f1": 2 / 3, "precision": 1.0, "recall": 0.5})  # X found, Y missed
+    qa = MX.qa([["a cat sat on"], ["Cat sat!"], ["北京"]], ["the cat sat", "cat sat", "北京大学"], ["exact_match", "f1"])
+    # F1: (2/3 precision... ) cat,sat vs cat,sat,on -> 0.8; exact -> 1; 北京 in 北京大学 -> P 1/2, R 1 -> 2/3
+    assert qa == pytest.approx({"exact_match": 1 / 3, "f1": (0.8 + 1 + 2 / 3) / 3})
+
+
+# ---- heads: transformers' own, padding, saving ------------------------------------------------------------------
+
+def _inputs(enc, rows, take):
+    batch = enc.pad(rows)
+    return {k: v for k, v in batch.items() if k in take}
+
+
+@pytest.mark.slow
+def test_every_family_fine_tunes_with_its_transformers_head(exports, task_dir, tmp_path):
+    """Per family: a classification run (1 epoch) saved and loaded back by transformers' Auto class gives the same
+    logits; tagging and QA heads too; a padded batch predicts what each example alone does."""
+    tasks = {k: _tiny(T.load(str(task_dir / name))) for k, name in
+             (("classification", "next"), ("tagging", "code"), ("qa", "follow"))}
+    opts = FT.Options(epochs=1, seeds=(1,), batch_size=8, max_len=48, progress=False)
+    heads = {}
+    for preset, hf_dir in exports.items():
+        source = M.resolve(hf_dir, str(tmp_path))
+        for kind, task in tasks.items():
+            if kind == "classification":
+                _, _, model, enc = FT.run_one(source, task, 1e-3, 1, opts)
+            else:
+                model, _ = FT.build(source, task, True)
+                tok = M.tokenizer(source)
+                enc = Encoder(tok, 48)
+                enc.takes = ("input_ids", "real" if M.unmasked(source) else "attention_mask") + (
+                    ("token_type_ids",) if "token_type_ids" in tok.model_input_names else ())
+            model.eval()
+            heads[(preset, kind)] = M.head_name(model)
+            rows = FT.Features(task, enc, task.dev[:3]).rows[:3]
+            take = enc.takes
+            with torch.no_grad():
+                batch = model(_inputs(enc, rows, take))
+                for i, row in enumerate(rows):  # each example alone = its row of the padded batch
+                    alone = model(_inputs(enc, [row], take))
+                    n = len(row["input_ids"])
+                    left = enc.tok.padding_side == "left"
+                    for b, a in zip(batch if kind == "qa" else (batch,), alone if kind == "qa" else (alone,)):
+                        got = b[i] if kind == "classification" else (b[i, -n:] if left else b[i, :n])
+                        torch.testing.assert_close(got, a[0], atol=2e-5, rtol=1e-4, msg=f"{preset} {kind}")
+            if kind == "classification":  # what ptm saved is what transformers loads
+                model.save(str(tmp_path / preset), enc.tok)
+                if isinstance(model, M.HFHead):
+                    loaded = transformers.AutoModelForSequenceClassification.from_pretrained(
+                        str(tmp_path / preset), trust_remote_code=True).eval()
+                    with torch.no_grad():
+                        theirs = loaded(**{k: v for k, v in _inputs(enc, rows, take).items() if k != "real"}).logits
+                    torch.testing.assert_close(batch, theirs, atol=1e-6, rtol=0)
+                    assert type(loaded).__name__ == heads[(preset, kind)]
+    # the family's own heads where transformers has them (GPT's reads the last token); a linear head elsewhere
+    assert heads[("bert-tiny", "qa")] == "BertForQuestionAnswering"
+    assert heads[("gpt2-tiny", "classification")] == "GPT2ForSequenceClassification"
+    assert heads[("gpt3-tiny", "tagging")] == "GPTNeoForTokenClassification"
+    assert heads[("t5-tiny", "classification")] == "T5ForSequenceClassification"
+    assert heads[("bart-tiny", "classification")] == "BartForSequenceClassification"
+    assert heads[("xlnet-tiny", "qa")] == "XLNetForQuestionAnsweringSimple"
+    assert heads[("bart-tiny", "tagging")].startswith("LinearHead over BartModel")
+    assert heads[("nezha-tiny", "classification")].startswith("LinearHead over NezhaModel")
+    assert heads[("transfo-xl-tiny", "classification")].startswith("LinearHead over XLNetModel")
+
+
+def test_long_texts_keep_head_and_tail(exports):
+    tok = transformers.AutoTokenizer.from_pretrained(exports["bert-tiny"])
+    enc = Encoder(tok, 24)
+    words = " ".join(f"w{i}" for i in range(200))
+    full = tok(words, add_special_tokens=False)["input_ids"]
+    ids = enc.texts((words,))["input_ids"]
+    assert 20 <= len(ids) <= 24 and ids[1:4] == full[:3] and ids[-9:-1] == full[-8:]  # [CLS] head ... tail [SEP]
+    short = tok("short one", add_special_tokens=False)["input_ids"]
+    pair = enc.texts((words, "short one"))["input_ids"]  # the longer text gives up its middle; the short one stays
+    assert len(pair) <= 24 and pair[1:3] == full[:2] and pair[-len(short) - 1:-1] == short
+
+
+# ---- ELMo ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_elmo_trains_a_task_model_over_its_frozen_bilm_and_scalar_mix(words_data, task_dir, tmp_path):
+    run = at_init("elmo-tiny", os.path.join(words_data, "tokenizer"), tmp_path)
+    source = M.resolve(run, str(tmp_path))
+    assert source.elmo and not source.hf_dir
+    opts = FT.Options(epochs=1, seeds=(1,), batch_size=8, max_len=32, progress=False)
+    for name in ("next", "code", "follow", "position"):
+        task = _tiny(T.load(str(task_dir / name)))
+        model, inputs = FT.build(source, task, True)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        metrics, _, model, inputs = FT.run_one(source, task, 1e-2, 1, opts)
+        after = model.state_dict()
+        bilm = [k for k in after if k.startswith("elmo.bilm.")]
+        assert bilm and all(torch.equal(before[k], after[k]) for k in bilm)  # frozen
+        assert not torch.equal(before["elmo.mixes.0.weights"], after["elmo.mixes.0.weights"])  # the mix learns
+        assert set(metrics) == set(task.metrics)
+        model.eval()
+        rows = FT.Features(task, inputs, task.dev[:3]).rows[:3]
+        with torch.no_grad():
+            batch = model(inputs.pad(rows, ("labels",) if name == "code" else ()))
+            alone = model(inputs.pad(rows[1:2], ("labels",) if name == "code" else ()))
+        b, a = (batch[0], alone[0]) if name == "follow" else (batch, alone)
+        n = a.shape[1] if a.ndim > 1 and name != "position" and name != "next" else None
+        torch.testing.assert_close(b[1, :n] if n else b[1], a[0], atol=1e-5, rtol=1e-4)  # padding changes nothing
+
+
+# ---- zero-shot ----------------------------------------------------------------------------------------------------
+
+def test_cloze_scores_the_verbaliser_words_at_the_masks(exports, task_dir, tmp_path):
+    from downstream import zero_shot as Z
+    from safetensors.torch import load_file, save_file
+
+    task = T.load(str(task_dir / "source"))
+    hf_dir = tmp_path / "biased"
+    transformers.AutoModelForMaskedLM.from_pretrained(exports["bert-tiny"]).save_pretrained(hf_dir)
+    tok = transformers.AutoTokenizer.from_pretrained(exports["bert-tiny"])
+    tok.save_pretrained(hf_dir)
+    (hf_dir / "ptm_tokenizer.json").write_text("{}")
+    favoured = task.labels[2]
+    pieces = tok(" " + task.cloze["verbalizer"][favoured], add_special_tokens=False)["input_ids"]
+    weights = load_file(hf_dir / "model.safetensors")
+    key = next(k for k in weights if k.endswith("predictions.bias"))
+    weights[key][pieces] += 50.0  # the MLM head now prefers the favoured label's word at every mask
+    save_file(weights, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    result = Z.cloze(M.Source(str(hf_dir), hf_dir=str(hf_dir), family="bert"), task)
+    share = sum(e.label == favoured for e in task.dev) / len(task.dev)
+    assert result["accuracy"] == pytest.approx(share) and result["pieces"][favoured] == len(pieces)
+
+
+def test_perplexity_and_last_word_match_transformers(exports, tmp_path):
+    from downstream import zero_shot as Z
+
+    hf_dir = exports["gpt2-tiny"]
+    source = M.Source(hf_dir, hf_dir=hf_dir, family="gpt2")
+    docs = ["Return the sum of two numbers.", "The cat sat on the mat today."]
+    (tmp_path / "t.txt").write_text("\n".join(docs) + "\n")
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    eos = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
+    ids = [i for d in docs for i in tok(d, add_special_tokens=False)["input_ids"] + [eos]]
+    with torch.no_grad():
+        loss = model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss
+    got = Z.perplexity(source, str(tmp_path / "t.txt"))
+    assert got["tokens"] == len(ids) - 1 and got["perplexity"] == pytest.approx(math.exp(float(loss)), rel=1e-5)
+    long = " ".join(f"word{i}" for i in range(120))  # past the 64 positions: windows overlap, each token scored once
+    (tmp_path / "long.txt").write_text(long + "\n")
+    assert Z.perplexity(source, str(tmp_path / "long.txt"))["tokens"] == \
+        len(tok(long, add_special_tokens=False)["input_ids"])
+    passages = ["The value of the first argument is returned", "Close the file and return its final position"]
+    (tmp_path / "lw.txt").write_text("\n".join(passages) + "\n")
+    hits = 0
+    for p in passages:  # transformers' greedy generation from the context reproduces the last word, or not
+        ctx, target = p[:p.rfind(" ")], p[p.rfind(" "):]
+        c = tok(ctx, add_special_tokens=False)["input_ids"]
+        t = tok(ctx + target, add_special_tokens=False)["input_ids"][len(c):]
+        out = model.generate(torch.tensor([c]), max_new_tokens=len(t), do_sample=False, pad_token_id=eos)
+        hits += out[0, len(c):].tolist() == t
+    assert Z.last_word(source, str(tmp_path / "lw.txt"))["accuracy"] == hits / 2
+
+
+# ---- runs: resume, data parallel ----------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_eval_resumes_and_data_parallel_equals_one_process(exports, task_dir, tmp_path, monkeypatch):
+    from downstream import evaluate as E
+
+    small = tmp_path / "next"
+    task = T.load(str(task_dir / "next"))
+    import shutil
+
+    shutil.copytree(task_dir / "next", small)
+    args = ["--epochs", "1", "--seeds", "1", "2", "--lrs", "1e-3", "--batch-size", "8", "--max-len", "48",
+            "--max-train", "24", "--save-model", "--no-progress", "--task", str(small)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "downstream", "eval", exports["bert-tiny"], "--out",
+                          str(tmp_path / "one"), *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={free_port()}", "-m", "downstream", "eval", exports["bert-tiny"], "--out",
+                          str(tmp_path / "two"), *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = (json.load(open(tmp_path / d / "results.json"))["tasks"]["next"] for d in ("one", "two"))
+    assert a["dev_examples"] == len(task.dev) and a["seeds"] == 2
+    for ra, rb in zip(a["grid"]["0.001"]["runs"], b["grid"]["0.001"]["runs"]):  # same losses, step by step
+        torch.testing.assert_close(torch.tensor(ra["curve"]["loss"]), torch.tensor(rb["curve"]["loss"]), atol=1e-5,
+                                   rtol=1e-5)
+    wa = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "one" / "models" / "next")
+    wb = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "two" / "models" / "next")
+    for (k, x), (_, y) in zip(wa.state_dict().items(), wb.state_dict().items()):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4, msg=k)
+    assert "next: accuracy" in one.stdout and (tmp_path / "one" / "curves.png").stat().st_size > 0
+
+    def no_training(*_, **__):
+        raise AssertionError("a finished task was fine-tuned again")
+
+    monkeypatch.setattr(FT, "finetune", no_training)  # a re-run with the same options reads what is done
+    again = E.evaluate(exports["bert-tiny"], str(tmp_path / "one"), [str(small)], FT.Options(
+        epochs=1, seeds=(1, 2), lrs=(1e-3,), batch_size=8, max_len=48, max_train=24, save_dir="yes", progress=False))
+    assert again["tasks"]["next"]["median"] == a["median"]
