@@ -139,6 +139,12 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--overwrite", action="store_true", help="replace a finished dataset in --out")
     w.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
+    s = sub.add_parser("sentinels", help="a finished dataset with T5's sentinels added (same shards, linked)",
+                       description="Add T5's span-corruption sentinels <extra_id_0..N-1> after a finished dataset's "
+                                   "vocabulary: the shards are linked, not rebuilt (text never encodes to a sentinel).")
+    s.add_argument("dir", help="a finished dataset directory")
+    s.add_argument("--out", required=True, help="the new dataset directory")
+    s.add_argument("--count", type=int, default=100, help="sentinels to add (T5: 100)")
     c = sub.add_parser("corpus", help="write the embedded default corpus (real English and Chinese text)",
                        description="English: docstrings of Python's standard library. Chinese: Debian's "
                                    "fortunes-zh (installed by scripts/setup.sh).")
@@ -201,6 +207,11 @@ def run(argv=None) -> int:
 
         t0 = time.time()
         print(summary(build_words(a.dir, a.out, a.min_count, a.workers, a.progress, a.overwrite), time.time() - t0))
+    elif a.command == "sentinels":
+        from data_prep.sentinels import add_sentinels
+
+        m = add_sentinels(a.dir, a.out, a.count)
+        print(f"{a.out}: {m['num_documents']} documents, vocabulary {m['vocab_size']} with {a.count} sentinels")
     elif a.command == "corpus":
         from data_prep.corpus import write_default_corpus
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from downstream import TaskError
@@ -63,6 +64,27 @@ def parser() -> argparse.ArgumentParser:
                    help="save each task's best fine-tuned model to OUT/models/TASK (transformers loads it)")
     e.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     _finetune_options(e)
+    c = sub.add_parser("compare", help="families pretrained on one dataset at an equal budget, each beside its "
+                                       "unpretrained twin",
+                       description="Pretrain each preset on DATA for the same budget (training FLOPs by default, "
+                                   "tokens, or wall time), fine-tune it and the same architecture without "
+                                   "pretraining on the same tasks, and write OUT/compare.md (the table), "
+                                   "compare.png (score against FLOPs) and compare.json. Re-running continues an "
+                                   "interrupted comparison without retraining finished cells.")
+    c.add_argument("presets", nargs="+", metavar="PRESET",
+                   help="presets (bert-tiny gpt2 ...), or families with --size (bert roberta --size tiny)")
+    c.add_argument("--size", help="the size of each family named without one: FAMILY-SIZE (e.g. tiny, base)")
+    c.add_argument("--data", required=True, help="a ptm dataset; T5's sentinels and ELMo's words are derived from it")
+    c.add_argument("--task", dest="tasks", action="append", required=True, metavar="DIR|NAME=DIR",
+                   help="a task, as for `ptm eval` (repeatable)")
+    c.add_argument("--budget", required=True, metavar="KIND=VALUE",
+                   help="flops=3e13 (training FLOPs, as `ptm plan` counts them), tokens=2e6, or time=600 (seconds)")
+    c.add_argument("--out", required=True, help="the comparison's directory (re-run it to continue)")
+    c.add_argument("--nproc", type=int, default=1, help="processes per pretraining run (torchrun; default 1)")
+    c.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
+                   help="config overrides for every preset (e.g. data.seq_len=64)")
+    c.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    _finetune_options(c)
     t = sub.add_parser("tasks", help="write the shipped tasks, built from the embedded corpus",
                        description="Write the tasks built from the embedded corpus (labels known by construction): "
                                    "source (classification), next and order (pairs), position (regression), code "
@@ -87,9 +109,21 @@ def run(argv=None) -> int:
             else:
                 print(f"{a.out}/{name}: {train} train, {dev} dev ({shipped.SPECS[name]['kind']})")
         return 0
-    if a.command == "eval":
-        import os
+    if a.command == "compare":
+        from downstream import compare as CMP
 
+        kind, _, value = a.budget.partition("=")
+        try:
+            budget = float(value)
+        except ValueError:
+            raise TaskError(f"--budget {a.budget}: write KIND=NUMBER, e.g. flops=3e13") from None
+        _quiet()
+        result = CMP.compare(_presets(a.presets, a.size), a.data, a.tasks, kind, budget, a.out, _options(a),
+                             a.overrides, a.nproc)
+        print(CMP.table(result))
+        print(f"{a.out}/compare.md, compare.png, compare.json")
+        return 0
+    if a.command == "eval":
         from downstream import evaluate as E
 
         if not (a.tasks or a.text or a.last_word):
@@ -104,6 +138,21 @@ def run(argv=None) -> int:
             print("\n".join(E.summary(results)))
             print(f"results: {out}/results.json" + (f", curves: {out}/curves.png" if results["tasks"] else ""))
     return 0
+
+
+def _presets(names: list[str], size: str | None) -> list[str]:
+    """Preset names; a family name with --size becomes FAMILY-SIZE."""
+    from pretrain.config import PRESETS_DIR
+
+    known = {f.removesuffix(".yaml") for f in os.listdir(PRESETS_DIR) if f.endswith(".yaml")}
+    out = []
+    for name in names:
+        pick = name if name in known or not size else f"{name}-{size}"
+        if pick not in known and not os.path.isfile(pick):
+            raise TaskError(f"{pick!r} is not a preset ({', '.join(sorted(known)[:8])}, ...) or a YAML file; name a "
+                            "preset, or a family with --size")
+        out.append(pick)
+    return out
 
 
 def _quiet() -> None:

@@ -390,3 +390,45 @@ def test_eval_resumes_and_data_parallel_equals_one_process(exports, task_dir, tm
     again = E.evaluate(exports["bert-tiny"], str(tmp_path / "one"), [str(small)], FT.Options(
         epochs=1, seeds=(1, 2), lrs=(1e-3,), batch_size=8, max_len=48, max_train=24, save_dir="yes", progress=False))
     assert again["tasks"]["next"]["median"] == a["median"]
+
+
+# ---- ptm compare ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_compare_resumes_without_retraining_finished_cells(train_data, task_dir, tmp_path, monkeypatch):
+    from downstream import compare as CMP
+    from pretrain import cost
+    from pretrain.config import load
+
+    sets = [*SMALL, "data.seq_len=32", "train.global_batch_size=8", "train.micro_batch_size=8",
+            "data.num_workers=0", "data.valid_fraction=0.05", "train.eval_steps=1"]
+    task = [str(task_dir / "next")]
+    opts = FT.Options(epochs=1, seeds=(1,), lrs=(1e-3,), batch_size=8, max_len=32, max_train=16, progress=False)
+    cell = CMP.plan_cell("gpt-tiny", {"tokens": train_data}, str(tmp_path / "plan"), "flops", 1e10, sets, [])
+    per_step = cost.flops_per_sample(load("gpt-tiny", cell["sets"])) * 8  # the budget buys whole steps
+    assert cell["steps"] == int(1e10 / per_step) and cell["flops_per_step"] == pytest.approx(per_step)
+
+    real_pretrain, trained, tuned = CMP.pretrain, [], []
+
+    def stop_at_gpt(c, launcher):
+        if c["preset"] == "gpt-tiny":
+            raise KeyboardInterrupt  # the comparison is stopped before GPT's cell
+        return real_pretrain(c, launcher)
+
+    out = str(tmp_path / "cmp")
+    monkeypatch.setattr(CMP, "pretrain", stop_at_gpt)
+    with pytest.raises(KeyboardInterrupt):
+        CMP.compare(["bert-tiny", "gpt-tiny"], train_data, task, "tokens", 8 * 32 * 6, out, opts, sets)
+    monkeypatch.setattr(CMP, "pretrain", real_pretrain)
+    real_train, real_finetune = CMP._train, FT.finetune
+    monkeypatch.setattr(CMP, "_train", lambda preset, *a: (trained.append(preset), real_train(preset, *a)))
+    monkeypatch.setattr(FT, "finetune", lambda source, *a: (tuned.append(source.path), real_finetune(source, *a))[1])
+    result = CMP.compare(["bert-tiny", "gpt-tiny"], train_data, task, "tokens", 8 * 32 * 6, out, opts, sets)
+    assert trained == ["gpt-tiny"] and all("gpt-tiny" in p for p in tuned) and len(tuned) == 2  # + its scratch twin
+    rows = {r["preset"]: r for r in result["rows"]}
+    assert rows["bert-tiny"]["steps"] == rows["gpt-tiny"]["steps"] == 6
+    for r in rows.values():
+        assert set(r["eval"]) == {"pretrained", "scratch"} and r["eval"]["pretrained"]["next"]["seeds"] == 1
+        assert json.load(open(os.path.join(r["run"], "summary.json")))["steps"] == 6
+    assert open(os.path.join(out, "compare.md")).read().count("\n| ") == 2  # a row per preset
+    assert os.path.getsize(os.path.join(out, "compare.png")) > 0

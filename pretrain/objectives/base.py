@@ -46,6 +46,8 @@ class Objective:
     pairs = False  # samples hold two segments: the model needs segment embeddings
     one_lm_head = True  # every prediction comes from the model's own LM head (fused_lm_loss can replace it)
     packs_documents = False  # reads data.pack_documents (documents concatenated into windows)
+    reads = "tokens"  # the dataset it samples: tokens (`data_prep build`) or words (`data_prep words`)
+    sentinels = False  # it needs T5's sentinels in the vocabulary (`data_prep build --sentinels`, `data_prep sentinels`)
     recurrent = False  # its samples can be read as streams that carry a model's memory (model.mem_len)
     attention_mask = "padding"  # the mask a bidirectional model attends under: [b, s] padding, or per-token spans
     section: Section | None = None  # its config section

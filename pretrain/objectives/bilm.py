@@ -14,6 +14,7 @@ ORDER = 130
 
 class BiLM(Objective):
     name = "bilm"
+    reads = "words"
     help = "ELMo's forward and backward LMs over words, one shared softmax (model.arch=elmo)"
     causal = False
     headline = ("fwd_loss", "bwd_loss")

@@ -25,6 +25,7 @@ def markers(path: str) -> tuple[int, ...]:
 
 class SpanCorruption(Seq2Seq):
     name = "span_corruption"
+    sentinels = True
     help = "T5's span corruption: noise density 0.15, mean span 3, one sentinel per span (encoder-decoder)"
     arch = "t5"
 
