@@ -104,7 +104,7 @@ class Features:
         else:
             targets["target"] = torch.tensor([r["target"] for r in rows],
                                              dtype=torch.float if self.task.kind == "regression" else torch.long)
-        take = getattr(self.inputs, "takes", ())  # the inputs the model accepts (GPT-2 would add token types' embeddings)
+        take = getattr(self.inputs, "takes", ())  # what the model reads (GPT-2 would add token types' embeddings)
         inputs = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in padded.items() if not take or k in take}
         return inputs, {k: v.to(dev) for k, v in targets.items()}
 

@@ -32,3 +32,25 @@ def wikipedia_like_shapes(seed: int = 0):
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     local = (starts - np.repeat(starts[offsets[:-1]], counts)).astype(np.int32)
     return offsets, local, lengths, np.add.reduceat(lengths, offsets[:-1])
+
+
+def run_at_init(cfg, tok_dir, out, step: int = 7, nfkc: bool = True):
+    """A ptm run directory OUT/run whose latest checkpoint holds the model of ModelConfig `cfg` as initialised (seed 0)
+    with the tokenizer `tok_dir`; returns (the model, the run directory)."""
+    import os
+
+    import torch
+
+    from pretrain import checkpoint as C
+    from pretrain import models
+
+    torch.manual_seed(0)
+    model = models.build(cfg).eval()
+    run = os.path.join(str(out), "run")
+    ckpt = os.path.join(run, "checkpoints", f"step_{step:08d}")
+    os.makedirs(ckpt)
+    C.save_model(ckpt, model.state_dict())
+    C.copy_tokenizer(tok_dir, ckpt)
+    C.write_meta(ckpt, model=cfg, params=C.param_info(model.named_parameters()), step=step, extra={"nfkc": nfkc})
+    C.mark_latest(run, os.path.basename(ckpt))
+    return model, run

@@ -159,3 +159,26 @@ def test_span_accuracy_counts_span_tokens_with_the_markers_left_out_of_the_guess
     terms = {"lm": Term(torch.zeros(()), torch.tensor(5))}
     hits, count = objective.baselines({"labels": labels}, terms, most_frequent=word)["lm_span_unigram_acc"]
     assert (int(hits), int(count)) == (2, 3)
+
+
+def test_sentinels_added_to_a_finished_dataset_equal_a_build_with_them(train_data, t5_data, tmp_path):
+    """`data_prep sentinels`: the same shards, the tokenizer of `data_prep build --sentinels 100` (its metadata and
+    sentinel ids), a dataset `data_prep verify` accepts; a dataset that has them already is refused."""
+    import json
+
+    from data_prep import PrepError
+    from data_prep.dataset import Corpus
+    from data_prep.sentinels import add_sentinels
+    from data_prep.verify import verify
+
+    out = str(tmp_path / "t5")
+    add_sentinels(train_data, out)
+    assert verify(out) == []
+    made, built = Corpus(out), Corpus(t5_data)
+    assert made.sentinel_ids == built.sentinel_ids and len(made.sentinel_ids) == 100
+    assert made.manifest["tokenizer"] == {**built.manifest["tokenizer"], "path": made.manifest["tokenizer"]["path"]}
+    assert (made.tokens(3) == Corpus(train_data).tokens(3)).all()
+    with open(f"{train_data}/manifest.json") as f:
+        assert not json.load(f)["tokenizer"].get("sentinels")  # the source is untouched
+    with pytest.raises(PrepError, match="already has 100 sentinels"):
+        add_sentinels(out, str(tmp_path / "again"))

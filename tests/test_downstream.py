@@ -35,21 +35,12 @@ SMALL = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_hidden_size=128
 def at_init(preset: str, tok_dir: str, out) -> str:
     """A ptm run holding `preset`'s model (narrowed) as initialised: what an export of that family looks like."""
     from data_prep.tokenizer import load_tokenizer
-    from pretrain import checkpoint as C
-    from pretrain import models
+    from helpers import run_at_init
     from pretrain.config import load
 
     extra = [] if preset.startswith("elmo") else SMALL
     cfg = load(preset, [f"model.vocab_size={load_tokenizer(tok_dir).vocab_size}", *extra]).model
-    torch.manual_seed(0)
-    model = models.build(cfg).eval()
-    ckpt = out / "run" / "checkpoints" / "step_00000001"
-    ckpt.mkdir(parents=True)
-    C.save_model(str(ckpt), model.state_dict())
-    C.copy_tokenizer(tok_dir, str(ckpt))
-    C.write_meta(str(ckpt), model=cfg, params=C.param_info(model.named_parameters()), step=1, extra={"nfkc": True})
-    C.mark_latest(str(out / "run"), ckpt.name)
-    return str(out / "run")
+    return run_at_init(cfg, tok_dir, out, step=1)[1]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import torch
 from conftest import run_cli
 from data_prep.tokenizer import load_tokenizer
 from pretrain import checkpoint as C
-from pretrain import models
 from pretrain.models.config import ModelConfig
 from pretrain.models.model import Pretraining
 from pretrain.parallel import mcore
@@ -31,15 +30,9 @@ def _checkpoint(tmp_path, arch, tok_dir, nfkc=True, **features):
         type_vocab_size={"gpt2": 0, "gpt": 0, "gpt3": 0, "roberta": 1, "t5": 0, "bart": 0, "xlnet": 0}.get(arch, 2),
         layer_norm_eps=1e-5 if arch in ("gpt2", "gpt", "gpt3", "bart") else 1e-12, hidden_dropout=0,
         attention_dropout=0, pad_token_id=tok.special["pad"] if arch == "roberta" else -1), **features})
-    torch.manual_seed(0)
-    model = models.build(cfg).eval()
-    ckpt = tmp_path / "run" / "checkpoints" / "step_00000007"
-    ckpt.mkdir(parents=True)
-    C.save_model(str(ckpt), model.state_dict())
-    C.copy_tokenizer(tok_dir, str(ckpt))
-    C.write_meta(str(ckpt), model=cfg, params=C.param_info(model.named_parameters()), step=7,
-                 extra={"nfkc": nfkc})
-    C.mark_latest(str(tmp_path / "run"), ckpt.name)
+    from helpers import run_at_init
+
+    model, _ = run_at_init(cfg, tok_dir, tmp_path, nfkc=nfkc)
     return model, cfg
 
 
