@@ -78,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--task", dest="tasks", action="append", required=True, metavar="DIR|NAME=DIR",
                    help="a task, as for `ptm eval` (repeatable)")
     c.add_argument("--budget", required=True, metavar="KIND=VALUE",
-                   help="flops=3e13 (training FLOPs, as `ptm plan` counts them), tokens=2e6, or time=600 (seconds)")
+                   help="flops=3e13 (training FLOPs, as `ptm plan` counts them; a bare number means FLOPs), "
+                        "tokens=2e6, or time=600 (seconds)")
     c.add_argument("--out", required=True, help="the comparison's directory (re-run it to continue)")
     c.add_argument("--nproc", type=int, default=1, help="processes per pretraining run (torchrun; default 1)")
     c.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
@@ -112,7 +113,8 @@ def run(argv=None) -> int:
     if a.command == "compare":
         from downstream import compare as CMP
 
-        kind, _, value = a.budget.partition("=")
+        kind, _, value = a.budget.rpartition("=")
+        kind = kind or "flops"  # a bare number: training FLOPs
         try:
             budget = float(value)
         except ValueError:
@@ -147,7 +149,8 @@ def _presets(names: list[str], size: str | None) -> list[str]:
     known = {f.removesuffix(".yaml") for f in os.listdir(PRESETS_DIR) if f.endswith(".yaml")}
     out = []
     for name in names:
-        pick = name if name in known or not size else f"{name}-{size}"
+        pick = f"{name}-{size}" if size and f"{name}-{size}" in known else name  # (gpt is a preset, gpt-tiny too)
+        pick = pick if pick in known or os.path.isfile(pick) or not size else f"{name}-{size}"
         if pick not in known and not os.path.isfile(pick):
             raise TaskError(f"{pick!r} is not a preset ({', '.join(sorted(known)[:8])}, ...) or a YAML file; name a "
                             "preset, or a family with --size")
@@ -156,10 +159,12 @@ def _presets(names: list[str], size: str | None) -> list[str]:
 
 
 def _quiet() -> None:
-    """transformers' load reports (a new head's weights are expected to be missing) only on errors."""
+    """transformers' load reports (a new head's weights are expected to be missing) only on errors; no bars of its
+    own (each load and save of a model would print one)."""
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
 
 
 def main(argv=None) -> None:

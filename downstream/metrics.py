@@ -17,9 +17,9 @@ def classification(gold: list[str], pred: list[str], labels: list[str], names: l
     from sklearn import metrics as skm
 
     binary = len(labels) == 2
+    f1 = {"pos_label": labels[-1], "average": "binary"} if binary else {"average": "macro"}
     out = {"accuracy": skm.accuracy_score(gold, pred),
-           "f1": skm.f1_score(gold, pred, labels=labels, pos_label=labels[-1], average="binary" if binary else "macro",
-                              zero_division=0),
+           "f1": skm.f1_score(gold, pred, labels=labels, zero_division=0, **f1),
            "macro_f1": skm.f1_score(gold, pred, labels=labels, average="macro", zero_division=0),
            "mcc": skm.matthews_corrcoef(gold, pred)}
     return {k: float(out[k]) for k in names}

@@ -147,9 +147,15 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
     msg = str(e.value)
     assert "\n" not in msg and all(w in msg for w in want), msg
     # the CLI prints it as one line and exits non-zero, before any model is touched
-    proc = subprocess.run([sys.executable, "-m", "downstream", "eval", str(tmp_path / "no-model"), "--task", arg],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1] == f"downstream: error: {msg}"
+    from downstream import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["eval", str(tmp_path / "no-model"), "--task", arg])
+    assert stop.value.code == f"downstream: error: {msg}"
+    if case == "tsv":  # and so does the command
+        proc = subprocess.run([sys.executable, "-m", "downstream", "eval", str(tmp_path / "no-model"), "--task", arg],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == f"downstream: error: {msg}"
 
 
 def test_known_layouts_read_glue_conll_and_squad_files_as_shipped(tmp_path):
@@ -423,3 +429,12 @@ def test_compare_resumes_without_retraining_finished_cells(train_data, task_dir,
         assert json.load(open(os.path.join(r["run"], "summary.json")))["steps"] == 6
     assert open(os.path.join(out, "compare.md")).read().count("\n| ") == 2  # a row per preset
     assert os.path.getsize(os.path.join(out, "compare.png")) > 0
+
+
+def test_compare_names_families_at_a_size():
+    from downstream import cli
+
+    assert cli._presets(["gpt", "bert", "t5-small"], "tiny") == ["gpt-tiny", "bert-tiny", "t5-small"]
+    assert cli._presets(["gpt"], None) == ["gpt"]  # GPT (2018) itself
+    with pytest.raises(TaskError, match="'nope-tiny' is not a preset"):
+        cli._presets(["nope"], "tiny")
