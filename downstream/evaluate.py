@@ -37,7 +37,8 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
                "options": options, "tasks": {}, "zero_shot": {}}
     for task in tasks:
         path = os.path.join(out, "tasks", f"{task.name}.json")
-        key = json.loads(json.dumps({"task": task.name, "options": options, "model": results["model"]}))
+        key = json.loads(json.dumps({"task": task.name, "options": options, "model": results["model"],
+                                     "weights": _weights_of(source)}))
         saved = _done(path, key)
         if saved is None:
             run_opts = dataclasses.replace(opts, save_dir=os.path.join(out, "models", task.name) if opts.save_dir
@@ -57,6 +58,16 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
         if results["tasks"]:
             plot(results, os.path.join(out, "curves.png"))
     return results
+
+
+def _weights_of(source: M.Source) -> str:
+    """What identifies the weights evaluated: the checkpoint an export was made from, else the directory (a run
+    trained further is evaluated again)."""
+    stamp = os.path.join(source.hf_dir, "ptm_source.json") if source.hf_dir else ""
+    if stamp and os.path.isfile(stamp):
+        with open(stamp) as f:
+            return json.load(f)["checkpoint"]
+    return os.path.abspath(source.elmo or source.hf_dir)
 
 
 def _broadcast(obj):
