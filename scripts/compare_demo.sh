@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The comparison demo (README "Downstream"): BERT, RoBERTa, ELECTRA, GPT, T5, XLNet and ELMo at their tiny sizes,
+# The comparison demo (README "Stage 4"): BERT, RoBERTa, ELECTRA, GPT, T5, XLNet and ELMo at their tiny sizes,
 # pretrained on the embedded corpus for the same training FLOPs, each fine-tuned on two shipped tasks (8 epochs of
-# at most 400 examples, 3 seeds)
-# beside the same architecture without pretraining. CPU, about half an hour; re-running continues where it stopped.
+# at most 400 examples, 3 seeds) beside the same architecture without pretraining. CPU; not yet timed alone (over
+# 30 minutes on 2 shared cores); re-running continues where it stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${PTM_DEMO_DIR:-runs/demo}
