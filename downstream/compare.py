@@ -149,7 +149,7 @@ def compare(presets: list[str], data: str, task_args: list[str], kind: str, budg
         scores = {}
         for pretrained in (True, False):
             where = os.path.join(out, preset, "eval" if pretrained else "scratch")
-            run_opts = dataclasses.replace(opts, pretrained=pretrained, log=[])
+            run_opts = dataclasses.replace(opts, pretrained=pretrained)
             scores["pretrained" if pretrained else "scratch"] = E.evaluate(cell["run"], where, task_args, run_opts)
         rows.append({**trained, "eval": {k: {t: _brief(r) for t, r in v["tasks"].items()} for k, v in scores.items()}})
     result = {"budget": {kind: budget}, "data": os.path.abspath(data), "tasks": task_args, "rows": rows}

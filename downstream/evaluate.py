@@ -32,7 +32,7 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
     rank = FT.world()[0]
     source = M.resolve(model, out) if rank == 0 else None
     source = _broadcast(source)
-    options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in ("progress", "log", "save_dir")}
+    options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in ("progress", "save_dir")}
     results = {"model": os.path.abspath(model), "family": source.family, "pretrained": opts.pretrained,
                "options": options, "tasks": {}, "zero_shot": {}}
     for task in tasks:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +38,6 @@ class Options:
     pretrained: bool = True  # False: the same architecture randomly initialised (the no-pretraining baseline)
     save_dir: str = ""  # write the best run's fine-tuned model here (loads with transformers for HF heads)
     progress: bool = True
-    log: list = field(default_factory=list)
 
 
 def world() -> tuple[int, int]:
@@ -54,11 +53,10 @@ def world() -> tuple[int, int]:
 
 
 def device() -> torch.device:
-    import os
+    """This process's device (pretrain.device's rule: cuda:LOCAL_RANK, or cpu)."""
+    from pretrain import device as D
 
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
+    return D.device()
 
 
 def build(source: M.Source, task: Task, pretrained: bool):
