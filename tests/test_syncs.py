@@ -23,6 +23,7 @@ the backward pass (a model's or a DeepSpeed hook's).
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import os
 import sys
@@ -144,10 +145,13 @@ def _per_step(train_data, tmp_path, objective: str, accumulation: int, *more: st
         syncs.ops[f"{_owner()}: accelerator.synchronize"] += 1
         return type(accelerator).synchronize(accelerator, *args, **kwargs)
     accelerator.synchronize = synchronize
+    gc.collect()  # an earlier test's engine, collected mid-step, would count its destroy()'s synchronize as this one's
+    gc.disable()
     try:
         with syncs, Transfers(syncs):
             trainer.fit()
     finally:
+        gc.enable()
         del accelerator.synchronize
         trainer.close()
     assert len(marks) == cfg.train.steps
