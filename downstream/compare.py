@@ -146,11 +146,13 @@ def compare(presets: list[str], data: str, task_args: list[str], kind: str, budg
     for preset in presets:
         cell = plan_cell(preset, data_sets, out, kind, budget, list(overrides), launcher)
         trained = pretrain(cell, launcher)
-        scores = {}
+        scores, model = {}, cell["run"]
         for pretrained in (True, False):
             where = os.path.join(out, preset, "eval" if pretrained else "scratch")
             run_opts = dataclasses.replace(opts, pretrained=pretrained)
-            scores["pretrained" if pretrained else "scratch"] = E.evaluate(cell["run"], where, task_args, run_opts)
+            scores["pretrained" if pretrained else "scratch"] = E.evaluate(model, where, task_args, run_opts)
+            exported = os.path.join(where, "export")
+            model = exported if os.path.isdir(exported) else model  # the twin reads the same export's architecture
         rows.append({**trained, "eval": {k: {t: _brief(r) for t, r in v["tasks"].items()} for k, v in scores.items()}})
     result = {"budget": {kind: budget}, "data": os.path.abspath(data), "tasks": task_args, "rows": rows}
     write_json(os.path.join(out, "compare.json"), result)

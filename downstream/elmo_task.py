@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from downstream.encode import IGNORE
+from downstream.encode import IGNORE, best_span
 
 _SEGMENTER = None
 
@@ -69,14 +69,7 @@ class ELMoInputs:
         return [{"words": [q, words or ["<UNK>"]], "start": start, "end": end, "spans": spans}]
 
     def best_span(self, windows: list[dict], starts, ends, context: str) -> str:
-        w, s, e = windows[0], starts[0], ends[0]
-        n = len(w["spans"])
-        if n == 0:
-            return ""
-        score = s[:n, None] + e[None, :n]
-        band = torch.ones(n, n, dtype=torch.bool, device=score.device).triu().tril(self.max_answer - 1)
-        i, j = divmod(int(score.masked_fill(~band, float("-inf")).argmax()), n)
-        return context[w["spans"][i][0]:w["spans"][j][1]]
+        return best_span(windows, starts, ends, context, self.max_answer)
 
     def pad(self, rows: list[dict], keys=()) -> dict:
         out = {"words": [r["words"] for r in rows]}

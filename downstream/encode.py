@@ -121,20 +121,7 @@ class Encoder:
         return windows
 
     def best_span(self, windows: list[dict], starts: list[torch.Tensor], ends: list[torch.Tensor], context: str) -> str:
-        """The context text of the best start <= end pair (at most max_answer tokens) over an example's windows."""
-        best, text = float("-inf"), ""
-        for w, s, e in zip(windows, starts, ends):
-            ok = torch.tensor([sp is not None for sp in w["spans"]])
-            n = len(ok)
-            s, e = s[:n].float().masked_fill(~ok, float("-inf")), e[:n].float().masked_fill(~ok, float("-inf"))
-            score = s[:, None] + e[None, :]
-            band = torch.ones(n, n, dtype=torch.bool).triu().tril(self.max_answer - 1)
-            score = score.masked_fill(~band, float("-inf"))
-            at = int(score.argmax())
-            i, j = divmod(at, n)
-            if score[i, j] > best:
-                best, text = float(score[i, j]), context[w["spans"][i][0]:w["spans"][j][1]]
-        return text
+        return best_span(windows, starts, ends, context, self.max_answer)
 
     def pad(self, rows: list[dict], keys=("input_ids", "token_type_ids")) -> dict[str, torch.Tensor]:
         """A batch of rows padded to its longest on the tokenizer's side; attention_mask (and `real`, the same for a
@@ -151,3 +138,22 @@ class Encoder:
                 batch.append(pad + values if left else values + pad)
             out[key] = torch.tensor(batch)
         return out
+
+
+def best_span(windows: list[dict], starts: list[torch.Tensor], ends: list[torch.Tensor], context: str,
+              max_answer: int) -> str:
+    """The context text of the best start <= end pair (at most `max_answer` units) over an example's windows; a
+    window's `spans` are the character spans of its units (None: not in the context)."""
+    best, text = float("-inf"), ""
+    for w, s, e in zip(windows, starts, ends):
+        n = len(w["spans"])
+        if n == 0:
+            continue
+        ok = torch.tensor([sp is not None for sp in w["spans"]], device=s.device)
+        s, e = s[:n].float().masked_fill(~ok, float("-inf")), e[:n].float().masked_fill(~ok, float("-inf"))
+        band = torch.ones(n, n, dtype=torch.bool, device=s.device).triu().tril(max_answer - 1)
+        score = (s[:, None] + e[None, :]).masked_fill(~band, float("-inf"))
+        i, j = divmod(int(score.argmax()), n)
+        if score[i, j] > best:
+            best, text = float(score[i, j]), context[w["spans"][i][0]:w["spans"][j][1]]
+    return text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -356,8 +357,6 @@ def test_eval_resumes_and_data_parallel_equals_one_process(exports, task_dir, tm
 
     small = tmp_path / "next"
     task = T.load(str(task_dir / "next"))
-    import shutil
-
     shutil.copytree(task_dir / "next", small)
     args = ["--epochs", "1", "--seeds", "1", "2", "--lrs", "1e-3", "--batch-size", "8", "--max-len", "48",
             "--max-train", "24", "--save-model", "--no-progress", "--task", str(small)]
@@ -429,6 +428,21 @@ def test_compare_resumes_without_retraining_finished_cells(train_data, task_dir,
         assert json.load(open(os.path.join(r["run"], "summary.json")))["steps"] == 6
     assert open(os.path.join(out, "compare.md")).read().count("\n| ") == 2  # a row per preset
     assert os.path.getsize(os.path.join(out, "compare.png")) > 0
+    assert not os.path.exists(os.path.join(out, "gpt-tiny", "scratch", "export"))  # the twin reads eval/'s export
+
+    from pretrain import checkpoint as C
+
+    trained.clear(), tuned.clear()
+    CMP.compare(["bert-tiny", "gpt-tiny"], train_data, task, "tokens", 8 * 32 * 6, out, opts, sets)
+    assert trained == tuned == []  # a finished comparison does nothing again
+    run = rows["bert-tiny"]["run"]
+    further = os.path.join(run, "checkpoints", "step_00000009")
+    shutil.copytree(C.resolve(run), further)
+    C.mark_latest(run, os.path.basename(further))  # its run trained further: evaluated again, both twins
+    CMP.compare(["bert-tiny", "gpt-tiny"], train_data, task, "tokens", 8 * 32 * 6, out, opts, sets)
+    assert trained == [] and len(tuned) == 2 and all("bert-tiny" in p for p in tuned)
+    stamp = json.load(open(os.path.join(out, "bert-tiny", "eval", "export", "ptm_source.json")))
+    assert stamp["checkpoint"] == os.path.abspath(further)
 
 
 def test_compare_names_families_at_a_size():
