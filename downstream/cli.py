@@ -25,6 +25,11 @@ def _finetune_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-len", type=int, default=d.max_len,
                    help="tokens per input; longer texts keep head + tail (default %(default)s)")
     g.add_argument("--max-train", type=int, default=0, help="use at most this many training examples (0: all)")
+    g.add_argument("--features", choices=("first", "mean", "whiten"),
+                   help="feature-based instead of fine-tuning: the model frozen, a linear layer trained (over the "
+                        "--task-model-lrs grid) on a text's vector: its first token (a causal model's last), the "
+                        "mean of its tokens, or that mean whitened over the training texts (BERT-whitening); on "
+                        "each token's state for tagging and QA. ELMo is always feature-based")
 
 
 def _options(a):
@@ -32,7 +37,7 @@ def _options(a):
 
     return Options(epochs=a.epochs, lrs=tuple(a.lrs), task_model_lrs=tuple(a.task_model_lrs), seeds=tuple(a.seeds),
                    batch_size=a.batch_size, max_len=a.max_len, max_train=a.max_train,
-                   progress=getattr(a, "progress", True))
+                   features=a.features or "", progress=getattr(a, "progress", True))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -134,7 +139,7 @@ def run(argv=None) -> int:
         opts = _options(a)
         opts.pretrained, opts.save_dir = a.pretrained, "yes" if a.save_model else ""
         out = a.out or os.path.join("eval", os.path.basename(os.path.normpath(a.model)) +
-                                    ("" if a.pretrained else "-scratch"))
+                                    ("" if a.pretrained else "-scratch") + (f"-{a.features}" if a.features else ""))
         results = E.evaluate(a.model, out, a.tasks, opts, a.text, a.last_word, a.cloze)
         if E.FT.world()[0] == 0:
             print("\n".join(E.summary(results)))

@@ -28,7 +28,7 @@ from downstream.tasks import Task
 class Options:
     epochs: int = 3
     lrs: tuple[float, ...] = (2e-5, 5e-5, 1e-4)  # transformers fine-tuned whole
-    task_model_lrs: tuple[float, ...] = (1e-3,)  # a task model trained from scratch on frozen features (ELMo)
+    task_model_lrs: tuple[float, ...] = (1e-3,)  # a layer or task model trained over frozen features (ELMo's)
     seeds: tuple[int, ...] = (1, 2, 3)
     batch_size: int = 32
     max_len: int = 128
@@ -37,6 +37,7 @@ class Options:
     max_train: int = 0  # at most this many training examples (0: all)
     pretrained: bool = True  # False: the same architecture randomly initialised (the no-pretraining baseline)
     save_dir: str = ""  # write the best run's fine-tuned model here (loads with transformers for HF heads)
+    features: str = ""  # feature-based: first | mean | whiten (models.LinearHead); ELMo always is
     progress: bool = True
 
 
@@ -59,15 +60,15 @@ def device() -> torch.device:
     return D.device()
 
 
-def build(source: M.Source, task: Task, pretrained: bool):
-    """(model, inputs) for a task: the ELMo task model and its word inputs, or the family's head and its tokenizer's
-    Encoder."""
+def build(source: M.Source, task: Task, pretrained: bool, features: str = ""):
+    """(model, inputs) for a task: the ELMo task model and its word inputs, or the family's head (a linear layer
+    over frozen `features`) and its tokenizer's Encoder."""
     labels = {"regression": 1, "qa": 2}.get(task.kind, len(task.labels))
     if source.elmo:
         from downstream.elmo_task import ELMoInputs, elmo_model
 
         return elmo_model(source.elmo, task.kind, labels, task.pair, pretrained), ELMoInputs(Options.max_len)
-    return M.head_model(source, task.kind, labels, pretrained, task.labels), None
+    return M.head_model(source, task.kind, labels, pretrained, task.labels, features), None
 
 
 class Features:
@@ -205,7 +206,7 @@ def run_one(source: M.Source, task: Task, lr: float, seed: int, opts: Options, t
     dev = device()
     torch.manual_seed(seed)
     random.seed(seed)
-    model, inputs = build(source, task, opts.pretrained)
+    model, inputs = build(source, task, opts.pretrained, opts.features)
     if inputs is None:
         tok = M.tokenizer(source)
         mask = ("real",) if M.unmasked(source) else ("attention_mask",)  # "real": the padding, for pooling only
@@ -216,6 +217,9 @@ def run_one(source: M.Source, task: Task, lr: float, seed: int, opts: Options, t
     train_ex = task.train[:opts.max_train] if opts.max_train else task.train
     train, dev_feats = Features(task, inputs, train_ex), Features(task, inputs, task.dev)
     model.to(dev).train()
+    if getattr(model, "features", "") == "whiten" and task.kind in ("classification", "regression"):
+        model.fit_whitening(train.batch(list(range(i, min(i + opts.batch_size, len(train.rows)))), dev)[0]
+                            for i in range(0, len(train.rows), opts.batch_size))
     wrapped = model
     if size > 1:
         wrapped = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
@@ -260,7 +264,7 @@ def run_one(source: M.Source, task: Task, lr: float, seed: int, opts: Options, t
 
 def finetune(source: M.Source, task: Task, opts: Options) -> dict:
     """Every (learning rate, seed) of the grid on one task; the chosen rate's median and spread."""
-    lrs = opts.task_model_lrs if source.elmo else opts.lrs
+    lrs = opts.task_model_lrs if source.elmo or opts.features else opts.lrs
     main = task.metrics[0]
     grid, best, head = {}, None, None
     for lr in lrs:

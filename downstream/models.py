@@ -114,10 +114,12 @@ def tokenizer(source: Source):
     return tok
 
 
-def head_model(source: Source, kind: str, labels: int, pretrained: bool = True, names: list[str] = ()) -> nn.Module:
+def head_model(source: Source, kind: str, labels: int, pretrained: bool = True, names: list[str] = (),
+               features: str = "") -> nn.Module:
     """The model fine-tuned on a task of `kind` with `labels` outputs (1 for regression): the family's transformers
     head, or a `LinearHead` over its base model; `pretrained=False`: the same architecture, randomly initialised
-    (the baseline that shows what pretraining bought). `names`: the labels, saved in the config."""
+    (the baseline that shows what pretraining bought). `names`: the labels, saved in the config. `features`
+    (first | mean | whiten): feature-based, a `LinearHead` over the frozen base model's vectors."""
     import transformers
 
     trust = trusted(source)
@@ -130,7 +132,9 @@ def head_model(source: Source, kind: str, labels: int, pretrained: bool = True, 
     if kind == "regression":
         config.problem_type = "regression"
     auto = getattr(transformers, AUTO[kind])
-    if type(config) in auto._model_mapping and not (unmasked(source) and kind in ("classification", "regression")):
+    own_head = type(config) in auto._model_mapping and not (unmasked(source) and kind in ("classification",
+                                                                                          "regression"))
+    if own_head and not features:
         if pretrained:
             return HFHead(auto.from_pretrained(source.hf_dir, config=config), kind)
         torch_dtype = getattr(config, "dtype", None)
@@ -138,9 +142,10 @@ def head_model(source: Source, kind: str, labels: int, pretrained: bool = True, 
     base_auto = transformers.AutoModel
     base = base_auto.from_pretrained(source.hf_dir, config=config, trust_remote_code=trust) if pretrained \
         else base_auto.from_config(config, trust_remote_code=trust)
-    why = "XLNet's own head reads the last position, a pad here" if unmasked(source) else \
+    why = f"frozen features: {features}" if features else \
+        "XLNet's own head reads the last position, a pad here" if unmasked(source) else \
         "transformers has no head of this kind for it"
-    return LinearHead(base, kind, labels, causal(source) or unmasked(source), why)
+    return LinearHead(base, kind, labels, causal(source) or unmasked(source), why, features)
 
 
 def head_name(model: nn.Module) -> str:
@@ -169,32 +174,69 @@ class HFHead(nn.Module):
 
 
 class LinearHead(nn.Module):
-    """Dropout and a linear layer over a base model's last hidden states: the first token (classification; a causal
-    model's last real token), every token (tagging), start and end logits (QA)."""
+    """Dropout and a linear layer over a base model's last hidden states: for a text, its first token (a causal
+    model's last real token); for tagging, every token; for QA, start and end logits per token.
 
-    def __init__(self, base: nn.Module, kind: str, labels: int, last_token: bool, why: str = ""):
+    `features` makes it feature-based (the base frozen, in eval mode, only the linear layer trained) and names the
+    text's vector: `first` (the token above), `mean` (the mean over real tokens), `whiten` (the mean, shifted and
+    rotated to zero mean and identity covariance over the training texts: BERT-whitening, Su et al. 2021;
+    `fit_whitening`)."""
+
+    def __init__(self, base: nn.Module, kind: str, labels: int, last_token: bool, why: str = "", features: str = ""):
         super().__init__()
         width = base.config.hidden_size
-        self.base, self.kind, self.last_token, self.why = base, kind, last_token, why
+        self.base, self.kind, self.last_token, self.why, self.features = base, kind, last_token, why, features
         self.dropout = nn.Dropout(0.1)
         self.out = nn.Linear(width, 2 if kind == "qa" else labels)
         nn.init.normal_(self.out.weight, std=0.02)
         nn.init.zeros_(self.out.bias)
+        if features:
+            base.requires_grad_(False)
+            self.register_buffer("shift", torch.zeros(width))
+            self.register_buffer("rotate", torch.eye(width))
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.features:
+            self.base.eval()  # frozen features: no dropout inside the base
+        return self
+
+    def states(self, inputs: dict) -> torch.Tensor:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.features):
+            return self.base(**{k: v for k, v in inputs.items() if k != "real"}).last_hidden_state
+
+    def vector(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """A text's vector from its states `h` and real-token `mask`."""
+        if self.features in ("mean", "whiten"):
+            v = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+            return (v - self.shift) @ self.rotate if self.features == "whiten" else v
+        at = (mask.cumsum(1).argmax(1) if self.last_token else mask.argmax(1))  # last / first real token
+        return h[torch.arange(len(h)), at]
 
     def forward(self, inputs: dict):
-        mask = inputs.get("attention_mask", inputs.get("real"))
-        h = self.dropout(self.base(**{k: v for k, v in inputs.items() if k != "real"}).last_hidden_state)
+        h = self.dropout(self.states(inputs))
         if self.kind == "qa":
             start, end = self.out(h).unbind(-1)
             return start, end
         if self.kind == "tagging":
             return self.out(h)
-        at = (mask.cumsum(1).argmax(1) if self.last_token else mask.argmax(1))  # last / first real token
-        return self.out(h[torch.arange(len(h)), at])
+        return self.out(self.vector(h, inputs.get("attention_mask", inputs.get("real"))))
+
+    @torch.no_grad()
+    def fit_whitening(self, batches) -> None:
+        """Whitening's shift and rotation from the mean vectors of `batches` (model inputs): mu and
+        U diag(s)^-1/2 of their covariance U diag(s) U^T (float64; tiny eigenvalues floored)."""
+        was, self.features = self.features, "mean"
+        v = torch.cat([self.vector(self.states(b), b.get("attention_mask", b.get("real"))) for b in batches]).double()
+        self.features = was
+        s, u = torch.linalg.eigh(torch.cov(v.T))
+        self.shift.copy_(v.mean(0))
+        self.rotate.copy_(u * s.clamp_min(s.max() * 1e-6).rsqrt())
 
     def save(self, out: str, tok) -> None:
         from safetensors.torch import save_file
 
         self.base.save_pretrained(out)
         tok.save_pretrained(out)
-        save_file({k: v.contiguous() for k, v in self.out.state_dict().items()}, os.path.join(out, "head.safetensors"))
+        head = {k: v.contiguous() for k, v in self.state_dict().items() if not k.startswith("base.")}
+        save_file(head, os.path.join(out, "head.safetensors"))

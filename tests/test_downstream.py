@@ -254,6 +254,38 @@ def test_every_family_fine_tunes_with_its_transformers_head(exports, task_dir, t
     assert heads[("transfo-xl-tiny", "classification")].startswith("LinearHead over XLNetModel")
 
 
+def test_feature_based_trains_a_linear_layer_over_frozen_vectors(exports, task_dir, tmp_path):
+    """--features: the export's weights stay as they were, only the linear layer learns; `whiten` is the mean of
+    transformers' states over real tokens, shifted and rotated so that the training texts' vectors have zero mean and
+    identity covariance; a causal model's `first` is its last real token's state."""
+    task = _tiny(T.load(str(task_dir / "source")), train=48)
+    for preset, features in (("bert-tiny", "whiten"), ("gpt2-tiny", "first")):
+        ref = transformers.AutoModel.from_pretrained(exports[preset]).eval()
+        source = M.resolve(exports[preset], str(tmp_path))
+        opts = FT.Options(epochs=1, seeds=(1,), batch_size=8, max_len=48, progress=False, features=features)
+        torch.manual_seed(1)
+        start = FT.build(source, task, True, features)[0].out.weight.clone()
+        _, _, model, enc = FT.run_one(source, task, 1e-2, 1, opts)
+        assert M.head_name(model) == f"LinearHead over {type(ref).__name__} (frozen features: {features})"
+        assert not torch.equal(model.out.weight, start)
+        for k, v in ref.state_dict().items():
+            assert torch.equal(model.base.state_dict()[k], v), k
+        model.eval()
+        batch, _ = FT.Features(task, enc, task.train).batch(list(range(len(task.train))), torch.device("cpu"))
+        with torch.no_grad():
+            h = ref(**batch).last_hidden_state.double()
+            v = model.vector(model.states(batch), batch["attention_mask"]).double()
+        m = batch["attention_mask"].double()
+        if features == "whiten":
+            mean = (h * m[..., None]).sum(1) / m.sum(1, keepdim=True)
+            torch.testing.assert_close(v, (mean - model.shift.double()) @ model.rotate.double(), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(v.mean(0), torch.zeros(h.shape[-1], dtype=v.dtype), atol=1e-3, rtol=0)
+            torch.testing.assert_close(torch.cov(v.T), torch.eye(h.shape[-1], dtype=v.dtype), atol=1e-2, rtol=0)
+        else:
+            last = m.cumsum(1).argmax(1)
+            torch.testing.assert_close(v, h[torch.arange(len(h)), last], atol=1e-5, rtol=1e-5)
+
+
 def test_long_texts_keep_head_and_tail(exports):
     tok = transformers.AutoTokenizer.from_pretrained(exports["bert-tiny"])
     enc = Encoder(tok, 24)
@@ -392,6 +424,7 @@ def test_eval_resumes_and_data_parallel_equals_one_process(exports, task_dir, tm
 
 @pytest.mark.slow
 def test_compare_resumes_without_retraining_finished_cells(train_data, task_dir, tmp_path, monkeypatch):
+    from data_prep.dataset import Corpus
     from downstream import compare as CMP
     from pretrain import cost
     from pretrain.config import load
@@ -401,8 +434,9 @@ def test_compare_resumes_without_retraining_finished_cells(train_data, task_dir,
     task = [str(task_dir / "next")]
     opts = FT.Options(epochs=1, seeds=(1,), lrs=(1e-3,), batch_size=8, max_len=32, max_train=16, progress=False)
     cell = CMP.plan_cell("gpt-tiny", {"tokens": train_data}, str(tmp_path / "plan"), "flops", 1e10, sets, [])
-    per_step = cost.flops_per_sample(load("gpt-tiny", cell["sets"])) * 8  # the budget buys whole steps
-    assert cell["steps"] == int(1e10 / per_step) and cell["flops_per_step"] == pytest.approx(per_step)
+    vocab = Corpus(train_data).vocab_size  # `ptm plan`'s cost, with the LM head over the dataset's vocabulary
+    per_step = cost.flops_per_sample(load("gpt-tiny", [*cell["sets"], f"model.vocab_size={vocab}"])) * 8
+    assert cell["steps"] == int(1e10 / per_step) and cell["flops_per_step"] == pytest.approx(per_step)  # whole steps
 
     real_pretrain, trained, tuned = CMP.pretrain, [], []
 
