@@ -278,9 +278,12 @@ def test_feature_based_trains_a_linear_layer_over_frozen_vectors(exports, task_d
         m = batch["attention_mask"].double()
         if features == "whiten":
             mean = (h * m[..., None]).sum(1) / m.sum(1, keepdim=True)
-            torch.testing.assert_close(v, (mean - model.shift.double()) @ model.rotate.double(), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(v, (mean - model.shift.double()) @ model.rotate.double(), atol=2e-3, rtol=1e-3)
             torch.testing.assert_close(v.mean(0), torch.zeros(h.shape[-1], dtype=v.dtype), atol=1e-3, rtol=0)
-            torch.testing.assert_close(torch.cov(v.T), torch.eye(h.shape[-1], dtype=v.dtype), atol=1e-2, rtol=0)
+            cov = torch.cov(v.T)  # identity, but for what LayerNorm leaves no variance in (its states sum to 0)
+            kept = torch.diag((cov.diagonal() > 0.5).double())
+            torch.testing.assert_close(cov, kept, atol=1e-2, rtol=0)
+            assert kept.trace() >= h.shape[-1] - 1
         else:
             last = m.cumsum(1).argmax(1)
             torch.testing.assert_close(v, h[torch.arange(len(h)), last], atol=1e-5, rtol=1e-5)
