@@ -1,6 +1,11 @@
 """ELMo under a small task model, as the ELMo paper uses it (Peters et al. 2018, section 3.3): the biLM frozen, its
 layers mixed by a learned scalar mix (pretrain/elmo_vectors.py), the mix fed to a task model trained from scratch.
 
+Each biLM layer is standardised per dimension with its mean and standard deviation over the training texts'
+words (`fit_inputs`; the layers are frozen, so these are constants) before the mix: a barely trained or fresh biLM
+gives every word nearly the same vector (cosines of 0.9-0.99), and the small differences that remain are what a task
+model must read; unstandardised, it does not leave the majority class in a few hundred steps.
+
 The task model here is small and the same for every task kind: a one-layer BiLSTM over the ELMo vectors, then
 - classification / regression: max-pooled states; a pair's two vectors u, v as [u; v; |u - v|; u * v] (InferSent);
 - tagging: a linear layer per word;
@@ -86,7 +91,10 @@ class ELMoTask(nn.Module):
         super().__init__()
         self.elmo, self.kind, self.pair = embedder, kind, pair
         with torch.no_grad():
-            width = embedder([["a"]])["elmo"][0].shape[-1]
+            layers = embedder([["a"]])["layers"]
+        width = layers[0].shape[-1]
+        self.register_buffer("center", torch.zeros(len(layers), width))
+        self.register_buffer("scale", torch.ones(len(layers), width))
         self.lstm = nn.LSTM(width, hidden, batch_first=True, bidirectional=True)
         self.dropout = nn.Dropout(0.1)
         if kind == "qa":
@@ -114,7 +122,22 @@ class ELMoTask(nn.Module):
 
     def _encode(self, sentences: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
         e = self.elmo(sentences)
-        return self._run(self.lstm, self.dropout(e["elmo"][0]), e["mask"]), e["mask"]
+        layers = [(x - c) / s for x, c, s in zip(e["layers"], self.center, self.scale)]
+        mixed = self.elmo.mixes[0](layers, e["mask"])
+        return self._run(self.lstm, self.dropout(mixed), e["mask"]), e["mask"]
+
+    @torch.no_grad()
+    def fit_inputs(self, batches) -> None:
+        """Each layer's per-dimension mean and standard deviation over the words of `batches` (model inputs: every
+        text of every row), in float64."""
+        total, sums, squares = 0, 0.0, 0.0
+        for b in batches:
+            e = self.elmo([text for row in b["words"] for text in row])
+            x = torch.stack(e["layers"])[:, e["mask"]].double()  # [layers, words, width]
+            total, sums, squares = total + x.shape[1], sums + x.sum(1), squares + (x * x).sum(1)
+        mean = sums / total
+        self.center.copy_(mean)
+        self.scale.copy_((squares / total - mean * mean).clamp_min(0).sqrt().clamp_min(1e-6))
 
     @staticmethod
     def _pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -217,9 +217,9 @@ def run_one(source: M.Source, task: Task, lr: float, seed: int, opts: Options, t
     train_ex = task.train[:opts.max_train] if opts.max_train else task.train
     train, dev_feats = Features(task, inputs, train_ex), Features(task, inputs, task.dev)
     model.to(dev).train()
-    if getattr(model, "features", "") == "whiten" and task.kind in ("classification", "regression"):
-        model.fit_whitening(train.batch(list(range(i, min(i + opts.batch_size, len(train.rows)))), dev)[0]
-                            for i in range(0, len(train.rows), opts.batch_size))
+    if hasattr(model, "fit_inputs"):  # statistics of the training inputs (ELMo's standardised layers, whitening)
+        model.fit_inputs(train.batch(list(range(i, min(i + opts.batch_size, len(train.rows)))), dev)[0]
+                         for i in range(0, len(train.rows), opts.batch_size))
     wrapped = model
     if size > 1:
         wrapped = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)

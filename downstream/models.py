@@ -180,7 +180,7 @@ class LinearHead(nn.Module):
     `features` makes it feature-based (the base frozen, in eval mode, only the linear layer trained) and names the
     text's vector: `first` (the token above), `mean` (the mean over real tokens), `whiten` (the mean, shifted and
     rotated to zero mean and identity covariance over the training texts: BERT-whitening, Su et al. 2021;
-    `fit_whitening`)."""
+    `fit_inputs`)."""
 
     def __init__(self, base: nn.Module, kind: str, labels: int, last_token: bool, why: str = "", features: str = ""):
         super().__init__()
@@ -223,9 +223,11 @@ class LinearHead(nn.Module):
         return self.out(self.vector(h, inputs.get("attention_mask", inputs.get("real"))))
 
     @torch.no_grad()
-    def fit_whitening(self, batches) -> None:
-        """Whitening's shift and rotation from the mean vectors of `batches` (model inputs): mu and
-        U diag(s)^-1/2 of their covariance U diag(s) U^T (float64; tiny eigenvalues floored)."""
+    def fit_inputs(self, batches) -> None:
+        """`whiten`'s shift and rotation from the mean vectors of `batches` (the training texts' model inputs): mu and
+        U diag(s)^-1/2 of their covariance U diag(s) U^T (float64; tiny eigenvalues floored). Nothing otherwise."""
+        if self.features != "whiten" or self.kind in ("tagging", "qa"):
+            return
         was, self.features = self.features, "mean"
         v = torch.cat([self.vector(self.states(b), b.get("attention_mask", b.get("real"))) for b in batches]).double()
         self.features = was

@@ -320,6 +320,13 @@ def test_elmo_trains_a_task_model_over_its_frozen_bilm_and_scalar_mix(words_data
         assert not torch.equal(before["elmo.mixes.0.weights"], after["elmo.mixes.0.weights"])  # the mix learns
         assert set(metrics) == set(task.metrics)
         model.eval()
+        if name == "next":  # each layer standardised over the training words (both texts of a pair)
+            with torch.no_grad():
+                e = model.elmo([t for r in FT.Features(task, inputs, task.train).rows for t in r["words"]])
+            x = torch.stack([(y - c) / s for y, c, s in zip(e["layers"], model.center, model.scale)])
+            x = x[:, e["mask"]].double()
+            torch.testing.assert_close(x.mean(1), torch.zeros_like(x[:, 0]), atol=1e-4, rtol=0)
+            torch.testing.assert_close(x.std(1, correction=0), torch.ones_like(x[:, 0]), atol=1e-3, rtol=0)
         rows = FT.Features(task, inputs, task.dev[:3]).rows[:3]
         with torch.no_grad():
             batch = model(inputs.pad(rows, ("labels",) if name == "code" else ()))
