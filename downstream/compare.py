@@ -215,7 +215,10 @@ def plot(result: dict, out: str) -> str:
                         color=color, label=r["preset"])
             ax.plot([x], [s["median"]], "o", mfc="none", color=color)
             ax.plot([x, x], [s["median"], p["median"]], color=color, linewidth=0.7)
-        ax.set_xscale("log")
+            ax.annotate(r["preset"], (x, p["median"]), fontsize=6, xytext=(3, 2), textcoords="offset points")
+        spread = [r["flops_per_step"] * r["steps"] for r in rows]
+        if max(spread) >= 10 * min(spread):  # budgets that differ (else a linear axis keeps its ticks readable)
+            ax.set_xscale("log")
         ax.set_xlabel("training FLOPs")
         ax.set_title(f"{t}: {rows[0]['eval']['pretrained'][t]['metric']} (hollow: not pretrained)")
         ax.legend(fontsize=7)
