@@ -69,7 +69,7 @@ def plan_cell(preset: str, data: dict[str, str], out: str, kind: str, budget: fl
     path = data[objectives.get(probe.data.objective).reads]
     run_dir = os.path.join(out, preset, "run")
     base = [f"data.path={path}", f"out_dir={run_dir}", *overrides]
-    cfg = _costed(preset, base, path)
+    cfg = _costed(preset, base)
     per_step = cfg.train.global_batch_size
     if kind == "flops":
         steps = budget / (cost.flops_per_sample(cfg) * per_step)
@@ -85,20 +85,19 @@ def plan_cell(preset: str, data: dict[str, str], out: str, kind: str, budget: fl
     warmup = min(cfg.optimizer.warmup_steps, max(steps // 10, 1))
     sets = base + [f"train.steps={steps}", f"optimizer.warmup_steps={warmup}", f"train.eval_interval={steps}",
                    f"checkpoint.interval={max(steps // 4, 1)}"]
-    cfg = _costed(preset, sets, path)
+    cfg = _costed(preset, sets)
     return {"preset": preset, "family": cfg.model.arch, "objective": cfg.data.objective, "steps": steps,
             "parameters": cost.count_parameters(cfg.model), "flops_per_step": cost.flops_per_sample(cfg) * per_step,
             "tokens_per_step": cfg.data.seq_len * per_step, "sets": sets, "run": run_dir}
 
 
-def _costed(preset: str, sets: list[str], path: str):
-    """The config as training resolves it, for its cost: model.vocab_size 0 takes the dataset's (the LM head's
-    FLOPs, as `ptm plan` counts them)."""
-    from data_prep.dataset import Corpus
+def _costed(preset: str, sets: list[str]):
+    """The config as `ptm plan` costs it: model.vocab_size 0 takes the dataset's (its LM head's FLOPs)."""
     from pretrain.config import load
+    from pretrain.plan import resolve_vocab
 
     cfg = load(preset, sets)
-    cfg.model.vocab_size = cfg.model.vocab_size or Corpus(path).vocab_size
+    resolve_vocab(cfg, None)
     return cfg
 
 

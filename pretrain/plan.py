@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         if args.calibrate:
             print(_calibrate(args.config, cfg))
             return 0
-        vocab_source = _resolve_vocab(cfg, args.vocab_size)
+        vocab_source = resolve_vocab(cfg, args.vocab_size)
         per_node = args.gpus_per_node
         if args.gpus and args.nodes:  # both: the GPUs split evenly over the nodes
             if args.gpus % args.nodes or (per_node and per_node * args.nodes != args.gpus):
@@ -171,7 +171,7 @@ def _calibrate(name: str, cfg: Config) -> str:
             f"give --launch-us {1e6 * seconds:.3g} to `ptm plan --gpu` for runs launched from this node's kind")
 
 
-def _resolve_vocab(cfg: Config, vocab_size: int | None) -> str:
+def resolve_vocab(cfg: Config, vocab_size: int | None) -> str:
     """Fill in model.vocab_size when the config leaves it to the dataset; returns where it came from."""
     m, path = cfg.model, cfg.data.paths[0] if cfg.data.paths else ""
     if m.vocab_size:

@@ -252,7 +252,7 @@ def test_plan_counts_a_teacher_it_can_read_and_names_one_it_cannot(train_data, b
     assert f"teacher: {n / 1e6:.1f}M parameters per TP rank, frozen" in shown
     assert any(line.startswith("frozen teacher") for line in shown.splitlines())
     cfg = load("tinybert-tiny", [*sets, f"distill.teacher={bert_teacher}"])
-    plan._resolve_vocab(cfg, None)  # the dataset's, as `ptm plan` reads it
+    plan.resolve_vocab(cfg, None)  # the dataset's, as `ptm plan` reads it
     assert plan.estimate(cfg, 4).teacher == 2 * n // 4
     missing = run_cli("pretrain", "plan", "--config", "tinybert-tiny", "--set", *sets,
                       f"distill.teacher={tmp_path / 'nowhere'}").stdout
