@@ -23,8 +23,11 @@ pip=(.venv/bin/python -m pip install -qq --disable-pip-version-check -c constrai
 # torch first, so deepspeed's sdist build sees it. On a GPU cluster set PTM_TORCH_INDEX to a CUDA wheel index.
 if [ -n "${PTM_TORCH_INDEX:-}" ]; then "${pip[@]}" --index-url "$PTM_TORCH_INDEX" torch
 else "${pip[@]}" torch; fi
-"${pip[@]}" setuptools wheel numpy cython  # cython: data_prep's compiled loops (setup.py)
+"${pip[@]}" setuptools wheel numpy cython setuptools-scm  # cython: data_prep's compiled loops (setup.py)
 "${pip[@]}" --no-build-isolation deepspeed
+# seqeval is a source distribution whose setup_requires fetches the newest setuptools-scm without its dependency
+# (vcs-versioning): build it against the venv's, which pip installed whole
+[[ ",$extras," == *,eval,* ]] && "${pip[@]}" --no-build-isolation seqeval
 "${pip[@]}" -e ".[$extras]"
 rm -f .venv/.ptm-setup-*
 touch "$stamp"
