@@ -6,6 +6,9 @@ words (`fit_inputs`; the layers are frozen, so these are constants) before the m
 gives every word nearly the same vector (cosines of 0.9-0.99), and the small differences that remain are what a task
 model must read; unstandardised, it does not leave the majority class in a few hundred steps.
 
+The biLM is frozen and without dropout, so each text's layers are computed once per run and kept (`_layers`, up to
+`CACHE_BYTES`), as bilm-tf's users dump them once: the epochs and the evaluations after the first read them back.
+
 The task model here is small and the same for every task kind: a one-layer BiLSTM over the ELMo vectors, then
 - classification / regression: max-pooled states; a pair's two vectors u, v as [u; v; |u - v|; u * v] (InferSent);
 - tagging: a linear layer per word;
@@ -22,6 +25,7 @@ from torch import nn
 from downstream.encode import IGNORE, best_span
 
 _SEGMENTER = None
+CACHE_BYTES = 1 << 30  # the frozen biLM's layers kept per run (a text's layers past this are computed each time)
 
 
 def words_of(text: str) -> tuple[list[str], list[tuple[int, int]]]:
@@ -91,8 +95,10 @@ class ELMoTask(nn.Module):
         super().__init__()
         self.elmo, self.kind, self.pair = embedder, kind, pair
         with torch.no_grad():
-            layers = embedder([["a"]])["layers"]
+            layers, _ = embedder.layers([["a"]])
         width = layers[0].shape[-1]
+        self.cache: dict[tuple[str, ...], torch.Tensor] = {}  # a text's words -> its layers [layers, words, width]
+        self.cached_bytes = 0
         self.register_buffer("center", torch.zeros(len(layers), width))
         self.register_buffer("scale", torch.ones(len(layers), width))
         self.lstm = nn.LSTM(width, hidden, batch_first=True, bidirectional=True)
@@ -120,11 +126,33 @@ class ELMoTask(nn.Module):
         out, _ = lstm(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
         return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]
 
+    @torch.no_grad()
+    def _layers(self, sentences: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The frozen biLM's layers of `sentences` [layers, batch, words, width] (zero past a text's end) and the mask
+        of real words; the texts not seen before are run through the biLM together and kept."""
+        keys = [tuple(s) for s in sentences]
+        found = {k: self.cache[k] for k in keys if k in self.cache}
+        new = [k for k in dict.fromkeys(keys) if k not in found]
+        if new:
+            layers, mask = self.elmo.layers([list(k) for k in new])
+            for k, x, n in zip(new, torch.stack(layers, 1), mask.sum(1).tolist()):
+                found[k] = x[:, :n]
+                if self.cached_bytes < CACHE_BYTES:
+                    self.cache[k] = found[k] = found[k].clone()
+                    self.cached_bytes += found[k].nelement() * found[k].element_size()
+        n = max(len(k) for k in keys)
+        first = found[keys[0]]
+        out = first.new_zeros(first.shape[0], len(keys), n, first.shape[-1])
+        for i, k in enumerate(keys):
+            out[:, i, :len(k)] = found[k]
+        lengths = torch.tensor([len(k) for k in keys], device=out.device)
+        return out, torch.arange(n, device=out.device)[None] < lengths[:, None]
+
     def _encode(self, sentences: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:
-        e = self.elmo(sentences)
-        layers = [(x - c) / s for x, c, s in zip(e["layers"], self.center, self.scale)]
-        mixed = self.elmo.mixes[0](layers, e["mask"])
-        return self._run(self.lstm, self.dropout(mixed), e["mask"]), e["mask"]
+        layers, mask = self._layers(sentences)
+        layers = (layers - self.center[:, None, None]) / self.scale[:, None, None]
+        mixed = self.elmo.mixes[0](list(layers), mask)
+        return self._run(self.lstm, self.dropout(mixed), mask), mask
 
     @torch.no_grad()
     def fit_inputs(self, batches) -> None:
@@ -132,8 +160,8 @@ class ELMoTask(nn.Module):
         text of every row), in float64."""
         total, sums, squares = 0, 0.0, 0.0
         for b in batches:
-            e = self.elmo([text for row in b["words"] for text in row])
-            x = torch.stack(e["layers"])[:, e["mask"]].double()  # [layers, words, width]
+            layers, mask = self._layers([text for row in b["words"] for text in row])
+            x = layers[:, mask].double()  # [layers, words, width]
             total, sums, squares = total + x.shape[1], sums + x.sum(1), squares + (x * x).sum(1)
         mean = sums / total
         self.center.copy_(mean)

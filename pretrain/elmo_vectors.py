@@ -86,6 +86,11 @@ class ELMoEmbedder(nn.Module):
     def forward(self, sentences: list[list[str]]) -> dict:
         """{"elmo": one [batch, words, 2P] tensor per mix, "mask": [batch, words] (True on real words), "layers": the
         biLM's layers [batch, words, 2P] each}, without the sentence boundaries."""
+        layers, mask = self.layers(sentences)
+        return {"elmo": [mix(layers, mask) for mix in self.mixes], "mask": mask, "layers": layers}
+
+    def layers(self, sentences: list[list[str]]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The biLM's layers ([batch, words, 2P] each, zero past a sentence's end) and the mask of real words."""
         lengths = [len(s) + 2 for s in sentences]
         device = next(self.bilm.parameters()).device
         chars = torch.zeros(len(sentences), max(lengths), 50, dtype=torch.long)
@@ -96,8 +101,7 @@ class ELMoEmbedder(nn.Module):
         n = max(lengths) - 2
         layers = [x[:, 1:n + 1] for x in layers]
         mask = torch.arange(n, device=device)[None] < torch.tensor(lengths, device=device)[:, None] - 2
-        layers = [x * mask[..., None] for x in layers]
-        return {"elmo": [mix(layers, mask) for mix in self.mixes], "mask": mask, "layers": layers}
+        return [x * mask[..., None] for x in layers], mask
 
 
 def command(args) -> str:

@@ -3,6 +3,7 @@ against transformers loading the same export, padding that changes no prediction
 scores, data parallel = one process, and a re-run that skips finished tasks."""
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -304,16 +305,26 @@ def test_long_texts_keep_head_and_tail(exports):
 # ---- ELMo ----------------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_elmo_trains_a_task_model_over_its_frozen_bilm_and_scalar_mix(words_data, task_dir, tmp_path):
+def test_elmo_trains_a_task_model_over_its_frozen_bilm_and_scalar_mix(words_data, task_dir, tmp_path, monkeypatch):
+    from pretrain.elmo_vectors import ELMoEmbedder
+
     run = at_init("elmo-tiny", os.path.join(words_data, "tokenizer"), tmp_path)
     source = M.resolve(run, str(tmp_path))
     assert source.elmo and not source.hf_dir
-    opts = FT.Options(epochs=1, seeds=(1,), batch_size=8, max_len=32, progress=False)
+    opts = FT.Options(epochs=2, seeds=(1,), batch_size=8, max_len=32, progress=False)
+    through_bilm, layers = [], ELMoEmbedder.layers
+    monkeypatch.setattr(ELMoEmbedder, "layers", lambda self, texts: through_bilm.extend(map(tuple, texts)) or
+                        layers(self, texts))
     for name in ("next", "code", "follow", "position"):
         task = _tiny(T.load(str(task_dir / name)))
         model, inputs = FT.build(source, task, True)
         before = {k: v.clone() for k, v in model.state_dict().items()}
+        through_bilm.clear()
         metrics, _, model, inputs = FT.run_one(source, task, 1e-2, 1, opts)
+        # each text through the frozen biLM once (the statistics, 2 epochs and 2 evaluations read it back); ("a",):
+        # the model's probe of the layers' shape
+        texts = collections.Counter(t for t in through_bilm if t != ("a",))
+        assert texts and max(texts.values()) == 1 and model.cached_bytes > 0
         after = model.state_dict()
         bilm = [k for k in after if k.startswith("elmo.bilm.")]
         assert bilm and all(torch.equal(before[k], after[k]) for k in bilm)  # frozen
@@ -330,6 +341,7 @@ def test_elmo_trains_a_task_model_over_its_frozen_bilm_and_scalar_mix(words_data
         rows = FT.Features(task, inputs, task.dev[:3]).rows[:3]
         with torch.no_grad():
             batch = model(inputs.pad(rows, ("labels",) if name == "code" else ()))
+            model.cache.clear()
             alone = model(inputs.pad(rows[1:2], ("labels",) if name == "code" else ()))
         b, a = (batch[0], alone[0]) if name == "follow" else (batch, alone)
         n = a.shape[1] if a.ndim > 1 and name != "position" and name != "next" else None
