@@ -136,10 +136,10 @@ class ELMoTask(nn.Module):
         if new:
             layers, mask = self.elmo.layers([list(k) for k in new])
             for k, x, n in zip(new, torch.stack(layers, 1), mask.sum(1).tolist()):
-                found[k] = x[:, :n]
+                found[k] = x[:, :n].clone()
                 if self.cached_bytes < CACHE_BYTES:
-                    self.cache[k] = found[k] = found[k].clone()
-                    self.cached_bytes += found[k].nelement() * found[k].element_size()
+                    self.cache[k] = found[k]
+                    self.cached_bytes += found[k].nbytes
         n = max(len(k) for k in keys)
         first = found[keys[0]]
         out = first.new_zeros(first.shape[0], len(keys), n, first.shape[-1])

@@ -273,7 +273,7 @@ def finetune(source: M.Source, task: Task, opts: Options) -> dict:
             metrics, curve, model, inputs = run_one(source, task, lr, seed, opts)
             head = head or M.head_name(model)
             runs.append({"seed": seed, "metrics": metrics, "curve": curve})
-            if opts.save_dir and (best is None or metrics[main] > best[0]):
+            if opts.save_dir and not source.elmo and (best is None or metrics[main] > best[0]):  # ELMo's: not saved
                 best = (metrics[main], model, inputs)
             else:
                 del model
@@ -286,6 +286,6 @@ def finetune(source: M.Source, task: Task, opts: Options) -> dict:
            "medians": {m: statistics.median(r["metrics"][m] for r in grid[chosen]["runs"]) for m in task.metrics},
            "seeds": len(values), "train_examples": len(task.train[:opts.max_train] if opts.max_train else task.train),
            "dev_examples": len(task.dev), "skipped": task.skipped, "grid": grid, "head": head}
-    if best is not None and world()[0] == 0 and not source.elmo:
+    if best is not None and world()[0] == 0:
         best[1].save(opts.save_dir, best[2].tok)
     return out
