@@ -10,7 +10,8 @@ demo: setup
 	@bash scripts/demo.sh
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not serial" tests; a=$$?; \
+	$(PY) -m pytest -q -m serial tests; b=$$?; [ $$a = 0 ] && [ $$b = 0 ]
 
 bench: setup
 	@bash scripts/setup.sh dev,hf,mpi,kernels,eval,bench

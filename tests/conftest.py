@@ -37,6 +37,64 @@ def pytest_make_collect_report(collector):
     return report
 
 
+SLURM_MODULES = ("test_build", "test_launchers", "test_slurm")  # the modules that use the Slurm cluster
+LONGEST = ("test_fidelity", "slurm", "test_resume", "test_bench", "test_hf_interop", "test_engine")  # longest first
+
+
+def unit(nodeid: str) -> str:
+    """A test's unit of work: its module; the modules that use the Slurm cluster are one unit."""
+    module = nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return "slurm" if module in SLURM_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two pytest-xdist workers (`-n 2 --dist loadfile`), which overlap one's waits (process
+    start-up, Slurm's scheduling, signals) with the other's work. Each unit goes whole to one worker, so its
+    module-scoped fixtures run once and one Slurm cluster starts."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit(nodeid)
+
+    return ByUnit(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    """The longest units first (xdist keeps this order with --no-loadscope-reorder), so that neither worker is
+    left with one at the end; a test that uses the Slurm cluster outside SLURM_MODULES is an error."""
+    strays = sorted({item.module.__name__ for item in items if "slurm" in item.fixturenames} - set(SLURM_MODULES))
+    if strays:
+        raise pytest.UsageError(f"{', '.join(strays)} use the Slurm cluster: add them to SLURM_MODULES in conftest.py")
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(unit(item.nodeid), len(LONGEST)))  # stable: the rest keep their order
+
+
+WORKERS: dict[str, set[str]] = {}  # in xdist's controller: each unit, the workers that ran its tests
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # the worker a report came from, in xdist's controller
+    if node is not None:
+        WORKERS.setdefault(unit(report.nodeid), set()).add(node.gateway.id)
+
+
+def pytest_sessionfinish(session):
+    """Under --dist loadfile a unit split over workers fails the run: its module fixtures ran twice (a second Slurm
+    cluster), which the scheduler above exists to prevent."""
+    split = sorted(name for name, workers in WORKERS.items() if len(workers) > 1)
+    if split and session.config.getvalue("dist") == "loadfile":
+        terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+        terminal.ensure_newline()
+        terminal.write_line(
+            f"conftest: {', '.join(split)} ran on more than one xdist worker: pytest_xdist_make_scheduler "
+            "no longer keeps each unit whole (a pytest-xdist change?)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter):
     """Outside CI, end the run with what was skipped and why (CI=true fails them instead)."""
     reasons: dict[str, int] = {}

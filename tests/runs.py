@@ -20,8 +20,8 @@ def worker(out, runs: dict, nproc: int) -> list[str]:
             os.path.join(ROOT, "tests", "engine_worker.py"), str(out), json.dumps(runs)]
 
 
-def launch(out, runs: dict, nproc: int = 4):
-    proc = subprocess.run(worker(out, runs, nproc), cwd=ROOT, capture_output=True, text=True, timeout=1200)
+def launch(out, runs: dict, nproc: int = 4, timeout: int = 1200):
+    proc = subprocess.run(worker(out, runs, nproc), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     if proc.returncode:
         raise AssertionError(f"exit {proc.returncode}\n{_errors(proc.stderr)}")
     return proc
