@@ -24,6 +24,7 @@ import torch
 from runs import config, launch, losses_by_step, max_rel_diff, weights
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(3600)]  # the first test waits for every run (`trained`)
+LAUNCH_TIMEOUT = 2400  # hang guards: `trained` takes ~13 min alone, ~20 beside make test's other worker
 
 COMMON = ["data.num_workers=0", "data.seq_len=32", "model.max_position_embeddings=32", "model.hidden_dropout=0",
           "model.attention_dropout=0", "train.global_batch_size=8", "train.micro_batch_size=2", "train.grad_clip=0.5",
@@ -116,11 +117,11 @@ def trained(datasets, tmp_path_factory):
     one.update({f"{m}-{name}": run(m, data, "optimizer.name=lamb", "zero.stage=1", *more) for m in RECURRENT
                 for name, more in (("ref", ()), ("mb8", ("train.micro_batch_size=8",)),
                                    ("mem8", ("model.mem_len=8",)))})
-    launch(out, one, nproc=1, timeout=2400)
+    launch(out, one, nproc=1, timeout=LAUNCH_TIMEOUT)
     two = {f"{m}-dp2": run(m, data, "optimizer.name=lamb", "zero.stage=1") for m in MODELS}
     two["bert-dp2-z2-fused-loss"] = run("bert", data, "optimizer.name=lamb", "zero.stage=2", "fused_lm_loss=on")
     two.update({f"{m}-dp2": run(m, data, "optimizer.name=lamb", "zero.stage=1") for m in RECURRENT})
-    launch(out, two, nproc=2, timeout=2400)
+    launch(out, two, nproc=2, timeout=LAUNCH_TIMEOUT)
     four = {f"{m}-{opt}-z{stage}": run(m, data, f"optimizer.name={opt}", "parallel.tp=2", f"zero.stage={stage}")
             for m in MODELS for opt in OPTIMIZERS for stage in STAGES}
     four.update({f"gpt2-{opt}-z0": run("gpt2", data, f"optimizer.name={opt}", "parallel.tp=2", "zero.stage=0")
@@ -138,7 +139,7 @@ def trained(datasets, tmp_path_factory):
                                        "train.grad_clip=0") for m in MODELS})
     four["gpt2-lamb-z2-naive"] = run("gpt2", data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2")
     four.update({f"{m}-z2": run(m, data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2") for m in RECURRENT})
-    launch(out, four, nproc=4, timeout=2400)
+    launch(out, four, nproc=4, timeout=LAUNCH_TIMEOUT)
     return out
 
 
