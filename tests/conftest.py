@@ -38,7 +38,7 @@ def pytest_make_collect_report(collector):
 
 
 SLURM_MODULES = ("test_build", "test_launchers", "test_slurm")  # the modules that use the Slurm cluster
-LONGEST = ("test_fidelity", "slurm", "test_resume", "test_bench", "test_hf_interop", "test_engine")  # longest first
+LONGEST = ("test_fidelity", "slurm", "test_resume", "test_bench", "test_engine", "test_compiled")  # longest first
 
 
 def unit(nodeid: str) -> str:
@@ -113,6 +113,29 @@ def run_cli(*args, check=True, env=None, timeout=600):
                           env={**os.environ, **(env or {})}, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def call_cli(module: str, *args, check=True):
+    """`python -m MODULE ...` through MODULE.cli.main inside this process: what the command writes, without an
+    interpreter's start-up and imports (checkpoints_tools: ~7 CPU-s). For tests of a command's files and report; tests
+    of how its process ends (exit status, the one error line and nothing else on stderr) use run_cli. The global RNG
+    is left as it was. Returns a CompletedProcess of what main printed."""
+    import contextlib
+    import importlib
+    import io
+
+    import torch
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            importlib.import_module(f"{module}.cli").main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    proc = subprocess.CompletedProcess([module, *map(str, args)], code, out.getvalue(), err.getvalue())
+    if check and code:
+        raise AssertionError(f"{args} exited {code}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
 
 

@@ -92,18 +92,18 @@ def test_the_student_exports_as_distilbert_and_transformers_computes_its_logits(
     """After training, `to-hf` writes a DistilBertForMaskedLM that transformers loads, with ptm's logits within 1e-5;
     `from-hf` brings every tensor back bit for bit."""
     import transformers
-    from conftest import run_cli
+    from conftest import call_cli, run_cli
 
     from pretrain import checkpoint as C
 
     run = tmp_path / "student"
     run_cli("pretrain", "train", "--config", "distilbert-tiny", "--set", f"data.path={train_data}",
             f"distill.teacher={bert_teacher}", *COMMON, f"out_dir={run}", "train.steps=2")
-    run_cli("checkpoints_tools", "to-hf", str(run), "--out", str(tmp_path / "hf"))
+    call_cli("checkpoints_tools", "to-hf", str(run), "--out", str(tmp_path / "hf"))
     hf = transformers.DistilBertForMaskedLM.from_pretrained(tmp_path / "hf").eval()
     state = C.load_full_model(C.resolve(str(run)))
     ours, cfg = same_logits(hf, run, state)
-    run_cli("checkpoints_tools", "from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back"))
+    call_cli("checkpoints_tools", "from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "back"))
     back = C.load_full_model(str(tmp_path / "back"))
     vocab = cfg.vocab_size
     assert back.keys() == state.keys()
@@ -115,14 +115,14 @@ def test_the_student_exports_as_distilbert_and_transformers_computes_its_logits(
 def tinybert(train_data, bert_teacher, tmp_path_factory):
     """The test teacher exported to Hugging Face (BertForPreTraining), and a TinyBERT student (2 layers of 64, from its
     4 of 128) trained from that directory 1 step layer-wise and 1 on the prediction layer, then exported."""
-    from conftest import run_cli
+    from conftest import call_cli, run_cli
 
     out = tmp_path_factory.mktemp("tinybert")
-    run_cli("checkpoints_tools", "to-hf", bert_teacher, "--out", str(out / "teacher"))
+    call_cli("checkpoints_tools", "to-hf", bert_teacher, "--out", str(out / "teacher"))
     run_cli("pretrain", "train", "--config", "tinybert-tiny", "--set", f"data.path={train_data}",
             f"distill.teacher={out / 'teacher'}", *COMMON, f"out_dir={out / 'run'}", "train.steps=2",
             "distill.layer_steps=1")
-    run_cli("checkpoints_tools", "to-hf", str(out / "run"), "--out", str(out / "student"))
+    call_cli("checkpoints_tools", "to-hf", str(out / "run"), "--out", str(out / "student"))
     return out
 
 

@@ -155,7 +155,7 @@ def test_layers_match_a_float64_reference_of_the_published_equations_read_from_t
 def test_training_exports_and_imports_elmo_files(words_data, tmp_path):
     """Train a few steps (TP 1); `ptm convert to-elmo` writes options.json, weights.hdf5 and the vocabulary; `from-elmo`
     reads them back into a checkpoint whose weights equal the run's, and training continues from it."""
-    from conftest import run_cli
+    from conftest import call_cli, run_cli
 
     from pretrain import checkpoint as C
 
@@ -166,10 +166,10 @@ def test_training_exports_and_imports_elmo_files(words_data, tmp_path):
     run_cli("pretrain", "train", "--config", "elmo-tiny", "--set", *common, f"out_dir={run}", "train.steps=3")
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert {"fwd_loss", "bwd_loss", "fwd_unigram_loss", "bwd_unigram_loss"} <= rows[0].keys()
-    run_cli("checkpoints_tools", "to-elmo", str(run), "--out", str(tmp_path / "elmo"))
+    call_cli("checkpoints_tools", "to-elmo", str(run), "--out", str(tmp_path / "elmo"))
     assert sorted(os.listdir(tmp_path / "elmo")) == ["counts.tsv", "options.json", "ptm_tokenizer.json", "vocab.txt",
                                                       "weights.hdf5"]
-    run_cli("checkpoints_tools", "from-elmo", str(tmp_path / "elmo"), "--out", str(tmp_path / "imported"))
+    call_cli("checkpoints_tools", "from-elmo", str(tmp_path / "elmo"), "--out", str(tmp_path / "imported"))
     a, b = C.load_full_model(C.resolve(str(run))), C.load_full_model(str(tmp_path / "imported"))
     vocab = C.model_config(C.read_meta(C.resolve(str(run)))).vocab_size
     for k in a:

@@ -84,13 +84,13 @@ def test_fp16_without_zero_scales_the_loss_and_updates_as_zero_1_does(train_data
 def test_a_nan_loss_stops_the_run_with_its_step_and_samples(train_data, tmp_path):
     """A genuine NaN (here: NaN weights from a checkpoint) is not a loss-scale overflow: under fp16 the run stops
     with exit code 3, naming the step and the global sample range, and writes no checkpoint."""
-    from conftest import run_cli
+    from conftest import call_cli, run_cli
 
     run_cli("pretrain", "train", "--config", "bert-tiny", "--set", *bert(train_data, "train.steps=2")[1:],
             f"out_dir={tmp_path / 'ok'}")
     bad = C.load_full_model(C.resolve(str(tmp_path / "ok")))
     bad["embeddings.norm.weight"][0] = float("nan")
-    run_cli("checkpoints_tools", "consolidate", tmp_path / "ok", "--out", tmp_path / "nan", "--weights-only")
+    call_cli("checkpoints_tools", "consolidate", tmp_path / "ok", "--out", tmp_path / "nan", "--weights-only")
     C.save_model(str(tmp_path / "nan"), bad)
     proc = run_cli("pretrain", "train", "--config", "bert-tiny", "--set", *bert(train_data, "precision=fp16")[1:],
                    f"checkpoint.init_from={tmp_path / 'nan'}", f"out_dir={tmp_path / 'run'}", check=False)

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import call_cli, run_cli
 from data_prep.tokenizer import load_tokenizer
 from pretrain import checkpoint as C
 from pretrain.models.config import ModelConfig
@@ -39,7 +39,7 @@ def _checkpoint(tmp_path, arch, tok_dir, nfkc=True, **features):
 def test_bert_to_hf_loads_in_transformers_with_its_tokenizer(sp_model, tmp_path):
     model, cfg = _checkpoint(tmp_path, "bert", sp_model)
     out = tmp_path / "hf"
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out,  # a run dir: its latest checkpoint
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out,  # a run dir: its latest checkpoint
             "--max-shard-size", "200KB")
     assert (out / "model.safetensors.index.json").is_file() and len(list(out.glob("model-*.safetensors"))) > 1
     hf = transformers.AutoModelForPreTraining.from_pretrained(out).eval()
@@ -67,7 +67,7 @@ def test_gpt2_and_gpt_to_hf_generate(arch, gpt2_vocab, tmp_path):
     load_tokenizer(gpt2_vocab).save(str(tok_dir))
     model, cfg = _checkpoint(tmp_path, arch, str(tok_dir), nfkc=False)
     out = tmp_path / "hf"
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "run" / "checkpoints" / "step_00000007", "--out", out)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run" / "checkpoints" / "step_00000007", "--out", out)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(hf).__name__ == {"gpt2": "GPT2LMHeadModel", "gpt": "OpenAIGPTLMHeadModel"}[arch]
     tok = transformers.AutoTokenizer.from_pretrained(out)
@@ -99,7 +99,7 @@ def test_gpt3_exports_as_gpt_neo_and_generates_its_tokens_and_dense_as_gpt2(gpt2
     model, cfg = _checkpoint(tmp_path / "local", "gpt3", str(tok_dir), nfkc=False, **sizes)
     assert [type(b.attn.core).__name__ for b in model.blocks] == ["DotProductAttention", "LocalAttention"] * 2
     out = tmp_path / "hf"
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "local" / "run", "--out", out)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "local" / "run", "--out", out)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(hf).__name__ == "GPTNeoForCausalLM" and hf.config.attention_layers == ["global", "local"] * 2
     assert hf.config.window_size == 4
@@ -121,7 +121,7 @@ def test_gpt3_exports_as_gpt_neo_and_generates_its_tokens_and_dense_as_gpt2(gpt2
 
     model, cfg = _checkpoint(tmp_path / "dense", "gpt3", str(tok_dir), nfkc=False, attention_layers=["global"],
                              **sizes)
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "dense" / "run", "--out", tmp_path / "gpt2")
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "dense" / "run", "--out", tmp_path / "gpt2")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "gpt2").eval()
     assert type(hf).__name__ == "GPT2LMHeadModel" and not hf.transformer.h[0].attn.c_attn.bias.any()
     with torch.no_grad():
@@ -140,7 +140,7 @@ def test_gpt_neo_comes_in_computing_its_logits_and_goes_back_bit_exact(gpt2_voca
     src = tmp_path / "src"
     hf.save_pretrained(src)
     transformers.GPT2TokenizerFast.from_pretrained(os.path.dirname(gpt2_vocab)).save_pretrained(src)
-    run_cli("checkpoints_tools", "from-hf", src, "--out", tmp_path / "ckpt")
+    call_cli("checkpoints_tools", "from-hf", src, "--out", tmp_path / "ckpt")
     cfg = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
     assert (cfg.arch, cfg.attention_layers, cfg.attention_window, cfg.scaled_attention, cfg.qkv_bias) == (
         "gpt3", ["global", "local"], 4, False, False)
@@ -151,7 +151,7 @@ def test_gpt_neo_comes_in_computing_its_logits_and_goes_back_bit_exact(gpt2_voca
         torch.testing.assert_close(model(ids)["logits"][..., :vocab], hf(ids).logits, rtol=0, atol=1e-5)
     assert torch.equal(hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
                                    num_beams=1), _greedy(model, ids, 6))
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "ckpt", "--out", tmp_path / "back")
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "ckpt", "--out", tmp_path / "back")
     back = transformers.GPTNeoForCausalLM.from_pretrained(tmp_path / "back").state_dict()
     for k, v in hf.state_dict().items():
         assert torch.equal(v, back[k]), k
@@ -196,8 +196,8 @@ def test_hf_to_ptm_to_hf_is_bit_exact(arch, wordpiece_vocab, gpt2_vocab, roberta
     src = tmp_path / "src"
     model.save_pretrained(src)
     tok.save_pretrained(src)
-    run_cli("checkpoints_tools", "from-hf", src, "--out", tmp_path / "ckpt")
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "ckpt", "--out", tmp_path / "back")
+    call_cli("checkpoints_tools", "from-hf", src, "--out", tmp_path / "ckpt")
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "ckpt", "--out", tmp_path / "back")
     back = type(model).from_pretrained(tmp_path / "back")
     for k, v in model.state_dict().items():
         assert torch.equal(v, back.state_dict()[k]), k
@@ -215,7 +215,7 @@ def test_roberta_to_hf_fills_masks_and_from_hf_takes_a_base_model(roberta_vocab,
     model, cfg = _checkpoint(tmp_path, "roberta", str(tok_dir), nfkc=False)
     assert cfg.pad_token_id == 1
     out = tmp_path / "hf"
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
     hf = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert type(hf).__name__ == "RobertaForMaskedLM" and type(tok).__name__.startswith("RobertaTokenizer") and tok.is_fast
@@ -232,7 +232,7 @@ def test_roberta_to_hf_fills_masks_and_from_hf_takes_a_base_model(roberta_vocab,
     base = transformers.RobertaModel(hf.config, add_pooling_layer=False).eval()
     base.save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")
-    proc = run_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
+    proc = call_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
     assert "initialised (not in" in proc.stdout and "lm_head" in proc.stdout
     imported = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
     assert (imported.arch, imported.pad_token_id, imported.heads) == ("roberta", 1, ["mlm"])
@@ -248,7 +248,7 @@ def test_albert_to_hf_and_back(sp_model, tmp_path):
     its heads reported; a model sharing only its attention has no HF class and is refused in one line."""
     model, cfg = _checkpoint(tmp_path, "albert", sp_model, embedding_size=16)
     out = tmp_path / "hf"
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
     hf = transformers.AutoModelForPreTraining.from_pretrained(out).eval()
     assert type(hf).__name__ == "AlbertForPreTraining" and hf.config.embedding_size == 16
     tok = transformers.AutoTokenizer.from_pretrained(out)
@@ -261,7 +261,7 @@ def test_albert_to_hf_and_back(sp_model, tmp_path):
     for f in out.iterdir():  # the tokenizer files as exported (a released ALBERT ships its spiece.model)
         if not f.name.startswith(("model", "config")):
             shutil.copy(f, tmp_path / "base")
-    proc = run_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
+    proc = call_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
     assert "predictions" in proc.stdout and "sop_classifier" in proc.stdout
     imported = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
     assert (imported.arch, imported.embedding_size, imported.share_layers, imported.activation) == (
@@ -310,7 +310,7 @@ def test_electra_exports_discriminator_and_generator_and_comes_back(sp_model, tm
     bit for bit; a discriminator alone imports with a new generator, reported; the generator alone is refused."""
     model, cfg = _checkpoint(tmp_path, "electra", sp_model, generator_size=0.5)
     out = tmp_path / "hf"
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
     disc = transformers.AutoModelForPreTraining.from_pretrained(out).eval()
     gen = transformers.AutoModelForMaskedLM.from_pretrained(out / "generator").eval()
     assert (type(disc).__name__, type(gen).__name__) == ("ElectraForPreTraining", "ElectraForMaskedLM")
@@ -322,7 +322,7 @@ def test_electra_exports_discriminator_and_generator_and_comes_back(sp_model, tm
         torch.testing.assert_close(model(*inputs)["rtd_logits"], disc(**enc).logits, rtol=0, atol=1e-5)
         torch.testing.assert_close(model.generator(*inputs)["logits"][..., :cfg.vocab_size], gen(**enc).logits,
                                    rtol=0, atol=1e-5)
-    run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "ckpt")
+    call_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "ckpt")
     mine, back = C.load_full_model(str(tmp_path / "run" / "checkpoints" / "step_00000007")), \
         C.load_full_model(str(tmp_path / "ckpt"))
     assert mine.keys() == back.keys() and all(torch.equal(mine[k][:cfg.vocab_size], back[k]) for k in mine)
@@ -330,7 +330,7 @@ def test_electra_exports_discriminator_and_generator_and_comes_back(sp_model, tm
     assert (imported.arch, imported.generator_size, imported.heads) == ("electra", 0.5, ["rtd"])
 
     shutil.rmtree(out / "generator")
-    proc = run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "alone")
+    proc = call_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "alone")
     assert "generator.blocks.0" in proc.stdout
     assert C.model_config(C.read_meta(str(tmp_path / "alone"))).generator_size == 0.25
     gen.save_pretrained(tmp_path / "gen")
@@ -344,7 +344,7 @@ def test_nezha_exports_with_its_modeling_file(sp_model, tmp_path):
     outputs; without trust_remote_code transformers refuses it; from-hf restores the weights bit for bit."""
     model, cfg = _checkpoint(tmp_path, "nezha", sp_model, max_relative_position=3)
     out = tmp_path / "hf"
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
     assert {"modeling_nezha.py", "configuration_nezha.py"} <= {f.name for f in out.iterdir()}
     assert json.load(open(out / "config.json"))["auto_map"]["AutoModelForPreTraining"] == \
         "modeling_nezha.NezhaForPreTraining"
@@ -366,7 +366,7 @@ def test_nezha_exports_with_its_modeling_file(sp_model, tmp_path):
         torch.testing.assert_close(masked_lm(**enc).logits, ref.prediction_logits, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="trust_remote_code"):
         transformers.AutoModel.from_pretrained(out, trust_remote_code=False)
-    run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "ckpt")
+    call_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "ckpt")
     mine, back = C.load_full_model(str(tmp_path / "run" / "checkpoints" / "step_00000007")), \
         C.load_full_model(str(tmp_path / "ckpt"))
     assert mine.keys() == back.keys() and all(torch.equal(mine[k][:cfg.vocab_size], back[k]) for k in mine)
@@ -379,7 +379,7 @@ def test_from_hf_base_model_initialises_and_reports_heads(wordpiece_vocab, tmp_p
                                   num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
     transformers.BertModel(cfg).save_pretrained(tmp_path / "base")
     transformers.BertTokenizerFast.from_pretrained(os.path.dirname(wordpiece_vocab)).save_pretrained(tmp_path / "base")
-    proc = run_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
+    proc = call_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
     assert "initialised (not in" in proc.stdout and "cls.predictions" in proc.stdout
     meta = C.read_meta(str(tmp_path / "ckpt"))
     assert any(k.startswith("cls.seq_relationship") for k in meta["initialised"])
@@ -412,7 +412,7 @@ def test_t5_to_hf_generates_with_its_sentinels_and_comes_back(t5_data, tmp_path)
 
     model, cfg = _checkpoint(tmp_path, "t5", os.path.join(t5_data, "tokenizer"), decoder_layers=2)
     out = tmp_path / "hf"
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert type(hf).__name__ == "T5ForConditionalGeneration"
@@ -431,7 +431,7 @@ def test_t5_to_hf_generates_with_its_sentinels_and_comes_back(t5_data, tmp_path)
     greedy = model.greedy(enc["input_ids"], enc["attention_mask"], max_new_tokens=6, start=start,
                           eos=hf.config.eos_token_id, pad=start)
     assert torch.equal(hf.generate(**enc, max_new_tokens=6, do_sample=False, num_beams=1), greedy)
-    run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "back")
+    call_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "back")
     back, mine = C.load_full_model(str(tmp_path / "back")), C.load_full_model(C.resolve(str(tmp_path / "run")))
     assert back.keys() == mine.keys()
     assert all(torch.equal(back[k], mine[k][:back[k].shape[0]]) for k in back)
@@ -444,7 +444,7 @@ def test_xlnet_to_hf_with_its_tokenizer_and_back(sp_model, tmp_path):
     restores the weights bit for bit (padding rows aside)."""
     model, cfg = _checkpoint(tmp_path, "xlnet", sp_model)
     out = tmp_path / "hf"
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert type(hf).__name__ == "XLNetLMHeadModel"
@@ -459,7 +459,7 @@ def test_xlnet_to_hf_with_its_tokenizer_and_back(sp_model, tmp_path):
     with torch.no_grad():
         mine = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])["logits"][..., :cfg.vocab_size]
         torch.testing.assert_close(mine, hf(**enc).logits, rtol=1e-5, atol=1e-5)
-    run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "back")
+    call_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "back")
     back, mine = C.load_full_model(str(tmp_path / "back")), C.load_full_model(C.resolve(str(tmp_path / "run")))
     assert back.keys() == mine.keys() and all(torch.equal(back[k], mine[k][:back[k].shape[0]]) for k in back)
 
@@ -471,7 +471,7 @@ def test_bart_to_hf_generates_and_comes_back(sp_model, tmp_path):
     aside)."""
     model, cfg = _checkpoint(tmp_path, "bart", sp_model, decoder_layers=2, position_offset=2)
     out = tmp_path / "hf"
-    run_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert type(hf).__name__ == "BartForConditionalGeneration"
@@ -491,6 +491,6 @@ def test_bart_to_hf_generates_and_comes_back(sp_model, tmp_path):
                           pad=special["pad"])
     theirs = hf.generate(**enc, max_new_tokens=6, do_sample=False, num_beams=1, forced_eos_token_id=None)
     assert torch.equal(theirs, greedy)
-    run_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "back")
+    call_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "back")
     back, mine = C.load_full_model(str(tmp_path / "back")), C.load_full_model(C.resolve(str(tmp_path / "run")))
     assert back.keys() == mine.keys() and all(torch.equal(back[k], mine[k][:back[k].shape[0]]) for k in back)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, free_port, run_cli
+from conftest import ROOT, call_cli, free_port, run_cli
 from pretrain import checkpoint as C
 from runs import (assert_same_checkpoints, config, facts, kill_when, latest_step, launch, losses_by_step,
                   max_rel_diff, start, summary, weights)
@@ -40,44 +40,80 @@ def reseeded(runs: dict) -> dict:
     return {name: [*run, "seed=99"] for name, run in runs.items()}
 
 
-def killed_at_step_4_and_resumed(tmp_path, run: dict) -> tuple:
-    """`run` ({"run": overrides}) straight through and, on 2 processes, SIGKILLed after its step-4 checkpoint then
-    restarted with seed 99; returns the two run directories (the restart resumed at step 4)."""
-    launch(tmp_path / "straight", run, nproc=2)
+ENCODER_DECODERS = {  # family: (preset and data fixture, settings): T5 with dropout on; BART without, so that
+    # its runs under two layouts can end alike
+    "t5": ("t5-tiny", "t5_data", ()),
+    "bart": ("bart-tiny", "train_data", ("model.max_position_embeddings=34", "model.hidden_dropout=0",
+                                         "model.attention_dropout=0")),
+}
+
+
+def killed_runs(data: dict) -> dict:
+    """The runs that the tests below kill and resume on 2 processes, by name; `data`: {fixture name: dataset}."""
+    two_by_one = ["data.num_workers=0", "train.global_batch_size=8", "train.micro_batch_size=2",
+                  "optimizer.warmup_steps=2", "train.eval_interval=0", "train.steps=8", "checkpoint.keep=0",
+                  "checkpoint.interval=4", "train.log_interval=100"]
+    runs = {"between": bert(data["train_data"], "zero.stage=2", "checkpoint.interval=4"),
+            "during-save": bert(data["train_data"], "zero.stage=3", "checkpoint.interval=1"),
+            "memory": ["xlnet-tiny", f"data.path={data['train_data']}", *two_by_one, "data.seq_len=32",
+                       "model.mem_len=24", "model.reuse_len=16", "xlnet.perm_size=0", "model.hidden_dropout=0",
+                       "model.attention_dropout=0", "data.valid_fraction=0.02"],
+            "elmo": ["elmo-tiny", f"data.path={data['words_data']}", *two_by_one, "data.seq_len=16",
+                     "data.valid_fraction=0.05", "parallel.tp=2", "zero.stage=2"]}
+    for family, (preset, fixture, settings) in ENCODER_DECODERS.items():
+        runs[family] = [preset, f"data.path={data[fixture]}", *two_by_one, "data.seq_len=32",
+                        "data.valid_fraction=0.02", "parallel.tp=2", "zero.stage=2", *settings]
+    return runs
+
+
+@pytest.fixture(scope="module")
+def killed(train_data, t5_data, words_data) -> dict:
+    return killed_runs({"train_data": train_data, "t5_data": t5_data, "words_data": words_data})
+
+
+@pytest.fixture(scope="module")
+def straight(killed, tmp_path_factory):
+    """Every run of `killed` uninterrupted, in one launch (one start-up of 2 processes for all); their directory."""
+    out = tmp_path_factory.mktemp("straight")
+    launch(out, killed, nproc=2)
+    return out
+
+
+def killed_at_step_4_and_resumed(tmp_path, straight, killed: dict, name: str) -> tuple:
+    """The run `name` of `killed` SIGKILLed after its step-4 checkpoint then restarted with seed 99; returns its
+    uninterrupted run's directory and the restarted run's (which resumed at step 4)."""
+    run = {"run": killed[name]}
     proc = start(tmp_path / "killed", run, nproc=2)
     kill_when(proc, lambda: latest_step(tmp_path / "killed" / "run") == 4)
     launch(tmp_path / "killed", reseeded(run), nproc=2)
-    straight, killed = tmp_path / "straight" / "run", tmp_path / "killed" / "run"
-    assert summary(killed)["resumed_from"]["step"] == 4
-    return straight, killed
+    assert summary(tmp_path / "killed" / "run")["resumed_from"]["step"] == 4
+    return straight / name, tmp_path / "killed" / "run"
 
 
 # ---- resumes that would fail if the checkpoint were ignored -------------------------------------------------
 
-def test_sigkill_between_checkpoints_then_resume_with_another_seed_is_exact(train_data, tmp_path):
+def test_sigkill_between_checkpoints_then_resume_with_another_seed_is_exact(straight, killed, tmp_path):
     """ZeRO-2, DP=2: killed after the step-4 checkpoint, restarted with seed 99: the checkpoint's seed, data
     position and RNG states win, so losses and weights and moments end bit-identical to a run that never stopped;
     the restart says where it resumed, in its log and its summary."""
-    run = {"run": bert(train_data, "zero.stage=2", "checkpoint.interval=4")}
-    launch(tmp_path / "straight", run, nproc=2)
+    run = {"run": killed["between"]}
     proc = start(tmp_path / "killed", run, nproc=2)
     kill_when(proc, lambda: latest_step(tmp_path / "killed" / "run") == 4)
     assert latest_step(tmp_path / "killed" / "run") == 4
     restart = launch(tmp_path / "killed", reseeded(run), nproc=2)
-    straight, killed = tmp_path / "straight" / "run", tmp_path / "killed" / "run"
+    uninterrupted, resumed = straight / "between", tmp_path / "killed" / "run"
     assert "resumed from step 4 (samples 32)" in restart.stderr
     assert "seed 1234 from" in restart.stderr
-    assert summary(killed)["resumed_from"]["step"] == 4 and summary(killed)["trained_steps"] == 8
-    assert losses_by_step(straight) == losses_by_step(killed)
-    assert_same_checkpoints(straight, killed)
+    assert summary(resumed)["resumed_from"]["step"] == 4 and summary(resumed)["trained_steps"] == 8
+    assert losses_by_step(uninterrupted) == losses_by_step(resumed)
+    assert_same_checkpoints(uninterrupted, resumed)
 
 
-def test_kill_during_a_save_resumes_the_previous_checkpoint(train_data, tmp_path):
+def test_kill_during_a_save_resumes_the_previous_checkpoint(straight, killed, tmp_path):
     """ZeRO-3, DP=2, a checkpoint every step: SIGKILL while one is being written leaves it invisible (no `latest`
     pointing at it, no complete directory under its name); the restart (seed 99) resumes the one before, ends
     exact."""
-    run = {"run": bert(train_data, "zero.stage=3", "checkpoint.interval=1")}
-    launch(tmp_path / "straight", run, nproc=2)
+    run = {"run": killed["during-save"]}
     folder = tmp_path / "killed" / "run" / "checkpoints"
     writing = lambda: folder.is_dir() and any(p.name.endswith(".tmp") and p.name >= ".step_00000003" for p in folder.iterdir())
     for _ in range(5):  # a save takes milliseconds: when the kill lands after it completed, resume and try again
@@ -92,7 +128,7 @@ def test_kill_during_a_save_resumes_the_previous_checkpoint(train_data, tmp_path
     launch(tmp_path / "killed", reseeded(run), nproc=2)
     assert summary(tmp_path / "killed" / "run")["resumed_from"]["step"] == resumed_from
     assert not any(p.name.endswith(".tmp") for p in folder.iterdir())
-    assert_same_checkpoints(tmp_path / "straight" / "run", tmp_path / "killed" / "run")
+    assert_same_checkpoints(straight / "during-save", tmp_path / "killed" / "run")
 
 
 def test_layout_change_and_a_resharded_tp4_checkpoint_train_on(train_data, tmp_path):
@@ -105,7 +141,7 @@ def test_layout_change_and_a_resharded_tp4_checkpoint_train_on(train_data, tmp_p
     ckpt = C.resolve(str(tmp_path / "moved"))
     assert len(os.listdir(os.path.join(ckpt, "shards"))) == 3 * 4  # 3 kinds x (2 TP x 2 ZeRO-3 partitions)
     consolidated_and_exported(ckpt, tmp_path)
-    run_cli("checkpoints_tools", "reshard", tmp_path / "moved", "--tp", "4",
+    call_cli("checkpoints_tools", "reshard", tmp_path / "moved", "--tp", "4",
             "--out", tmp_path / "tp4" / "checkpoints" / "step_00000003")
     tp4 = C.Pieces(str(tmp_path / "tp4" / "checkpoints" / "step_00000003"))
     assert tp4.tp == 4 and all(torch.equal(tp4.full("exp_avg", n), C.Pieces(ckpt).full("exp_avg", n)) for n in tp4.params)
@@ -131,11 +167,11 @@ def consolidated_and_exported(ckpt: str, tmp_path) -> None:
     from pretrain.models.model import Pretraining
     from pretrain.parallel import mcore
 
-    run_cli("checkpoints_tools", "consolidate", ckpt, "--out", tmp_path / "whole")
+    call_cli("checkpoints_tools", "consolidate", ckpt, "--out", tmp_path / "whole")
     whole = load_file(tmp_path / "whole" / "shards" / "param-tp00-dp000.safetensors")
     full = C.load_full_model(ckpt)
     assert whole.keys() == {f"{k}@0" for k in full} and all(torch.equal(whole[f"{k}@0"], v) for k, v in full.items())
-    run_cli("checkpoints_tools", "to-hf", ckpt, "--out", tmp_path / "hf")
+    call_cli("checkpoints_tools", "to-hf", ckpt, "--out", tmp_path / "hf")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     mcore.initialize(1, 0)
     cfg = C.model_config(C.read_meta(ckpt))
@@ -418,69 +454,54 @@ def test_checkpoint_files_and_directories_reach_the_disk_before_latest_moves(tra
     assert {"trainer.pt", "config.yaml", "rng/rank00000.pt"} <= meta["files"].keys()
 
 
-def test_a_memory_resumes_exactly_and_re_splits_for_another_layout(train_data, tmp_path):
+def test_a_memory_resumes_exactly_and_re_splits_for_another_layout(straight, killed, tmp_path):
     """XLNet with a memory carried along streams (reuse_len 16 of 32, mem_len 24) at DP=2: killed after the step-4
     checkpoint and restarted with seed 99, it ends bit-identical to a run that never stopped: the checkpoint holds each
     stream's memory (memory/dpDDD.safetensors; a restart without it would attend to none at step 5). The step-8
     checkpoints resumed as TP=2 x DP=1 (the streams of two files on one data-parallel rank) and as DP=2 end within
     1e-5 of each other."""
-    run = {"run": ["xlnet-tiny", f"data.path={train_data}", "data.num_workers=0", "data.seq_len=32",
-                   "model.mem_len=24", "model.reuse_len=16", "xlnet.perm_size=0", "model.hidden_dropout=0",
-                   "model.attention_dropout=0", "train.global_batch_size=8", "train.micro_batch_size=2",
-                   "optimizer.warmup_steps=2", "train.eval_interval=0", "data.valid_fraction=0.02", "train.steps=8",
-                   "checkpoint.keep=0", "checkpoint.interval=4", "train.log_interval=100"]}
-    straight, killed = killed_at_step_4_and_resumed(tmp_path, run)
-    assert sorted(os.listdir(os.path.join(C.resolve(str(killed)), "memory"))) == ["dp000.safetensors",
-                                                                                  "dp001.safetensors"]
-    assert losses_by_step(straight, "lm_loss") == losses_by_step(killed, "lm_loss")
-    assert_same_checkpoints(straight, killed)
-    for name, source in (("tp2", straight), ("dp2", killed)):
+    uninterrupted, resumed = killed_at_step_4_and_resumed(tmp_path, straight, killed, "memory")
+    assert sorted(os.listdir(os.path.join(C.resolve(str(resumed)), "memory"))) == ["dp000.safetensors",
+                                                                                   "dp001.safetensors"]
+    assert losses_by_step(uninterrupted, "lm_loss") == losses_by_step(resumed, "lm_loss")
+    assert_same_checkpoints(uninterrupted, resumed)
+    for name, source in (("tp2", uninterrupted), ("dp2", resumed)):
         shutil.copytree(source, tmp_path / "moved" / name)
-    moved = {"tp2": [*run["run"], "train.steps=10", "parallel.tp=2"], "dp2": [*run["run"], "train.steps=10"]}
+    run = killed["memory"]
+    moved = {"tp2": [*run, "train.steps=10", "parallel.tp=2"], "dp2": [*run, "train.steps=10"]}
     launch(tmp_path / "moved", reseeded(moved), nproc=2)
     assert summary(tmp_path / "moved" / "tp2")["layout"]["dp"] == 1
     assert max_rel_diff(weights(tmp_path / "moved" / "tp2"), weights(tmp_path / "moved" / "dp2"), 2) < 1e-5
 
 
-def resumed_exactly_and_resharded(tmp_path, run: dict, loss: str) -> tuple:
+def resumed_exactly_and_resharded(tmp_path, straight, killed: dict, name: str, loss: str) -> tuple:
     """`killed_at_step_4_and_resumed`, checked: the same `loss` every step and the same checkpoints bit for bit; the
-    straight run's checkpoint resharded to one rank holds the same whole tensors. Returns (straight run, resumed run,
-    its checkpoint, its whole weights)."""
-    straight, killed = killed_at_step_4_and_resumed(tmp_path, run)
-    assert losses_by_step(straight, loss) == losses_by_step(killed, loss)
-    assert_same_checkpoints(straight, killed)
-    ckpt = C.resolve(str(straight))
-    run_cli("checkpoints_tools", "reshard", straight, "--tp", "1", "--out", tmp_path / "tp1")
+    uninterrupted run's checkpoint resharded to one rank holds the same whole tensors. Returns (uninterrupted run,
+    resumed run, the first's checkpoint, its whole weights)."""
+    uninterrupted, resumed = killed_at_step_4_and_resumed(tmp_path, straight, killed, name)
+    assert losses_by_step(uninterrupted, loss) == losses_by_step(resumed, loss)
+    assert_same_checkpoints(uninterrupted, resumed)
+    ckpt = C.resolve(str(uninterrupted))
+    call_cli("checkpoints_tools", "reshard", uninterrupted, "--tp", "1", "--out", tmp_path / "tp1")
     full, one = C.load_full_model(ckpt), C.load_full_model(str(tmp_path / "tp1"))
     assert full.keys() == one.keys() and all(torch.equal(full[k], one[k]) for k in full)
-    return straight, killed, ckpt, full
+    return uninterrupted, resumed, ckpt, full
 
 
-def test_elmo_resumes_exactly_at_tp2_and_its_checkpoint_reshards_and_exports(words_data, tmp_path):
+def test_elmo_resumes_exactly_at_tp2_and_its_checkpoint_reshards_and_exports(straight, killed, tmp_path):
     """ELMo at TP=2 (the softmax split, the LSTMs replicated) under ZeRO-2, dropout on: killed after the step-4
     checkpoint and restarted with seed 99, it ends bit-identical to a run that never stopped; the TP=2 checkpoint,
     resharded to one rank, holds the same whole tensors, and its ELMo files (to-elmo) import back to them."""
-    run = {"run": ["elmo-tiny", f"data.path={words_data}", "data.num_workers=0", "data.seq_len=16",
-                   "train.global_batch_size=8", "train.micro_batch_size=2", "optimizer.warmup_steps=2",
-                   "train.eval_interval=0", "data.valid_fraction=0.05", "train.steps=8", "checkpoint.keep=0",
-                   "checkpoint.interval=4", "parallel.tp=2", "zero.stage=2", "train.log_interval=100"]}
-    straight, killed, ckpt, full = resumed_exactly_and_resharded(tmp_path, run, "fwd_loss")
-    run_cli("checkpoints_tools", "to-elmo", ckpt, "--out", tmp_path / "elmo")
-    run_cli("checkpoints_tools", "from-elmo", tmp_path / "elmo", "--out", tmp_path / "imported")
+    _, _, ckpt, full = resumed_exactly_and_resharded(tmp_path, straight, killed, "elmo", "fwd_loss")
+    call_cli("checkpoints_tools", "to-elmo", ckpt, "--out", tmp_path / "elmo")
+    call_cli("checkpoints_tools", "from-elmo", tmp_path / "elmo", "--out", tmp_path / "imported")
     back, vocab = C.load_full_model(str(tmp_path / "imported")), C.model_config(C.read_meta(ckpt)).vocab_size
     assert all(torch.equal(back[k], full[k][:vocab] if k.startswith("softmax.") else full[k]) for k in full)
 
 
-ENCODER_DECODERS = {  # family: (preset and data fixture, settings): T5 with dropout on; BART without, so that
-    # its runs under two layouts can end alike
-    "t5": ("t5-tiny", "t5_data", ()),
-    "bart": ("bart-tiny", "train_data", ("model.max_position_embeddings=34", "model.hidden_dropout=0",
-                                         "model.attention_dropout=0")),
-}
-
-
 @pytest.mark.parametrize("family", ENCODER_DECODERS)
-def test_an_encoder_decoder_resumes_exactly_and_its_tp2_checkpoint_reshards_and_exports(family, request, tmp_path):
+def test_an_encoder_decoder_resumes_exactly_and_its_tp2_checkpoint_reshards_and_exports(family, straight, killed,
+                                                                                         tmp_path):
     """T5 (span corruption, dropout on) and BART (denoising) at TP=2 under ZeRO-2: killed after the step-4 checkpoint
     and restarted with seed 99, each ends bit-identical to a run that never stopped (the decoder's stack, its
     cross-attention and T5's bucketed bias tables split by heads included); that run's TP=2 checkpoint, resharded to
@@ -492,18 +513,13 @@ def test_an_encoder_decoder_resumes_exactly_and_its_tp2_checkpoint_reshards_and_
     from pretrain.families import get
     from pretrain.parallel import mcore
 
-    preset, data, settings = ENCODER_DECODERS[family]
-    run = {"run": [preset, f"data.path={request.getfixturevalue(data)}", "data.num_workers=0", "data.seq_len=32",
-                   "train.global_batch_size=8", "train.micro_batch_size=2", "optimizer.warmup_steps=2",
-                   "train.eval_interval=0", "data.valid_fraction=0.02", "train.steps=8", "checkpoint.keep=0",
-                   "checkpoint.interval=4", "parallel.tp=2", "zero.stage=2", "train.log_interval=100", *settings]}
-    straight, killed, ckpt, full = resumed_exactly_and_resharded(tmp_path, run, "lm_loss")
-    run_cli("checkpoints_tools", "consolidate", ckpt, "--out", tmp_path / "whole")
+    uninterrupted, resumed, ckpt, full = resumed_exactly_and_resharded(tmp_path, straight, killed, family, "lm_loss")
+    call_cli("checkpoints_tools", "consolidate", ckpt, "--out", tmp_path / "whole")
     whole = load_file(tmp_path / "whole" / "shards" / "param-tp00-dp000.safetensors")
     assert whole.keys() == {f"{k}@0" for k in full} and all(torch.equal(whole[f"{k}@0"], v) for k, v in full.items())
     if family == "t5":
         assert full["encoder.bias.weight"].shape == (32, 2)  # the bias table whole again: 32 buckets x 2 heads
-    run_cli("checkpoints_tools", "to-hf", ckpt, "--out", tmp_path / "hf")
+    call_cli("checkpoints_tools", "to-hf", ckpt, "--out", tmp_path / "hf")
     adapter = get(family).adapter
     hf = adapter.hf_model_class(adapter.hf_class).from_pretrained(tmp_path / "hf").eval()
     mcore.initialize(1, 0)
@@ -516,9 +532,10 @@ def test_an_encoder_decoder_resumes_exactly_and_its_tp2_checkpoint_reshards_and_
         torch.testing.assert_close(hf(input_ids=ids, decoder_input_ids=dec).logits,
                                    ours(ids, decoder_input_ids=dec)["logits"][..., :cfg.vocab_size], rtol=1e-5, atol=1e-5)
     if family == "bart":
-        for name, source in (("tp1", straight), ("tp2", killed)):
+        for name, source in (("tp1", uninterrupted), ("tp2", resumed)):
             shutil.copytree(source, tmp_path / "moved" / name)
-        moved = {"tp1": [*run["run"], "train.steps=10", "parallel.tp=1"], "tp2": [*run["run"], "train.steps=10"]}
+        run = killed[family]
+        moved = {"tp1": [*run, "train.steps=10", "parallel.tp=1"], "tp2": [*run, "train.steps=10"]}
         launch(tmp_path / "moved", reseeded(moved), nproc=2)
         for name, tp in (("tp1", 1), ("tp2", 2)):
             assert summary(tmp_path / "moved" / name)["resumed_from"]["step"] == 8

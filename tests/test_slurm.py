@@ -67,26 +67,32 @@ def train_job(slurm, tmp_path, name, *more, launcher="srun", sbatch_args=(), dat
 
 
 @pytest.fixture(scope="module")
-def reference(slurm, train_data, tmp_path_factory):
-    """The same short run under torchrun (4 processes, one node) and the long run as an uninterrupted 2-node job."""
-    tmp = tmp_path_factory.mktemp("slurm_ref")
+def torchrun_reference(train_data, tmp_path_factory):
+    """The short run of the jobs here under torchrun (4 processes, one node): its directory."""
+    out = tmp_path_factory.mktemp("slurm_ref") / "torchrun"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", f"--master_port={free_port()}",
-           "-m", "pretrain", "train", "--config", "bert-tiny", "--set", *settings(train_data, tmp / "torchrun")]
+           "-m", "pretrain", "train", "--config", "bert-tiny", "--set", *settings(train_data, out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    long, _ = train_job(slurm, tmp, "long", *LONG, data=train_data)
-    return {"torchrun": tmp / "torchrun", "long": long}
+    return out
+
+
+@pytest.fixture(scope="module")
+def long_reference(slurm, train_data, tmp_path_factory):
+    """The long run (LONG) as an uninterrupted 2-node job: its directory."""
+    out, _ = train_job(slurm, tmp_path_factory.mktemp("slurm_long"), "long", *LONG, data=train_data)
+    return out
 
 
 @pytest.mark.parametrize("launcher", ["srun", "deepspeed", "mpirun"])
-def test_a_two_node_job_trains_what_torchrun_trains(slurm, train_data, reference, tmp_path, launcher):
+def test_a_two_node_job_trains_what_torchrun_trains(slurm, train_data, torchrun_reference, tmp_path, launcher):
     """sbatch --nodes 2 --ntasks-per-node 2 slurm/pretrain.sbatch bert-tiny --set parallel.tp=2 zero.stage=2 ...:
     srun, the deepspeed launcher (slurm backend, hostfile from the allocation) or mpirun (Open MPI) start the
     tasks; ptm's rendezvous joins them; the weights equal a 4-process torchrun run's."""
     out, log = train_job(slurm, tmp_path, "run", launcher=launcher, data=train_data)
     assert f"on n[1-2] via {launcher}" in log
     assert summary(out)["layout"] == {"tp": 2, "dp": 2, "zero_stage": 2, "precision": "fp32"}
-    assert max_rel_diff(weights(out), weights(reference["torchrun"]), heads=2) < 1e-5
+    assert max_rel_diff(weights(out), weights(torchrun_reference), heads=2) < 1e-5
 
 
 def release_requeued(slurm, stop: threading.Event):
@@ -103,7 +109,7 @@ def release_requeued(slurm, stop: threading.Event):
 
 
 @pytest.mark.serial  # its start-up must take less than 25 s: on 2 cores shared with another test it took 33
-def test_a_time_limit_warning_checkpoints_requeues_and_resumes_exactly(slurm, train_data, reference, tmp_path):
+def test_a_time_limit_warning_checkpoints_requeues_and_resumes_exactly(slurm, train_data, long_reference, tmp_path):
     """--time=1 --signal=B:USR1@5: before its limit the script gets SIGUSR1 and forwards it to every task, the ranks
     checkpoint at one step, exit 75, the script requeues the job, which resumes (as often as the limit comes) and ends
     bit-identical to the uninterrupted job. slurmctld sends the warning at its first periodic check (every 30 s)
@@ -120,7 +126,7 @@ def test_a_time_limit_warning_checkpoints_requeues_and_resumes_exactly(slurm, tr
         stop.set()
     assert "stopped by SIGUSR1" in log and "requeueing job" in log and "(restart 1)" in log, log[-3000:]
     assert summary(out)["resumed_from"] is not None
-    assert_same_checkpoints(out, reference["long"])
+    assert_same_checkpoints(out, long_reference)
 
 
 def wait_until(predicate, timeout=300, what="the condition"):
@@ -215,13 +221,13 @@ def stopped_job(slurm, data, tmp, resumed_from, case: Stop) -> dict:
 
 
 @pytest.fixture(scope="module")
-def stopped(slurm, train_data, reference, tmp_path_factory):
+def stopped(slurm, train_data, torchrun_reference, tmp_path_factory):
     """Every case of STOPS, four jobs at a time; a case that went wrong on the way holds its error."""
     tmp = tmp_path_factory.mktemp("stops")
 
     def case(c: Stop) -> dict:
         try:
-            return stopped_job(slurm, train_data, tmp, reference["torchrun"], c)
+            return stopped_job(slurm, train_data, tmp, torchrun_reference, c)
         except AssertionError as e:
             log = tmp / c.name / "log"
             return {"error": f"{e}\n{log.read_text()[-3000:] if log.exists() else ''}"}
@@ -270,7 +276,8 @@ def test_a_stop_signal_at_any_moment_ends_requeued_or_with_the_one_line_stop(sto
         assert latest_step(out) == -1
 
 
-def test_scancel_checkpoints_when_there_is_time_and_a_resubmission_resumes(slurm, train_data, reference, tmp_path):
+def test_scancel_checkpoints_when_there_is_time_and_a_resubmission_resumes(slurm, train_data, long_reference,
+                                                                            tmp_path):
     """scancel mid-run (SIGTERM to every task, SIGKILL after KillWait=5 s): the tasks, and their data loader
     workers, get to a checkpoint at the step they agree on; resubmitted, the job resumes there and ends
     bit-identical to the uninterrupted job."""
@@ -287,10 +294,11 @@ def test_scancel_checkpoints_when_there_is_time_and_a_resubmission_resumes(slurm
     proc, log = sbatch(slurm, tmp_path / "resubmitted.log", *args)
     assert proc.returncode == 0, log[-3000:]
     assert summary(out)["resumed_from"]["step"] == stopped
-    assert_same_checkpoints(out, reference["long"])
+    assert_same_checkpoints(out, long_reference)
 
 
-def test_a_killed_task_ends_the_job_naming_it_and_a_resubmission_resumes(slurm, train_data, reference, tmp_path):
+def test_a_killed_task_ends_the_job_naming_it_and_a_resubmission_resumes(slurm, train_data, long_reference,
+                                                                          tmp_path):
     """SIGKILL of one task (rank 3): srun ends the whole job within seconds, its log names the task; resubmitted,
     the job resumes from the last periodic checkpoint and ends bit-identical to the uninterrupted job."""
     out = tmp_path / "killed"
@@ -313,7 +321,7 @@ def test_a_killed_task_ends_the_job_naming_it_and_a_resubmission_resumes(slurm, 
     proc, log = sbatch(slurm, tmp_path / "resubmitted.log", *args)
     assert proc.returncode == 0, log[-3000:]
     assert summary(out)["resumed_from"]["step"] == resumed_from >= 40
-    assert_same_checkpoints(out, reference["long"])
+    assert_same_checkpoints(out, long_reference)
 
 
 def test_ptm_launch_slurm_runs_prep_train_convert(slurm, small, tmp_path):

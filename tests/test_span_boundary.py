@@ -127,7 +127,7 @@ def test_a_run_evaluates_sbo_beside_mlm_and_exports_as_bert_for_masked_lm(train_
     import json
 
     import transformers
-    from conftest import read_jsonl, run_cli
+    from conftest import call_cli, read_jsonl, run_cli
     from safetensors.torch import load_file
     from test_distil import same_logits
 
@@ -141,7 +141,7 @@ def test_a_run_evaluates_sbo_beside_mlm_and_exports_as_bert_for_masked_lm(train_
             "valid_sbo_unigram_acc"} <= set(valid)
     state = C.load_full_model(C.resolve(str(run)))
     assert {"sbo.fc1.weight", "sbo.place.weight", "sbo.bias"} <= set(state)
-    run_cli("checkpoints_tools", "to-hf", str(run), "--out", str(tmp_path / "hf"))
+    call_cli("checkpoints_tools", "to-hf", str(run), "--out", str(tmp_path / "hf"))
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
     assert not any("sbo" in k or "pair" in k for k in load_file(tmp_path / "hf" / "model.safetensors"))
     hf = transformers.BertForMaskedLM.from_pretrained(tmp_path / "hf").eval()

@@ -4,7 +4,7 @@ same mask; the exported model decodes a target from a source as ptm's own decodi
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import call_cli
 from data_prep.tokenizer import load_tokenizer
 from pretrain import checkpoint as C
 from pretrain.models.config import ModelConfig
@@ -74,7 +74,7 @@ def _exported(tmp_path, vocab_file):
     tok.save(str(tmp_path / "tok"))
     C.copy_tokenizer(str(tmp_path / "tok"), str(ckpt))
     C.write_meta(str(ckpt), model=cfg, params=C.param_info(ours.named_parameters()), step=1)
-    run_cli("checkpoints_tools", "to-hf", ckpt, "--out", tmp_path / "hf")
+    call_cli("checkpoints_tools", "to-hf", ckpt, "--out", tmp_path / "hf")
     hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "BertForMaskedLM"
     return tok, ours, hf
