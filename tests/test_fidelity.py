@@ -24,7 +24,7 @@ import torch
 from runs import config, launch, losses_by_step, max_rel_diff, weights
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(3600)]  # the first test waits for every run (`trained`)
-LAUNCH_TIMEOUT = 2400  # hang guards: `trained` takes ~13 min alone, ~20 beside make test's other worker
+LAUNCH_TIMEOUT = 2400  # hang guards: `trained` takes ~15 min beside make test's other worker
 
 COMMON = ["data.num_workers=0", "data.seq_len=32", "model.max_position_embeddings=32", "model.hidden_dropout=0",
           "model.attention_dropout=0", "train.global_batch_size=8", "train.micro_batch_size=2", "train.grad_clip=0.5",
