@@ -26,11 +26,11 @@ from runs import config, launch, losses_by_step, max_rel_diff, weights
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(3600)]  # the first test waits for every run (`trained`)
 LAUNCH_TIMEOUT = 2400  # hang guards: `trained` takes ~15 min beside make test's other worker
 
+# train.eval_steps=1: every run ends with an evaluation, a quarter of its time at 10 batches; no test here reads it
 COMMON = ["data.num_workers=0", "data.seq_len=32", "model.max_position_embeddings=32", "model.hidden_dropout=0",
           "model.attention_dropout=0", "train.global_batch_size=8", "train.micro_batch_size=2", "train.grad_clip=0.5",
           "optimizer.warmup_steps=1", "optimizer.lr=0.01", "train.eval_interval=0", "data.valid_fraction=0.02",
-          "train.steps=4", "checkpoint.interval=0", "train.eval_steps=1"]  # every run's final evaluation: a quarter
-# of its time at 10 batches, and no test here reads it
+          "train.steps=4", "checkpoint.interval=0", "train.eval_steps=1"]
 MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "bert": (["bert-tiny", "data.objective=mlm_nsp", "data.masking=whole_word", "data.short_seq_prob=0.5"], 2, "mlm_loss"),
     "ernie": (["ernie-tiny", "ernie.stages=[{steps: 4, tasks: {knowledge_masking: 1, sentence_distance: 1}}]"], 2,

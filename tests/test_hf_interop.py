@@ -40,7 +40,7 @@ def test_bert_to_hf_loads_in_transformers_with_its_tokenizer(sp_model, tmp_path)
     model, cfg = _checkpoint(tmp_path, "bert", sp_model)
     out = tmp_path / "hf"
     call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out,  # a run dir: its latest checkpoint
-            "--max-shard-size", "200KB")
+             "--max-shard-size", "200KB")
     assert (out / "model.safetensors.index.json").is_file() and len(list(out.glob("model-*.safetensors"))) > 1
     hf = transformers.AutoModelForPreTraining.from_pretrained(out).eval()
     assert type(hf).__name__ == "BertForPreTraining"

@@ -142,7 +142,7 @@ def test_layout_change_and_a_resharded_tp4_checkpoint_train_on(train_data, tmp_p
     assert len(os.listdir(os.path.join(ckpt, "shards"))) == 3 * 4  # 3 kinds x (2 TP x 2 ZeRO-3 partitions)
     consolidated_and_exported(ckpt, tmp_path)
     call_cli("checkpoints_tools", "reshard", tmp_path / "moved", "--tp", "4",
-            "--out", tmp_path / "tp4" / "checkpoints" / "step_00000003")
+             "--out", tmp_path / "tp4" / "checkpoints" / "step_00000003")
     tp4 = C.Pieces(str(tmp_path / "tp4" / "checkpoints" / "step_00000003"))
     assert tp4.tp == 4 and all(torch.equal(tp4.full("exp_avg", n), C.Pieces(ckpt).full("exp_avg", n)) for n in tp4.params)
     C.mark_latest(str(tmp_path / "tp4"), "step_00000003")
