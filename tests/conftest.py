@@ -11,6 +11,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels (liger-kernel's) run on the CPU, interpreted
+# One torch thread per process: `make test` runs two workers on two cores, and torch's default (a thread per core)
+# oversubscribes them; its OpenMP threads then spin waiting for a preempted peer (a one-process launch beside a
+# busy core: 66 s instead of 17). torchrun sets the same for launches of more than one process.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 CI_HINT = "CI=true: a missing component is a failure, not a skip"
 
 
