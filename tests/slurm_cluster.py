@@ -58,7 +58,7 @@ class SlurmCluster:
         self.dir, self.nodes = directory, [f"n{i + 1}" for i in range(nodes)]
         self.conf = os.path.join(directory, "slurm.conf")
         # jobs size their threads from their allocation (slurm/pretrain.sbatch), not from the tests' setting
-        self.env = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "SLURM_CONF": self.conf}
+        self.env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"SLURM_CONF": self.conf}
 
     @staticmethod
     def available() -> bool:
