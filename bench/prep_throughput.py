@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,7 +98,7 @@ def reference(corpus: str, model: str, num_proc: int, out: str) -> None:
     Path(out, "num_tokens").write_text(str(tokens))
 
 
-def floor(corpus: str, model: str, workers: int, out: str, repeat: int = 1) -> None:
+def floor(corpus: str, model: str, workers: int, out: str) -> None:
     """Time the unavoidable pieces of a ptm build alone (runs in a child process); writes out/floor.json. Without
     cyclic garbage collection and with freed memory kept (keep_freed_memory), as ptm builds run."""
     import gc
@@ -114,15 +115,11 @@ def floor(corpus: str, model: str, workers: int, out: str, repeat: int = 1) -> N
     keep_freed_memory()  # as every ptm build process does
 
     def timed(fn):
-        """fn's result, and its shortest wall and CPU time over `repeat` runs."""
-        walls, cpus = [], []
-        for _ in range(repeat):
-            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            result = fn()
-            r1 = resource.getrusage(resource.RUSAGE_SELF)
-            walls.append(time.perf_counter() - t0)
-            cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
-        return result, min(walls), min(cpus)
+        """fn's result, its wall and its CPU time."""
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        result = fn()
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        return result, time.perf_counter() - t0, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
 
     def encode(texts):
         for i in range(0, len(texts), 1000):
@@ -177,6 +174,26 @@ def megatron(corpus: str, model: str, num_proc: int, out: str) -> None:
     Path(out, "num_tokens").write_text(str(tokens))
 
 
+def run_pipeline(name: str, w: int, corpus: Path, model: str, shard_size: str, tmp: Path,
+                 env: dict) -> tuple[float, float, int]:
+    """One timed run of a pipeline on `corpus` with w workers, its output and caches removed after:
+    (wall seconds, peak RSS in bytes, tokens written)."""
+    out = tmp / f"{name}-{corpus.stem}-{w}"
+    if name.startswith("ptm"):
+        cmd = [sys.executable, "-m", "data_prep", "build", str(corpus), "--out", str(out), "--tokenizer", model,
+               "--workers", str(w), "--shard-size", shard_size, "--no-progress", "--overwrite",
+               "--structure", "none" if name == "ptm-none" else "full"]
+    else:
+        cmd = [sys.executable, __file__, f"--{'reference' if name == 'ref' else name}", str(corpus), model, str(w),
+               str(out)]
+    secs, rss = measure(cmd, tmp / f"{out.name}.log", env)
+    tokens = (json.loads((out / "manifest.json").read_text())["num_tokens"] if name.startswith("ptm")
+              else int((out / "num_tokens").read_text()))
+    for d in (out, tmp / "hf" / "datasets"):  # no cache reuse between runs
+        shutil.rmtree(d, ignore_errors=True)
+    return secs, rss, tokens
+
+
 PIPELINES = ("ref", "megatron", "ptm", "ptm-none")
 
 
@@ -199,15 +216,17 @@ def main() -> None:
     ap.add_argument("--megatron", nargs=4, metavar=("CORPUS", "MODEL", "NUM_PROC", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--floor", nargs=4, metavar=("CORPUS", "MODEL", "WORKERS", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--repeat", type=int, default=1,
-                    help="run every pipeline and time every floor piece this many times, keeping the fastest "
-                         "(default 1; the README's figures use 3: this machine's timings vary by 5-10%%)")
+                    help="rounds: each runs every pipeline and the floor once, in turn, and each row keeps its "
+                         "fastest round (default 1; docs/performance.md's figures use 3 or more: this machine's "
+                         "speed drifts by 20%% and more between minutes, so rows are compared from rounds that "
+                         "shared its slow and fast phases)")
     a = ap.parse_args()
     if a.reference:
         return reference(a.reference[0], a.reference[1], int(a.reference[2]), a.reference[3])
     if a.megatron:
         return megatron(a.megatron[0], a.megatron[1], int(a.megatron[2]), a.megatron[3])
     if a.floor:
-        return floor(a.floor[0], a.floor[1], int(a.floor[2]), a.floor[3], a.repeat)
+        return floor(a.floor[0], a.floor[1], int(a.floor[2]), a.floor[3])
 
     with tempfile.TemporaryDirectory(prefix="ptm-bench-") as tmp:
         tmp = Path(tmp)
@@ -221,39 +240,37 @@ def main() -> None:
                       str(a.vocab_size), "--no-progress", "--overwrite"], tmp / "tok.log", env)
         model = str(tmp / "tok" / "tokenizer" / "spm.model")
 
-        rows = []
+        rows, paired = [], []
         for mb in [m for m in (a.mb, a.mb2) if m > 0]:
             corpus = tmp / f"corpus{mb:g}.jsonl"
             text_mb = make_corpus(tmp / "src", a.lang, mb, corpus) / MB
+            runs, floors = {}, {}  # (pipeline, workers): [(seconds, peak RSS, tokens)]; (floor row, workers): [s]
+            for _ in range(a.repeat):  # rounds of every run, so that a slow phase of the machine slows them all
+                for w in a.workers:
+                    for name in PIPELINES:
+                        print(f"{name} workers={w} corpus={text_mb:.1f} MB ...", file=sys.stderr)
+                        run = run_pipeline(name, w, corpus, model, a.shard_size, tmp, env)
+                        runs.setdefault((name, w), []).append(run)
+                    out = tmp / f"floor-{mb:g}-{w}"
+                    out.mkdir(exist_ok=True)
+                    subprocess.run(py + [__file__, "--floor", str(corpus), model, str(w), str(out)], check=True,
+                                   env=env)
+                    for name, secs in json.loads((out / "floor.json").read_text()).items():
+                        floors.setdefault((name, w), []).append(secs)
             for w in a.workers:
                 for name in PIPELINES:
-                    out = tmp / f"{name}-{mb:g}-{w}"
-                    print(f"{name} workers={w} corpus={text_mb:.1f} MB ...", file=sys.stderr)
-                    if name.startswith("ptm"):
-                        cmd = py + ["-m", "data_prep", "build", str(corpus), "--out", str(out), "--tokenizer", model,
-                                    "--workers", str(w), "--shard-size", a.shard_size, "--no-progress", "--overwrite",
-                                    "--structure", "none" if name == "ptm-none" else "full"]
-                    else:
-                        cmd = py + [__file__, f"--{'reference' if name == 'ref' else name}", str(corpus), model,
-                                    str(w), str(out)]
-                    runs = []
-                    for _ in range(a.repeat):
-                        for d in (out, tmp / "hf" / "datasets"):  # no cache reuse between runs
-                            shutil.rmtree(d, ignore_errors=True)
-                        runs.append(measure(cmd, tmp / f"{out.name}.log", env))
-                    secs, rss = min(runs)
-                    tokens = (json.loads((out / "manifest.json").read_text())["num_tokens"] if name.startswith("ptm")
-                              else int((out / "num_tokens").read_text()))
-                    rows.append(dict(name=name, w=w, mb=text_mb, secs=secs, mbs=text_mb / secs,
-                                     tps=tokens / secs, rss=rss / MB))
-                    for d in (out, tmp / "hf" / "datasets"):  # no cache reuse between runs
-                        shutil.rmtree(d, ignore_errors=True)
-                out = tmp / f"floor-{mb:g}-{w}"
-                out.mkdir()
-                subprocess.run(py + [__file__, "--floor", str(corpus), model, str(w), str(out), "--repeat", str(a.repeat)],
-                               check=True, env=env)
-                for name, secs in json.loads((out / "floor.json").read_text()).items():
+                    secs, rss, tokens = min(runs[name, w])
+                    rows.append(dict(name=name, w=w, mb=text_mb, secs=secs, mbs=text_mb / secs, tps=tokens / secs,
+                                     rss=rss / MB))
+                for name in ("floor", "floor-none"):
+                    secs = min(floors[name, w])
                     rows.append(dict(name=name, w=w, mb=text_mb, secs=secs, mbs=text_mb / secs, tps=None, rss=None))
+                for name, bound in (("ptm", "floor"), ("ptm-none", "floor-none")):
+                    paired.append(f"{text_mb:.1f} MB, {w} worker{'s' * (w > 1)}, {name} / {bound}: "
+                                  + per_round([f / r[0] for f, r in zip(floors[bound, w], runs[name, w])]))
+            for w in a.workers[1:]:
+                paired.append(f"{text_mb:.1f} MB, ptm, {w} workers / {a.workers[0]}: "
+                              + per_round([r1[0] / r[0] for r1, r in zip(runs["ptm", a.workers[0]], runs["ptm", w])]))
             corpus.unlink()
 
     print(HEADER + "\n")
@@ -268,6 +285,12 @@ def main() -> None:
         ratio = f"{r['mbs'] / ref['mbs']:>12.2f}{r['rss'] / ref['rss']:>11.2f}" if r["name"] != "ref" else ""
         print(f"{r['name']:<9}{r['w']:>8}{r['mb']:>11.1f}{r['secs']:>9.1f}{r['mbs']:>8.2f}{r['tps']:>11,.0f}"
               f"{r['rss']:>13.0f}{ratio}")
+    print("\nMB/s ratios within each round (a round runs every row once, one after another), round by round:")
+    print("\n".join(paired))
+
+
+def per_round(ratios: list[float]) -> str:
+    return " ".join(f"{x:.2f}" for x in ratios) + f" (median {statistics.median(ratios):.2f})"
 
 
 if __name__ == "__main__":
