@@ -245,7 +245,7 @@ def main() -> None:
             corpus = tmp / f"corpus{mb:g}.jsonl"
             text_mb = make_corpus(tmp / "src", a.lang, mb, corpus) / MB
             runs, floors = {}, {}  # (pipeline, workers): [(seconds, peak RSS, tokens)]; (floor row, workers): [s]
-            for _ in range(a.repeat):  # rounds of every run, so that a slow phase of the machine slows them all
+            for _ in range(a.repeat):  # rounds: a slow phase of the machine falls on every pipeline, not on one
                 for w in a.workers:
                     for name in PIPELINES:
                         print(f"{name} workers={w} corpus={text_mb:.1f} MB ...", file=sys.stderr)
