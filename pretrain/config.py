@@ -21,7 +21,7 @@ import yaml
 
 from pretrain import families, objectives, schema
 from pretrain import yaml_config as Y
-from pretrain.models.config import ATTENTIONS, ModelConfig, embedding_width, positions_needed
+from pretrain.models.config import ATTENTIONS, POSITIONS, ModelConfig, embedding_width, positions_needed
 from pretrain.objectives.ernie import ErnieStage  # noqa: F401 (the ernie section's stages, named here too)
 from pretrain.data import masking
 from pretrain.data.masking import STRATEGIES as MASKINGS
@@ -291,8 +291,8 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(needed <= m.max_position_embeddings,
                 f"data.seq_len={d.seq_len} needs {needed} positions but model.max_position_embeddings="
                 f"{m.max_position_embeddings}; lower data.seq_len or raise model.max_position_embeddings"
-                + (f" (position_encoding=roberta starts at pad_token_id + 1 = {m.pad_token_id + 1})"
-                   if needed > d.seq_len else ""))
+                + (f" (position 0 is row {'pad_token_id + 1' if m.positional.from_pad else 'model.position_offset'} "
+                   f"= {needed - d.seq_len})" if needed > d.seq_len else ""))
     errors.need(d.max_predictions_per_seq <= d.seq_len,
                 f"data.max_predictions_per_seq={d.max_predictions_per_seq} exceeds data.seq_len={d.seq_len}; "
                 f"lower it (0: ceil(mask_prob * seq_len))")
@@ -307,11 +307,11 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
                 "model.norm_type=rmsnorm needs model.norm=pre (a post-LN block's residual kernel is LayerNorm's); set "
                 "model.norm=pre or model.norm_type=layernorm")
     local, kinds = "local" in m.attention_layers, "[" + ", ".join(m.attention_layers) + "]"
-    sdpa = m.position_encoding in ("learned", "roberta", "bucketed") and families.get(m.arch).attends
-    errors.need(not local or sdpa,
+    sdpa = " | ".join(name for name, p in POSITIONS.items() if not p.kernel)
+    errors.need(not local or not m.positional.kernel and families.get(m.arch).attends,
                 f"model.attention_layers={kinds} has local layers, which model.arch={m.arch} with "
                 f"model.position_encoding={m.position_encoding} has no band for (local attention is SDPA's with a "
-                f"mask: position_encoding learned, roberta or bucketed); set model.attention_layers=[global]")
+                f"mask: position_encoding {sdpa}); set model.attention_layers=[global]")
     errors.need(len(set(m.attention_layers)) == 1 or m.share_layers in ("none", "ffn"),
                 f"model.share_layers={m.share_layers} shares one attention between layers that model.attention_layers="
                 f"{kinds} makes different; set model.share_layers=none (or ffn), or one kind of attention")

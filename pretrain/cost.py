@@ -28,7 +28,7 @@ def _family(m: ModelConfig):
 def _own_stacks(m: ModelConfig, seq_len: int, decoder: int = 0, predicted: int | None = None) -> list[Stack]:
     own = _family(m).stacks(m, seq_len, decoder, seq_len if predicted is None else predicted)
     return own if own is not None else [Stack(m, m.num_layers, seq_len,
-                                              keeps_scores=m.position_encoding == "relative")]
+                                              keeps_scores=m.positional.pair_terms)]
 
 
 def stacks(m: ModelConfig, seq_len: int, decoder: int = 0, predicted: int | None = None) -> list[Stack]:
@@ -58,7 +58,7 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
     h, f, v, e, a = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m), m.attention_width
     bias, qkv_bias = (1 if m.bias else 0), (1 if m.bias and m.qkv_bias else 0)
     norm = h if m.norm_type == "rmsnorm" else 2 * h  # RMSNorm has no bias
-    positions = m.max_position_embeddings if m.position_encoding in ("learned", "roberta") else 0
+    positions = m.max_position_embeddings if m.positional.table else 0
     tables = [(v * e, 0), (0, positions * e), (0, m.type_vocab_size * e), (0, m.task_type_vocab_size * e)]
     embeddings = ([] if shared_embeddings else tables) + ([(0, e * h + h)] if e != h else [])  # ALBERT's projection
     layer = family.layer_modules(m, {

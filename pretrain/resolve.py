@@ -103,10 +103,11 @@ def _datasets(cfg: Config) -> list:
         raise ConfigError(f"model.vocab_size {cfg.model.vocab_size} does not match the dataset's tokenizer "
                           f"({vocab} ids in {cfg.data.paths[0]}); set model.vocab_size=0 to take the dataset's")
     pad = corpora[0].special_ids.get("pad")
-    if cfg.model.position_encoding == "roberta" and cfg.model.pad_token_id != pad:
+    if cfg.model.positional.from_pad and cfg.model.pad_token_id != pad:
         if pad is None:
-            raise ConfigError(f"model.position_encoding=roberta numbers positions from the padding id, and the tokenizer "
-                              f"of {cfg.data.paths[0]} has none; build the dataset with one that has [PAD] or <pad>")
+            raise ConfigError(f"model.position_encoding={cfg.model.position_encoding} numbers positions from the "
+                              f"padding id, and the tokenizer of {cfg.data.paths[0]} has none; build the dataset with "
+                              f"one that has [PAD] or <pad>")
         if cfg.model.pad_token_id != -1:
             raise ConfigError(f"model.pad_token_id {cfg.model.pad_token_id} is not the dataset's padding id ({pad} in "
                               f"{cfg.data.paths[0]}); set model.pad_token_id=-1 to take the dataset's")

@@ -410,7 +410,7 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
         forward = b * q * (rep * h + (per_h * h + per_f * f) / t) * act
         if stack.context:  # cross-attention: a sublayer's norm, residual and dropout, and its attention's traffic
             forward += b * q * (rep * h / 2 + per_h * h / 2 / t) * act
-        if model.position_encoding == "relative":
+        if model.positional.pair_terms:
             forward += b * q * model.num_heads * q * RELATIVE_SCORE_BYTES / 3 / t
         layer_memory = (3 * layers + recomputed) * forward / hbm
         memory += layer_memory

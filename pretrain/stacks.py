@@ -46,7 +46,7 @@ def layer_flops_per_sample(m, seq_len: int, layer: int = 0) -> int:
     (`attended_keys`: s, or a local layer's band); see pretrain/cost.py's model_flops_per_sample."""
     h, s, a = m.hidden_size, seq_len, m.attention_width
     return 6 * s * (4 * h * a + (3 if m.gated_mlp else 2) * h * m.ffn_hidden_size) + 12 * a * s * attended_keys(
-        m, s, layer) * (2 if m.position_encoding == "relative" else 1)
+        m, s, layer) * (2 if m.positional.pair_terms else 1)
 
 
 def cross_flops_per_sample(m, seq_len: int, context: int) -> int:

@@ -170,7 +170,10 @@ def problems(overrides, dp=1, preset="bert-tiny"):
                               "data.seq_len or raise model.max_position_embeddings")),
     (["model.arch=roberta", "model.pad_token_id=1", "data.objective=mlm", "data.seq_len=127"], 1,
      "data.seq_len=127 needs 129 positions but model.max_position_embeddings=128; lower data.seq_len or raise "
-     "model.max_position_embeddings (position_encoding=roberta starts at pad_token_id + 1 = 2)"),
+     "model.max_position_embeddings (position 0 is row pad_token_id + 1 = 2)"),
+    (["model.position_offset=2", "data.seq_len=127"], 1, "data.seq_len=127 needs 129 positions but "
+     "model.max_position_embeddings=128; lower data.seq_len or raise model.max_position_embeddings (position 0 is row "
+     "model.position_offset = 2)"),
     (["zero.stage=0", "zero.offload=true"], 1, "zero.offload needs ZeRO; set zero.stage=1"),
     (["train.steps=0"], 1, "train.steps=0 must be positive"),
     (["optimizer.weight_decay=-1"], 1, "optimizer.weight_decay=-1.0 must not be negative"),

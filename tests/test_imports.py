@@ -92,8 +92,8 @@ def test_no_import_cycles():
 
 
 def test_no_family_or_objective_name_is_compared_outside_its_module():
-    """Only pretrain/families/ and pretrain/objectives/ compare architecture or objective names; everything else reads
-    features and asks the registries."""
+    """Only pretrain/families/ and pretrain/objectives/ compare architecture, objective or position encoding names;
+    everything else reads features and asks the registries (a position encoding's: `ModelConfig.positional`)."""
     import re
 
     from pretrain import families, objectives
@@ -101,7 +101,8 @@ def test_no_family_or_objective_name_is_compared_outside_its_module():
     from pretrain.models.config import HEADS
 
     names = "|".join(re.escape(n) for n in (*families.REGISTRY, *objectives.REGISTRY) if n not in HEADS)  # "mlm": a head
-    compared = re.compile(rf"""\b(arch|objective)\s*(==|!=|not in|in)\s|["']({names})["']\s*(==|!=|not in|in)\s""")
+    compared = re.compile(rf"""\b(arch|objective|position_encoding)\s*(==|!=|not in|in)\s"""
+                          rf"""|["']({names})["']\s*(==|!=|not in|in)\s""")
     found = []
     for name, path in modules().items():
         if name.startswith(("pretrain.families", "pretrain.objectives")):
@@ -111,6 +112,7 @@ def test_no_family_or_objective_name_is_compared_outside_its_module():
             if compared.search(code) and not code.lstrip().startswith(("def ", "class ")):
                 found.append(f"{path}:{number}: {line.strip()}")
     assert compared.search('if cfg.model.arch == "gpt2":') and compared.search('x = "bert" in archs')  # it finds them
+    assert compared.search('t = m.position_encoding in ("learned", "roberta")')
     assert not found, "\n".join(found)
 
 

@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pretrain import config as C
-from pretrain import objectives
+from pretrain import models, objectives
 from pretrain import kernels as K
 from pretrain.engine import _fused_lm_loss
 from pretrain.models.model import Pretraining
@@ -52,7 +52,7 @@ def test_one_tp_rank_runs_plain_linears_not_megatron_cores(arch, monkeypatch):
     apply = function.apply
     monkeypatch.setattr(function, "apply", lambda *args: (calls.update(["megatron"]), apply(*args))[1])
     cfg = tiny(arch)
-    cls = Pretraining if arch != "xlnet" else __import__("pretrain.models.two_stream", fromlist=["XLNet"]).XLNet
+    cls = models.model_class(cfg)
 
     def run_linears(fast: bool):
         mcore.initialize(tp=1, seed=0)
@@ -252,6 +252,8 @@ def test_fused_lm_loss_is_refused_where_it_cannot_apply(tmp_path):
     ("bert-tiny", ["model.attention_dropout=0", "data.unpadded=true"], "torch SDPA flash (block-diagonal mask)"),
     ("gpt2-tiny", ["model.attention_dropout=0"], "torch SDPA flash (causal, no mask)"),
     ("nezha-tiny", [], "ptm's matmuls + softmax (relative positions)"),
+    ("transfo-xl-tiny", ["model.attention_dropout=0"], "ptm's matmuls + softmax (Transformer-XL's relative positions)"),
+    ("xlnet-tiny", ["model.attention_dropout=0"], "ptm's matmuls + softmax (Transformer-XL's relative positions)"),
 ])
 def test_the_log_names_the_attention_kernel_that_runs(preset, overrides, attention):
     """The `kernels:` line names the kernel SDPA picks for the mask the model passes (on CUDA flash takes no mask:
@@ -265,11 +267,12 @@ def test_the_log_names_the_attention_kernel_that_runs(preset, overrides, attenti
             unilm, "eager", False, Lamb([torch.zeros(1)]), torch.device("cpu"),
             objectives.get(unilm.data.objective).attention_mask)
     mcore.initialize(tp=1, seed=0)
-    model, ids = Pretraining(cfg.model).train(), torch.ones(2, cfg.data.seq_len, dtype=torch.long)
+    model, ids = models.build(cfg.model).train(), torch.ones(2, cfg.data.seq_len, dtype=torch.long)
     with Ops() as ops:
         if cfg.model.causal:
             model(ids)
         else:
-            model(ids, torch.ones_like(ids), torch.zeros_like(ids), sample_index=ids if cfg.data.unpadded else None)
+            unpadded = {"sample_index": ids} if cfg.data.unpadded else {}  # (XLNet's model takes no unpadded rows)
+            model(ids, torch.ones_like(ids), torch.zeros_like(ids), **unpadded)
     ran = {"flash": "aten._scaled_dot_product_flash_attention_for_cpu.default", "math": "aten._safe_softmax.default"}
     assert {name for name, op in ran.items() if ops.seen[op]} == {name for name in ran if f"SDPA {name}" in attention}

@@ -36,7 +36,7 @@ class EncoderDecoderCost(Cost):
         out = (layer["norms"] + layer["attention"] + layer["mlp"] + cross) * m.decoder_layers
         out += [(0, norm)] if m.norm == "pre" else []
         out += [(0, shared["positions"])] + ([(0, shared["embedding_norm"])] if shared["embedding_norm"] else [])
-        return out + [(m.relative_buckets * m.num_heads, 0)] * 2 if m.position_encoding == "bucketed" else out
+        return out + [(m.relative_buckets * m.num_heads, 0)] * 2 if m.positional.score_bias else out
 
 
 class EncoderDecoderAdapter(Adapter):

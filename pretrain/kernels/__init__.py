@@ -163,12 +163,12 @@ def attention(cfg, device: torch.device, mask: str = "padding") -> str:
     (`torch._fused_sdp_choice`, which `F.scaled_dot_product_attention` consults) with the model's dtype, head size,
     dropout and mask: BERT-like models pass a padding mask (block-diagonal when unpadded), which flash takes none of,
     or the mask their objective names (`Objective.attention_mask`: UniLM's per-token spans); GPT-2 none (causal).
-    NEZHA's relative positions are computed without SDPA."""
+    A position encoding SDPA cannot compute (NEZHA's, Transformer-XL's) names ptm's own kernel instead."""
     from torch.nn.attention import SDPBackend
 
     m = cfg.model
-    if m.position_encoding == "relative":
-        return "ptm's matmuls + softmax (relative positions)"
+    if m.positional.kernel:
+        return m.positional.kernel
     s, dtype = cfg.data.seq_len, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
     q = torch.zeros(1, m.num_heads // cfg.parallel.tp, s, m.head_size, dtype=dtype, device=device)
     mask = None if m.causal else "block-diagonal" if cfg.data.unpadded else mask

@@ -21,13 +21,38 @@ NORM_TYPES = ("layernorm", "rmsnorm")  # LayerNorm with a bias; T5's: scale only
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "tanh")
 HEADS = ("lm", "mlm", "rtd", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; ELECTRA's
 # replaced-token detection (a per-token 1-way head, with a generator); pooler + 2-way head
-POSITIONS = ("learned", "roberta", "relative", "bucketed", "transformer_xl")  # absolute; RoBERTa's: from pad_token_id + 1, padding at pad_token_id;
-# NEZHA's functional relative positions: sinusoids of the clipped distance inside attention, no position table;
-# T5's bucketed relative position bias: a learned scalar per head and distance bucket, added to the attention scores;
-# Transformer-XL's (XLNet's): sinusoids of the distance projected per layer, with learned content and position biases
 SHARING = ("none", "all", "attention", "ffn")  # ALBERT's cross-layer parameter sharing
 ATTENTIONS = ("global", "local")  # a layer's attention: every position (every earlier one, causal) | a band of the
 # nearest attention_window positions (GPT-3's locally banded layers, GPT-Neo's "local")
+
+
+@dataclass(frozen=True)
+class PositionEncoding:
+    """A value of `model.position_encoding` as the shared layers, the cost model and the checks read it: they ask
+    these properties (`ModelConfig.positional`), never the name."""
+
+    help: str
+    table: bool = False  # a learned table of absolute positions, max_position_embeddings rows
+    from_pad: bool = False  # numbered from pad_token_id + 1, padding tokens at pad_token_id (RoBERTa's)
+    pair_terms: bool = False  # a term per query-key pair inside attention (NEZHA's): ptm's own attention core, which
+    # keeps the scores, and twice the scores' FLOPs
+    score_bias: bool = False  # a learned bias per head and distance bucket added to the scores, one per stack (T5's)
+    kernel: str = ""  # the attention kernel where it is not torch SDPA ("": SDPA, any bias passed as its mask)
+
+
+POSITIONS = {
+    "learned": PositionEncoding("absolute positions from 0", table=True),
+    "roberta": PositionEncoding("from pad_token_id + 1, padding tokens at pad_token_id, as HF RoBERTa", table=True,
+                                from_pad=True),
+    "relative": PositionEncoding("NEZHA's functional relative positions: fixed sinusoids of the clipped distance added "
+                                 "to keys and values inside attention, no position table", pair_terms=True,
+                                 kernel="ptm's matmuls + softmax (relative positions)"),
+    "bucketed": PositionEncoding("T5's learned bias per head and distance bucket, bidirectional in an encoder, causal "
+                                 "in a decoder", score_bias=True),
+    "transformer_xl": PositionEncoding("XLNet's: sinusoids of the distance projected per layer, content and position "
+                                       "biases u and v; two-stream attention and a memory",
+                                       kernel="ptm's matmuls + softmax (Transformer-XL's relative positions)"),
+}
 ARCH_FEATURES = families.ARCH_FEATURES
 ARCHS = families.names()
 
@@ -96,15 +121,8 @@ class SharedModelConfig:
                                         "nsp (pooler + 2-way classifier for NSP/SOP); null: the arch's")
     scaled_init: bool | None = opt(None, "initialise residual output projections with init_std / sqrt(2 * "
                                          "num_layers) (GPT-2); null: the arch's")
-    position_encoding: str | None = opt(None, "learned (absolute positions from 0) | roberta (from pad_token_id + 1, "
-                                              "padding tokens at pad_token_id, as HF RoBERTa) | relative (NEZHA's "
-                                              "functional relative positions: fixed sinusoids of the clipped distance "
-                                              "added to keys and values inside attention, no position table) | "
-                                              "bucketed (T5's learned bias per head and distance bucket, bidirectional "
-                                              "in an encoder, causal in a decoder) | transformer_xl (XLNet's: "
-                                              "sinusoids of the distance projected per layer, content and position "
-                                              "biases u and v; two-stream attention and a memory); null: the arch's",
-                                  choices=POSITIONS)
+    position_encoding: str | None = opt(None, " | ".join(f"{name} ({p.help})" for name, p in POSITIONS.items())
+                                        + "; null: the arch's", choices=tuple(POSITIONS))
     attention_layers: list[str] | None = opt(None, "the attention of each layer, the list repeated over the layers: "
                                                    "global (every position; causal: every earlier one) | local (the "
                                                    "attention_window nearest, GPT-3's locally banded layers); e.g. "
@@ -125,6 +143,11 @@ class SharedModelConfig:
         """The vocabulary rounded up to `vocab_pad_to` (GPU-friendly shapes, divisible by any TP size that divides it);
         the extra rows are never predicted (their logits are masked)."""
         return -(-self.vocab_size // self.vocab_pad_to) * self.vocab_pad_to
+
+    @property
+    def positional(self) -> PositionEncoding:
+        """What `position_encoding` computes."""
+        return POSITIONS[self.position_encoding]
 
     def attention(self, layer: int) -> str:
         """The attention of layer `layer` (global | local): `attention_layers`, repeated."""
@@ -169,7 +192,7 @@ def embedding_width(cfg: ModelConfig) -> int:
 
 def positions_needed(cfg: ModelConfig, seq_len: int) -> int:
     """Rows of the position table that sequences of `seq_len` use (RoBERTa's start past the padding id)."""
-    return seq_len + (cfg.pad_token_id + 1 if cfg.position_encoding == "roberta" else cfg.position_offset)
+    return seq_len + (cfg.pad_token_id + 1 if cfg.positional.from_pad else cfg.position_offset)
 
 
 def padded_vocab_size(cfg: ModelConfig) -> int:

@@ -126,14 +126,13 @@ class Embeddings(nn.Module):
         cfg, e = ctx.cfg, embedding_width(ctx.cfg)
         self.word = mtp.VocabParallelEmbedding(padded_vocab_size(cfg), e, init_method=ctx.inits["word"], config=ctx.mp,
                                                tp_group=ctx.tp)
-        learned = cfg.position_encoding in ("learned", "roberta")
-        self.position = nn.Embedding(cfg.max_position_embeddings, e) if learned else None
+        self.position = nn.Embedding(cfg.max_position_embeddings, e) if cfg.positional.table else None
         self.token_type = nn.Embedding(cfg.type_vocab_size, e) if cfg.type_vocab_size else None
         self.task_type = nn.Embedding(cfg.task_type_vocab_size, e) if cfg.task_type_vocab_size else None
         self.norm = nn.LayerNorm(e, eps=cfg.layer_norm_eps) if normalises_embeddings(cfg) else None
         self.dropout = nn.Dropout(cfg.hidden_dropout)
         self.proj = nn.Linear(e, cfg.hidden_size) if e != cfg.hidden_size else None
-        self.pad = cfg.pad_token_id if cfg.position_encoding == "roberta" else None
+        self.pad = cfg.pad_token_id if cfg.positional.from_pad else None
         self.offset = cfg.position_offset
 
     def share(self, other: "Embeddings", names=("word", "position", "token_type", "task_type", "norm")) -> None:
@@ -490,7 +489,7 @@ def attention_spec(cfg, causal: bool | None = None, layer: int = 0) -> ModuleSpe
     """Self-attention of layer `layer` with the core the position encoding and the layer's attention need: NEZHA's
     relative terms, a local layer's band (`model.attention_layers`), else torch's SDPA (T5's bucketed bias comes in
     the mask)."""
-    core = RelativeAttention if cfg.position_encoding == "relative" else \
+    core = RelativeAttention if cfg.positional.pair_terms else \
         LocalAttention if cfg.attention(layer) == "local" else DotProductAttention
     return ModuleSpec(SelfAttention, params={"causal": causal}, submodules=AttentionSubmodules(core=core))
 

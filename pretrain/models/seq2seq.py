@@ -33,7 +33,7 @@ class Stack(nn.Module):
         super().__init__()
         cfg = ctx.cfg
         self.blocks = nn.ModuleList(build_module(block_spec(cfg, decoder, i), ctx) for i in range(layers))
-        self.bias = BucketedBias(ctx, bidirectional=not decoder) if cfg.position_encoding == "bucketed" else None
+        self.bias = BucketedBias(ctx, bidirectional=not decoder) if cfg.positional.score_bias else None
         self.final_norm = norm(cfg) if cfg.norm == "pre" else None
         self.dropout = nn.Dropout(cfg.hidden_dropout)
         self.checkpointed = _checkpointed_layers(cfg.activation_checkpointing, layers)
