@@ -251,6 +251,8 @@ def test_fused_lm_loss_is_refused_where_it_cannot_apply(tmp_path):
     ("bert-tiny", ["model.attention_dropout=0"], "torch SDPA flash (padding mask)"),
     ("bert-tiny", ["model.attention_dropout=0", "data.unpadded=true"], "torch SDPA flash (block-diagonal mask)"),
     ("gpt2-tiny", ["model.attention_dropout=0"], "torch SDPA flash (causal, no mask)"),
+    ("gpt3-tiny", ["model.attention_dropout=0"], "torch SDPA flash (causal, no mask); local layers torch SDPA flash "
+                                                 "(band mask)"),  # GPT-3's alternating layers: the band as a mask
     ("nezha-tiny", [], "ptm's matmuls + softmax (relative positions)"),
     ("transfo-xl-tiny", ["model.attention_dropout=0"], "ptm's matmuls + softmax (Transformer-XL's relative positions)"),
     ("xlnet-tiny", ["model.attention_dropout=0"], "ptm's matmuls + softmax (Transformer-XL's relative positions)"),

@@ -163,6 +163,7 @@ def attention(cfg, device: torch.device, mask: str = "padding") -> str:
     (`torch._fused_sdp_choice`, which `F.scaled_dot_product_attention` consults) with the model's dtype, head size,
     dropout and mask: BERT-like models pass a padding mask (block-diagonal when unpadded), which flash takes none of,
     or the mask their objective names (`Objective.attention_mask`: UniLM's per-token spans); GPT-2 none (causal).
+    Local layers (`model.attention_layers`) pass their band as a mask, joined with any other, and are named apart.
     A position encoding SDPA cannot compute (NEZHA's, Transformer-XL's) names ptm's own kernel instead."""
     from torch.nn.attention import SDPBackend
 
@@ -171,12 +172,19 @@ def attention(cfg, device: torch.device, mask: str = "padding") -> str:
         return m.positional.kernel
     s, dtype = cfg.data.seq_len, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
     q = torch.zeros(1, m.num_heads // cfg.parallel.tp, s, m.head_size, dtype=dtype, device=device)
+
+    def picked(bias, causal: bool) -> str:
+        choice = SDPBackend(torch._fused_sdp_choice(q, q, q, bias, m.attention_dropout, causal))
+        return "torch SDPA " + {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient",
+                                SDPBackend.CUDNN_ATTENTION: "cuDNN"}.get(choice, choice.name.lower())
+
     mask = None if m.causal else "block-diagonal" if cfg.data.unpadded else mask
     bias = None if mask is None else q.new_zeros(1, 1, 1 if mask == "padding" else s, s)  # SDPA's form of a bool mask
-    choice = SDPBackend(torch._fused_sdp_choice(q, q, q, bias, m.attention_dropout, m.causal))
-    name = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "memory-efficient",
-            SDPBackend.CUDNN_ATTENTION: "cuDNN"}.get(choice, choice.name.lower())
-    return f"torch SDPA {name} ({f'{mask} mask' if mask else 'causal, no mask'})"
+    line = f"{picked(bias, m.causal)} ({f'{mask} mask' if mask else 'causal, no mask'})"
+    if "local" not in m.attention_layers:
+        return line
+    band = f"{picked(q.new_zeros(1, 1, s, s), False)} (band{f' and {mask}' if mask else ''} mask)"  # no is_causal
+    return band if "global" not in m.attention_layers else f"{line}; local layers {band}"
 
 
 def describe(cfg, kernels: str, fused_lm_loss: bool, optimizer, device: torch.device, mask: str = "padding") -> str:
