@@ -2,7 +2,8 @@
 reference and a Megatron-style pipeline.
 
 Run: `make bench`, or `.venv/bin/python bench/prep_throughput.py [--mb 16 --mb2 48 --lang both]`
-(needs the `bench` extra: datasets, psutil). ptm runs twice per size and worker count: the full build
+(needs the `bench` extra: datasets, psutil); `--pipelines ptm ptm-none --repeat 10` measures ptm's scaling and its
+distance to the floor alone, many rounds in the time one round of the peers takes. ptm runs twice per size and worker count: the full build
 (`--structure full`, what BERT/ERNIE need) and `--structure none` (documents and token ids: a GPT corpus). Each corpus size is built by repeating the embedded corpus
 (`python -m data_prep corpus`), every copy made distinct so de-duplication keeps it. One sentencepiece
 model is trained up front (untimed) and used by every timed run. Every pipeline runs as a subprocess;
@@ -212,6 +213,9 @@ def main() -> None:
     ap.add_argument("--shard-size", default="8MB",
                     help="ptm --shard-size (default 8MB): ptm buffers one shard, so with shards smaller than "
                          "the corpus its peak memory should not grow with the corpus")
+    ap.add_argument("--pipelines", nargs="+", choices=PIPELINES, default=list(PIPELINES),
+                    help="the pipelines to run beside the floor (default all; ptm and ptm-none alone measure "
+                         "ptm's scaling and its distance to the floor in a fraction of the time)")
     ap.add_argument("--reference", nargs=4, metavar=("CORPUS", "MODEL", "NUM_PROC", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--megatron", nargs=4, metavar=("CORPUS", "MODEL", "NUM_PROC", "OUT"), help=argparse.SUPPRESS)
     ap.add_argument("--floor", nargs=4, metavar=("CORPUS", "MODEL", "WORKERS", "OUT"), help=argparse.SUPPRESS)
@@ -247,7 +251,7 @@ def main() -> None:
             runs, floors = {}, {}  # (pipeline, workers): [(seconds, peak RSS, tokens)]; (floor row, workers): [s]
             for _ in range(a.repeat):  # rounds: a slow phase of the machine falls on every pipeline, not on one
                 for w in a.workers:
-                    for name in PIPELINES:
+                    for name in a.pipelines:
                         print(f"{name} workers={w} corpus={text_mb:.1f} MB ...", file=sys.stderr)
                         run = run_pipeline(name, w, corpus, model, a.shard_size, tmp, env)
                         runs.setdefault((name, w), []).append(run)
@@ -258,31 +262,31 @@ def main() -> None:
                     for name, secs in json.loads((out / "floor.json").read_text()).items():
                         floors.setdefault((name, w), []).append(secs)
             for w in a.workers:
-                for name in PIPELINES:
+                for name in a.pipelines:
                     secs, rss, tokens = min(runs[name, w])
                     rows.append(dict(name=name, w=w, mb=text_mb, secs=secs, mbs=text_mb / secs, tps=tokens / secs,
                                      rss=rss / MB))
                 for name in ("floor", "floor-none"):
                     secs = min(floors[name, w])
                     rows.append(dict(name=name, w=w, mb=text_mb, secs=secs, mbs=text_mb / secs, tps=None, rss=None))
-                for name, bound in (("ptm", "floor"), ("ptm-none", "floor-none")):
+                for name, bound in [p for p in (("ptm", "floor"), ("ptm-none", "floor-none")) if p[0] in a.pipelines]:
                     paired.append(f"{text_mb:.1f} MB, {w} worker{'s' * (w > 1)}, {name} / {bound}: "
                                   + per_round([f / r[0] for f, r in zip(floors[bound, w], runs[name, w])]))
-            for w in a.workers[1:]:
+            for w in a.workers[1:] if "ptm" in a.pipelines else []:
                 paired.append(f"{text_mb:.1f} MB, ptm, {w} workers / {a.workers[0]}: "
                               + per_round([r1[0] / r[0] for r1, r in zip(runs["ptm", a.workers[0]], runs["ptm", w])]))
             corpus.unlink()
 
     print(HEADER + "\n")
     cols = f"{'pipeline':<9}{'workers':>8}{'corpus MB':>11}{'s':>9}{'MB/s':>8}{'tokens/s':>11}{'peak RSS MB':>13}"
-    print(cols + f"{'x ref MB/s':>12}{'x ref RSS':>11}")
+    print(cols + (f"{'x ref MB/s':>12}{'x ref RSS':>11}" if "ref" in a.pipelines else ""))
     for r in rows:
-        ref = next(x for x in rows if x["name"] == "ref" and x["w"] == r["w"] and x["mb"] == r["mb"])
+        ref = next((x for x in rows if x["name"] == "ref" and x["w"] == r["w"] and x["mb"] == r["mb"]), None)
         if r["rss"] is None:  # a floor row
             print(f"{r['name']:<11}{r['w']:>6}{r['mb']:>11.1f}{r['secs']:>9.1f}{r['mbs']:>8.2f}{'-':>11}{'-':>13}"
-                  f"{r['mbs'] / ref['mbs']:>12.2f}{'-':>11}")
+                  + (f"{r['mbs'] / ref['mbs']:>12.2f}{'-':>11}" if ref else ""))
             continue
-        ratio = f"{r['mbs'] / ref['mbs']:>12.2f}{r['rss'] / ref['rss']:>11.2f}" if r["name"] != "ref" else ""
+        ratio = f"{r['mbs'] / ref['mbs']:>12.2f}{r['rss'] / ref['rss']:>11.2f}" if ref and r["name"] != "ref" else ""
         print(f"{r['name']:<9}{r['w']:>8}{r['mb']:>11.1f}{r['secs']:>9.1f}{r['mbs']:>8.2f}{r['tps']:>11,.0f}"
               f"{r['rss']:>13.0f}{ratio}")
     print("\nMB/s ratios within each round (a round runs every row once, one after another), round by round:")
