@@ -3,8 +3,9 @@ reference and a Megatron-style pipeline.
 
 Run: `make bench`, or `.venv/bin/python bench/prep_throughput.py [--mb 16 --mb2 48 --lang both]`
 (needs the `bench` extra: datasets, psutil); `--pipelines ptm ptm-none --repeat 10` measures ptm's scaling and its
-distance to the floor alone, many rounds in the time one round of the peers takes. ptm runs twice per size and worker count: the full build
-(`--structure full`, what BERT/ERNIE need) and `--structure none` (documents and token ids: a GPT corpus). Each corpus size is built by repeating the embedded corpus
+distance to the floor alone, many rounds in the time one round of the peers takes. ptm runs twice per size and
+worker count: the full build (`--structure full`, what BERT/ERNIE need) and `--structure none` (documents and token
+ids: a GPT corpus). Each corpus size is built by repeating the embedded corpus
 (`python -m data_prep corpus`), every copy made distinct so de-duplication keeps it. One sentencepiece
 model is trained up front (untimed) and used by every timed run. Every pipeline runs as a subprocess;
 its peak memory is the largest sum of RSS over the process and its children, polled every 0.05 s
@@ -269,7 +270,9 @@ def main() -> None:
                 for name in ("floor", "floor-none"):
                     secs = min(floors[name, w])
                     rows.append(dict(name=name, w=w, mb=text_mb, secs=secs, mbs=text_mb / secs, tps=None, rss=None))
-                for name, bound in [p for p in (("ptm", "floor"), ("ptm-none", "floor-none")) if p[0] in a.pipelines]:
+                for name, bound in (("ptm", "floor"), ("ptm-none", "floor-none")):
+                    if name not in a.pipelines:
+                        continue
                     paired.append(f"{text_mb:.1f} MB, {w} worker{'s' * (w > 1)}, {name} / {bound}: "
                                   + per_round([f / r[0] for f, r in zip(floors[bound, w], runs[name, w])]))
             for w in a.workers[1:] if "ptm" in a.pipelines else []:
