@@ -4,6 +4,9 @@ import sys
 import transformers
 
 model_dir = sys.argv[1]
+# The export keeps the whole pretraining model (BERT's NSP head and pooler too); the masked-LM model fill-mask loads
+# leaves those out, which transformers reports key by key: not a problem here.
+transformers.logging.set_verbosity_error()
 fill = transformers.pipeline("fill-mask", model=model_dir, tokenizer=model_dir)
 for text in ("Return the [MASK] of the two numbers.", "This function is [MASK] to the one above.",
              "If the file does not exist, an [MASK] is raised.", "床前明月光，疑是地上[MASK]。"):

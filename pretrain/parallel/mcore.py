@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from datetime import timedelta
 
 import torch
@@ -90,6 +91,8 @@ def init_processes(timeout_s: int = 600, collective_timeout_s: float | None = No
             options["device_id"] = dev.bind()
             for name, value in heartbeat.NCCL_ENV.items():
                 os.environ.setdefault(name, value)
+        else:  # megatron-core's advice on a CUDA setting (for TP's overlap on GPUs): noise without CUDA
+            warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS")
         if kind:
             store, rank, world = next(dist.rendezvous("env://", timeout=options["timeout"]))
             dev.check_unshared(store, rank, world)
