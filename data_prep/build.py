@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import gc
+import glob
 import hashlib
 import io
 import json
@@ -97,12 +98,16 @@ def _fingerprint(opts: BuildOptions, files: list[str], tokenizer_sha: str) -> st
 
 
 def partition_files(files: list[str], k: int) -> list[tuple[int, list[str]]]:
-    """Contiguous runs of files of about equal bytes: [(index of first file, files)] per partition."""
+    """Contiguous runs of files of about equal bytes: [(index of first file, files)] per partition. A file goes to
+    the partition its middle byte falls in, and no partition is left without a file while there are enough."""
     sizes = np.array([max(os.path.getsize(f), 1) for f in files], dtype=np.float64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) / max(sizes.sum(), 1)
-    owner = np.minimum((starts * k).astype(int), k - 1)
-    return [(int(np.argmax(owner == p)) if (owner == p).any() else len(files), [f for f, o in zip(files, owner) if o == p])
-            for p in range(k)]
+    middles = (np.cumsum(sizes) - sizes / 2) / max(sizes.sum(), 1)
+    starts = np.searchsorted(middles, np.arange(k) / k)  # the first file of each partition
+    n = len(files)
+    for p in range(1, k):  # at least one file each, as far as they go
+        starts[p] = min(max(starts[p], starts[p - 1] + 1), max(n - (k - p), starts[p - 1]))
+    ends = np.append(starts[1:], n)
+    return [(int(a), files[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
 
 
 def _entities(path: str | None, opts: T.TextOptions) -> list[str]:
@@ -162,39 +167,54 @@ class Processed:
     nbytes: np.ndarray
 
 
-def _texts(chunk: Chunk, fields: Fields) -> tuple[list[str | None], np.ndarray, dict[int, str]]:
-    """The chunk's texts (None for a record that failed), labels and error messages by record."""
+def _texts(chunk: Chunk, fields: Fields) -> tuple[list[str | None], np.ndarray, dict[int, str], np.ndarray]:
+    """The chunk's texts (None for a record that failed), labels, error messages by record and, per record, where
+    a labelled pair's blank line joins its fields (-1: no pair)."""
     n = len(chunk)
-    labels, errors = np.full(n, -1, dtype=np.int64), {}
-    if chunk.path is None:  # (text, error, label) records
-        for i, (_, error, labels[i]) in enumerate(chunk.records):
+    labels, errors, pairs = np.full(n, -1, dtype=np.int64), {}, np.full(n, -1, dtype=np.int64)
+    if chunk.path is None:  # (text, error, label, pair_at) records
+        for i, (_, error, labels[i], pairs[i]) in enumerate(chunk.records):
             if error:
                 errors[i] = error
-        return [text for text, _, _ in chunk.records], labels, errors
+        return [r[0] for r in chunk.records], labels, errors, pairs
     if fields.plain:
         try:  # the common case, a comprehension: JSON objects with a string text field, in valid UTF-8
             texts = [json.loads(line.decode("utf-8"))[fields.text] for line in chunk.records]
             if all(type(t) is str for t in texts):
-                return texts, labels, errors
+                return texts, labels, errors, pairs
         except (ValueError, KeyError, TypeError):  # UnicodeDecodeError, JSONDecodeError, no text, not an object
             pass
     texts = []
     for i, line in enumerate(chunk.records):
         r = parse_jsonl(line, chunk.path, int(chunk.file_index[i]), int(chunk.line[i]), fields)
         texts.append(r.text)
-        labels[i] = r.label
+        labels[i], pairs[i] = r.label, r.pair_at
         if r.error:
             errors[i] = r.error
-    return texts, labels, errors
+    return texts, labels, errors, pairs
+
+
+def _normalized(texts: list[str | None], pairs: np.ndarray, opts: T.TextOptions) -> tuple[list[str], np.ndarray]:
+    """The texts normalised ("" for None), and where each pair's second field starts in its normalised text (-1:
+    none): a pair's fields are normalised apart and joined by one blank line, so paragraphs inside the first
+    field do not move the second's start."""
+    out = [T.normalize(t, opts) if t is not None else "" for t in texts]
+    second = np.full(len(texts), -1, dtype=np.int64)
+    for i in np.flatnonzero(pairs >= 0).tolist():
+        if texts[i] is not None:
+            a, b = T.normalize(texts[i][:pairs[i]], opts), T.normalize(texts[i][pairs[i] + 2:], opts)
+            out[i] = f"{a}\n\n{b}" if a and b else a or b
+            second[i] = len(a) + 2 if a and b else -1
+    return out, second
 
 
 def _process(chunk: Chunk) -> Processed:
     """Parse (raw JSONL), normalise, filter and encode a chunk's records."""
     opts = _ENCODER.opts
-    texts, labels, errors = _texts(chunk.lines(), _FIELDS)
+    texts, labels, errors, pairs = _texts(chunk.lines(), _FIELDS)
     kinds = np.full(len(chunk), DOC, dtype=np.int8)
     kinds[list(errors)] = ERROR
-    texts = [T.normalize(t, opts) if t is not None else "" for t in texts]
+    texts, second = _normalized(texts, pairs, opts)
     lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     kinds[(kinds == DOC) & (lengths < max(opts.min_chars, 1))] = SHORT
     if opts.max_chars:
@@ -202,7 +222,7 @@ def _process(chunk: Chunk) -> Processed:
     docs = np.flatnonzero(kinds == DOC)
     rows = np.full(len(chunk), -1, dtype=np.int32)
     rows[docs] = np.arange(len(docs))
-    encoded = _ENCODER.encode([texts[i] for i in docs.tolist()]) if len(docs) else None
+    encoded = _ENCODER.encode([texts[i] for i in docs.tolist()], second[docs]) if len(docs) else None
     if encoded is not None:  # a document of no tokens is too short
         kinds[docs[np.diff(encoded.tok_off) == 0]] = SHORT
     return Processed(kinds, rows, labels, errors, encoded, chunk.file_index, chunk.line, chunk.nbytes)
@@ -308,14 +328,14 @@ def _journal_path(out: str, p: int) -> str:
     return os.path.join(out, PARTIAL, f"part{p:05d}.json")
 
 
-def _resume(out: str, p: int, fingerprint: str) -> dict:
-    """The journal of partition p with its longest prefix of intact shards; other files of p removed."""
-    journal = {"fingerprint": fingerprint, "shards": [], "done": False}
+def _resume(out: str, p: int, fingerprint: str, files: list[str]) -> dict:
+    """The journal of partition p (of `files`) with its longest prefix of intact shards; other files of p removed."""
+    journal = {"fingerprint": fingerprint, "files": files, "shards": [], "done": False}
     path = _journal_path(out, p)
     if os.path.isfile(path):
         with open(path) as f:
             old = json.load(f)
-        if old.get("fingerprint") == fingerprint:
+        if (old.get("fingerprint"), old.get("files")) == (fingerprint, files):
             for entry in old["shards"]:
                 shard = os.path.join(out, entry["file"] or "")
                 if entry["file"] and (not os.path.isfile(shard) or sha256_file(shard) != entry["sha256"]):
@@ -338,7 +358,7 @@ def _new_stats() -> dict:
 def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, fingerprint: str,
                     opts: BuildOptions) -> dict:
     out = opts.out
-    journal = _resume(out, p, fingerprint)
+    journal = _resume(out, p, fingerprint, files)
     if journal["done"]:
         _log(f"partition {p}: already complete ({len(journal['shards'])} shards)")
         return journal
@@ -559,6 +579,36 @@ def _mpi_comm():
     return MPI.COMM_WORLD
 
 
+def _message(error: BaseException | None) -> str | None:
+    return None if error is None else str(error) if isinstance(error, PrepError) else f"{type(error).__name__}: {error}"
+
+
+def _together(comm, fn, everywhere: bool = True):
+    """fn() on every rank (or, `everywhere` False, on rank 0 only, whose result every rank gets). Without MPI just
+    fn(). Under MPI the ranks then learn together whether any of them failed, and all stop: the failed rank with its
+    error, the others with one line naming it, so that no rank is left waiting at a collective for one that
+    stopped."""
+    if comm is None:
+        return fn()
+    result = error = None
+    if everywhere or comm.rank == 0:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it; re-raised below
+            error = e
+    if everywhere:
+        messages = comm.allgather(_message(error))
+    else:
+        result, message = comm.bcast((result, _message(error)), root=0)
+        messages = [message]
+    if error is not None:
+        raise error
+    for rank, message in enumerate(messages):
+        if message:
+            raise PrepError(f"rank {rank} stopped: {message}")
+    return result
+
+
 def build(opts: BuildOptions) -> dict | None:
     """Build OUT from INPUTS. Returns the manifest, or None when only one partition of several was built."""
     comm = _mpi_comm()
@@ -576,39 +626,42 @@ def build(opts: BuildOptions) -> dict | None:
     if opts.entities and not T.has(structure, "full"):
         raise PrepError(f"--entities records entity spans, which only --structure full keeps (not {structure})")
     files = expand_inputs(opts.inputs, opts.format)
-    manifest_path = os.path.join(opts.out, MANIFEST)
-    if os.path.isfile(manifest_path) and (comm is None or comm.rank == 0):
-        if opts.overwrite:
-            _clear(opts.out)
-        else:
-            with open(manifest_path) as f:
-                old = json.load(f)
-            if old.get("options") == json.loads(json.dumps(opts.content_options(), default=str)):
-                _log(f"{opts.out} is already built with these options; nothing to do")
-                return old
-            raise PrepError(f"{opts.out} already holds a finished dataset built with other options; "
-                            "pass --overwrite or choose another --out")
-    if comm is not None:
-        comm.barrier()
-    _check_output(opts)
 
-    if comm is None or comm.rank == 0:
-        record_build(opts, files)
+    def start() -> dict | None:
+        """Rank 0's part before the partitions: the finished manifest when there is nothing to do; else None,
+        with the tokenizer in place and the build recorded."""
+        manifest_path = os.path.join(opts.out, MANIFEST)
+        if os.path.isfile(manifest_path):
+            if not opts.overwrite:
+                with open(manifest_path) as f:
+                    old = json.load(f)
+                if old.get("options") == json.loads(json.dumps(opts.content_options(), default=str)):
+                    _log(f"{opts.out} is already built with these options; nothing to do")
+                    return old
+                raise PrepError(f"{opts.out} already holds a finished dataset built with other options; "
+                                "pass --overwrite or choose another --out")
+            _clear(opts.out)
+        _check_output(opts)
         tok = prepare_tokenizer(files, dataclasses.replace(opts, num_partitions=1) if comm else opts)
+        record_build(opts, files, _fingerprint(opts, files, tok.sha256()))
+        return None
+
+    done = _together(comm, start, everywhere=False)
+    if done is not None:
+        return done if comm is None or comm.rank == 0 else None
     if comm is not None:
-        comm.barrier()
-        tok = load_tokenizer(os.path.join(opts.out, "tokenizer"))
+        _together(comm, lambda: _check_output(opts))  # every node's view of OUT
+    tok = load_tokenizer(os.path.join(opts.out, "tokenizer"))
     fingerprint = _fingerprint(opts, files, tok.sha256())
     parts = partition_files(files, opts.num_partitions)
     todo = range(opts.num_partitions) if opts.partition is None else [opts.partition]
     for p in todo:
         first, part_files = parts[p]
-        build_partition(part_files, first, p, tok, fingerprint, opts)
+        _together(comm, lambda: build_partition(part_files, first, p, tok, fingerprint, opts))
     if comm is not None:
-        comm.barrier()
-        if comm.rank != 0:
-            return None
-    elif opts.partition is not None and opts.num_partitions > 1:
+        manifest = _together(comm, lambda: finalize(opts.out, opts=opts, files=files), everywhere=False)
+        return manifest if comm.rank == 0 else None
+    if opts.partition is not None and opts.num_partitions > 1:
         _log(f"partition {opts.partition} of {opts.num_partitions} done; run `python -m data_prep finalize "
              f"{opts.out}` after all partitions finish")
         return None
@@ -633,10 +686,43 @@ def _read_build_record(out: str) -> dict:
         return json.load(f)
 
 
-def record_build(opts: BuildOptions, files: list[str]) -> None:
-    """Remember the options in OUT so that `finalize` (maybe on another node) can write the manifest."""
-    write_json(os.path.join(opts.out, PARTIAL, "build.json"),
-                {"options": json.loads(json.dumps(opts.content_options(), default=str)), "num_partitions": opts.num_partitions, "files": files})
+def _journalled_shards(out: str) -> int:
+    """How many shards the partitions' journals in OUT list."""
+    n = 0
+    for path in glob.glob(os.path.join(out, PARTIAL, "part*.json")):
+        with open(path) as f:
+            n += sum(1 for e in json.load(f)["shards"] if e["file"])
+    return n
+
+
+def _flat(options: dict) -> dict:
+    """Options with the nested ones (text options) lifted to the top."""
+    return {k: v for key, x in options.items() for k, v in (x.items() if isinstance(x, dict) else [(key, x)])}
+
+
+def record_build(opts: BuildOptions, files: list[str], fingerprint: str) -> None:
+    """Remember the options in OUT so that `finalize` (maybe on another node) can write the manifest and check that
+    every partition was built from them (`fingerprint`). Shards of an unfinished build of other options or inputs
+    are said not to be reused (each partition's journal then starts over)."""
+    path = os.path.join(opts.out, PARTIAL, "build.json")
+    record = {"options": json.loads(json.dumps(opts.content_options(), default=str)),
+              "num_partitions": opts.num_partitions, "files": files, "fingerprint": fingerprint}
+    if os.path.isfile(path):
+        with open(path) as f:
+            old = json.load(f)
+        shards = _journalled_shards(opts.out)
+        if old.get("fingerprint") != fingerprint and shards:
+            options, was = _flat(record["options"]), _flat(old.get("options", {}))
+            changed = [f"{k} {was.get(k)!r} -> {v!r}" for k, v in options.items() if was.get(k) != v and k != "inputs"]
+            if old.get("num_partitions") != opts.num_partitions:
+                changed.append(f"num_partitions {old.get('num_partitions')} -> {opts.num_partitions}")
+            if old.get("files") != files:
+                changed.append("the input files")
+            changed = changed or ["the inputs' sizes or the tokenizer"]
+            _log(f"{opts.out}: the {shards} shards of an unfinished build of other options or inputs "
+                 f"({'; '.join(changed)}) are not reused"
+                 + ("; build every partition with these options" * (opts.num_partitions > 1)))
+    write_json(path, record)
 
 
 def _dedup_across_partitions(out: str, journals: list[dict]) -> int:
@@ -666,8 +752,8 @@ def _dedup_across_partitions(out: str, journals: list[dict]) -> int:
 
 def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None = None) -> dict:
     """Check every partition finished, de-duplicate across partitions, write manifest.json last."""
+    rec = _read_build_record(out)
     if opts is None:
-        rec = _read_build_record(out)
         num_partitions, files, content = rec["num_partitions"], rec["files"], rec["options"]
     else:
         num_partitions, content = opts.num_partitions, json.loads(json.dumps(opts.content_options(), default=str))
@@ -681,6 +767,12 @@ def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None
         if not journal["done"]:
             raise PrepError(f"partition {p} of {out} did not finish; run build --partition {p} again to resume it")
         journals.append(journal)
+    stale = [p for p, j in enumerate(journals) if j["fingerprint"] != rec.get("fingerprint")]
+    if stale:
+        raise PrepError(f"partition{'s' * (len(stale) > 1)} {', '.join(map(str, stale))} of {out} "
+                        f"{'were' if len(stale) > 1 else 'was'} built from other inputs or options than the last "
+                        f"build's ({os.path.join(out, PARTIAL, 'build.json')}); run build --partition again for "
+                        f"{'them' if len(stale) > 1 else 'it'} with those")
     tok = load_tokenizer(os.path.join(out, "tokenizer"))
     if content.get("dedup") and num_partitions > 1:
         extra = _dedup_across_partitions(out, journals)

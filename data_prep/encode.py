@@ -79,9 +79,11 @@ class DocEncoder:
             self._cjk = Segmenter([e for e in self._entity_list if T.has_cjk(e)])
         return self._cjk
 
-    def encode(self, texts: list[str]) -> EncodedChunk:
+    def encode(self, texts: list[str], second: np.ndarray | None = None) -> EncodedChunk:
         """Encode documents whose text is already normalised and non-empty, recording the structure that
-        `opts.structure` asks for (the other structure columns stay empty)."""
+        `opts.structure` asks for (the other structure columns stay empty). `pair_start` is the first token of a
+        document's second paragraph or, where `second` (characters, -1 for none) gives a labelled pair's second
+        field, of the first sentence from there on."""
         if not T.has(self.opts.structure, "sentences"):
             return self._documents(texts)
         words = T.has(self.opts.structure, "words")
@@ -107,6 +109,9 @@ class DocEncoder:
         out.sentences = (seg_first[counts > 0] - doc_first[sent_doc]).astype(np.int32)
         out.sent_off = np.searchsorted(sent_doc, np.arange(len(texts) + 1))
         opens = paragraph & (counts > 0)
+        if second is not None and (second >= 0).any():  # pairs: the paragraph where the second field starts
+            at = second[seg_doc]
+            opens &= (at < 0) | (body - doc_base[seg_doc] >= at)
         para_docs, first_para = np.unique(seg_doc[opens], return_index=True)
         out.pair_start[para_docs] = seg_first[opens][first_para] - doc_first[para_docs]
         if words:

@@ -27,7 +27,8 @@ COLUMNS = {
     "doc_hash": "63-bit hash of the normalised text (exact de-duplication)",
     "source_file": "index into manifest['sources'] of the input file",
     "source_line": "line (text, JSONL) or row (Parquet, Arrow) where the document starts in that file",
-    "pair_start": "token index where the second paragraph starts (segment B of a labelled pair); 0 if none",
+    "pair_start": "token index of a labelled pair's segment B (its second field), else of the second paragraph; "
+                  "0 if none",
     "label": "class id of a labelled example (--label-field); -1 if none",
 }
 

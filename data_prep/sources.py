@@ -36,6 +36,7 @@ class Record:
     line: int  # 1-based line (text, JSONL) or row (Parquet, Arrow) where the record starts
     error: str | None = None
     label: int = -1  # class id of a labelled example (--label-field), -1 without
+    pair_at: int = -1  # a labelled pair (--pair-field): where `text`'s blank line joining its two fields starts
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Fields:
             return Record(None, index, line, f"{where}: label {self.label!r} is {label!r}, not a class id (0, 1, ...); "
                                              "fix the record or set --label-field")
         text = values[self.text] + ("\n\n" + values[self.pair] if self.pair else "")
-        return Record(text, index, line, label=label)
+        return Record(text, index, line, label=label, pair_at=len(values[self.text]) if self.pair else -1)
 
 
 def detect_format(path: str, forced: str | None) -> str | None:
@@ -245,8 +246,8 @@ def read_records(files: list[str], first_index: int, *, fmt: str | None, fields:
 @dataclass
 class Chunk:
     """Consecutive records on their way to a worker process: raw JSONL lines of one file (`path` set; parsed
-    in the worker) or (text, error, label) tuples, with each record's file index, line and size in bytes. A JSONL
-    chunk may travel as one block of whole lines (`data`, its first line numbered `first_line`), split by
+    in the worker) or (text, error, label, pair_at) tuples, with each record's file index, line and size in bytes.
+    A JSONL chunk may travel as one block of whole lines (`data`, its first line numbered `first_line`), split by
     `lines()` in the worker: one bytes object to pickle instead of a list of lines."""
 
     records: list | None
@@ -322,7 +323,7 @@ def read_chunks(files: list[str], first_index: int, *, fmt: str | None, fields: 
             if skip:
                 skip -= 1
                 continue
-            records.append((r.text, r.error, r.label))
+            records.append((r.text, r.error, r.label, r.pair_at))
             meta.append((r.file_index, r.line, len(r.text or "")))
             size += meta[-1][2]
             if size >= size_bytes or len(records) >= max_records:

@@ -52,6 +52,25 @@ def test_same_documents_whatever_workers_and_partitions(workers, partitions, thr
     assert m["num_partitions"] == partitions
 
 
+def test_partitions_are_contiguous_runs_of_about_equal_bytes(tmp_path):
+    """A file goes where its middle byte falls: two files of about equal size are not both given to partition 0,
+    and no partition is left without a file while there are enough."""
+    from data_prep.build import partition_files
+
+    def parts(sizes, k):
+        files = []
+        for i, n in enumerate(sizes):
+            (tmp_path / f"f{i}").write_bytes(b"x" * n)
+            files.append(str(tmp_path / f"f{i}"))
+        out = partition_files(files, k)
+        assert [f for _, fs in out for f in fs] == files and all(files[i:i + len(fs)] == fs for i, fs in out if fs)
+        return [len(fs) for _, fs in out]
+
+    assert parts([1000, 1001], 2) == [1, 1] and parts([1000, 1001, 1001, 1001], 4) == [1, 1, 1, 1]
+    assert parts([194, 354], 2) == [1, 1] and parts([100, 1, 1], 3) == [1, 1, 1]
+    assert parts([10] + [1] * 10, 2) == [1, 10] and parts([1] * 7, 3) == [2, 3, 2]
+
+
 @pytest.mark.distributed
 def test_partitions_as_separate_jobs_then_finalize(three_files, sp_model, reference, tmp_path):
     out = tmp_path / "ds"
@@ -63,6 +82,11 @@ def test_partitions_as_separate_jobs_then_finalize(three_files, sp_model, refere
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
     assert run_cli("data_prep", "verify", out, check=False).returncode == 1  # no manifest until finalize
+    # a partition built again with other options says so, and finalize names the partitions left of the old ones
+    again = run_cli(*common, "--partition", 1, "--min-chars", 50)
+    assert "min_chars 1 -> 50" in again.stderr and "not reused; build every partition with these" in again.stderr
+    assert "partitions 0, 2 of" in _error("finalize", out)
+    run_cli(*common, "--partition", 1)
     run_cli("data_prep", "finalize", out)
     assert run_cli("data_prep", "verify", out).returncode == 0
     assert contents(out) == reference["contents"]
@@ -80,6 +104,10 @@ def test_mpirun_builds_partitions_per_rank(three_files, sp_model, reference, tmp
     m = json.load(open(tmp_path / "ds" / "manifest.json"))
     assert m["num_partitions"] == 2
     assert contents(tmp_path / "ds") == reference["contents"]
+    # rank 0 stops (other options than the finished dataset's): rank 1 hears of it instead of waiting for it
+    proc = subprocess.run([*cmd, "--min-chars", "400"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "already holds a finished dataset" in proc.stderr, proc.stderr
+    assert "data_prep: error: rank 0 stopped: " in proc.stderr, proc.stderr
 
 
 def _shards(out):
@@ -262,20 +290,28 @@ def test_slurm_array_partitions_then_finalize(slurm, three_files, sp_model, refe
 
 def test_labelled_pairs(sp_model, tmp_path):
     """--pair-field and --label-field: a labelled pair dataset (ERNIE 2.0's discourse relation / IR relevance)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from data_prep.dataset import Corpus
     from data_prep.tokenizer import load_tokenizer
 
     rows = [{"q": "How do I open a file?", "t": "Use the built-in open function.", "y": 1},
             {"q": "What is a list?", "t": "Paris is the capital of France.", "y": 0},
-            {"q": "Sort a list.", "t": "Call sorted on it. It returns a new list.", "y": 2}]
+            {"q": "Sort a list.", "t": "Call sorted on it. It returns a new list.", "y": 2},
+            {"q": "A question of two paragraphs.\n\nHere is its second one.", "t": "An answer.\n\nAnd more.", "y": 1}]
     src = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    m = quick_build([src], tmp_path / "ds", tokenizer=sp_model, text_field="q", pair_field="t", label_field="y")
-    assert m["num_labels"] == 3
-    c, tok = Corpus(str(tmp_path / "ds")), load_tokenizer(sp_model)
-    for i, r in enumerate(rows):
-        ids, b = c.tokens(i), c.pair_start(i)
-        assert c.label(i) == r["y"] and b > 0
-        assert tok.decode(ids[:b]).strip() == r["q"] and tok.decode(ids[b:]).strip() == r["t"]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "pairs.parquet")  # read in the main process, not a worker
+    tok, words = load_tokenizer(sp_model), lambda text: text.split()
+    for src in (src, tmp_path / "pairs.parquet"):
+        out = tmp_path / os.path.basename(src).replace(".", "-")
+        m = quick_build([src], out, tokenizer=sp_model, text_field="q", pair_field="t", label_field="y")
+        assert m["num_labels"] == 3
+        c = Corpus(str(out))
+        for i, r in enumerate(rows):  # segment B starts where the second field does, whatever paragraphs precede it
+            ids, b = c.tokens(i), c.pair_start(i)
+            assert c.label(i) == r["y"] and b > 0
+            assert words(tok.decode(ids[:b])) == words(r["q"]) and words(tok.decode(ids[b:])) == words(r["t"]), src
     plain = quick_build([src], tmp_path / "plain", tokenizer=sp_model, text_field="q")
     assert plain["num_labels"] == 0 and Corpus(str(tmp_path / "plain")).label(0) == -1
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"q": "a question?", "t": "an answer.", "y": "yes"}])
