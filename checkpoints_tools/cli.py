@@ -6,7 +6,21 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
+
+
+def _shard_size(value: str) -> str | int:
+    """A size as transformers' save_pretrained reads it (bytes, or a number and KB/MB/GB/TB), checked up front."""
+    if not re.fullmatch(r"\s*(\d+|\d+(\.\d+)?\s*[KMGT]B)\s*", value, re.IGNORECASE):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size such as 2GB, 500MB or 1000000 (bytes)")
+    return int(value) if value.strip().isdigit() else value.strip()
+
+
+def _tp_size(value: str) -> int:
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a tensor-parallel size (1, 2, 4, ...)")
+    return int(value)
 
 
 def hf_families() -> dict[str, object]:
@@ -46,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
         p.add_argument("--out", required=True, help="directory to write (must not hold a checkpoint)")
         p.add_argument("--weights-only", action="store_true", help="leave out the optimizer moments and trainer state")
-    r.add_argument("--tp", type=int, required=True, help="tensor-parallel size of the output")
+    r.add_argument("--tp", type=_tp_size, required=True, help="tensor-parallel size of the output (1, 2, ...)")
     t = sub.add_parser("to-hf", help="ptm checkpoint (or a run's out_dir) -> transformers model directory",
                        description="Write config.json, safetensors weights and the tokenizer, loadable with the "
                                    "family's transformers class and AutoTokenizer: "
@@ -55,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
                                              for f in families.REGISTRY.values() if f.adapter is None))
     t.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
     t.add_argument("--out", required=True, help="directory to write")
-    t.add_argument("--max-shard-size", default="2GB", help="split weights into safetensors shards of this size")
+    t.add_argument("--max-shard-size", default="2GB", type=_shard_size,
+                   help="split weights into safetensors shards of this size (bytes, or KB/MB/GB/TB: powers of 1000)")
     f = sub.add_parser("from-hf", help="transformers model directory -> ptm checkpoint (to continue pretraining)",
                        description="Import the weights and tokenizer of a transformers model whose config.json "
                                    "model_type is " + " | ".join(a.model_type for a in exported.values())
