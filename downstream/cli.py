@@ -174,8 +174,9 @@ def _quiet() -> None:
 
 def main(argv=None) -> None:
     from pretrain.checkpoint import CheckpointError
+    from pretrain.yaml_config import ConfigError
 
     try:
         sys.exit(run(argv))
-    except (TaskError, CheckpointError) as e:
+    except (TaskError, CheckpointError, ConfigError) as e:  # a config's error: compare's --set
         sys.exit(f"downstream: error: {e}")

@@ -9,10 +9,11 @@ family reads the same tokens), its words for ELMo (`data_prep words`).
 
 Every cell is a run with its own directory, so an interrupted comparison continues where it stopped: a finished
 pretraining or evaluation is read back, an unfinished pretraining resumes from its last checkpoint (re-running
-`pretrain train` on its out_dir), an evaluation skips the tasks it finished.
+`pretrain train` on its out_dir), an evaluation skips the tasks it finished. The same OUT with another budget or
+--set is refused (a cell's pretraining is of one plan).
 
     OUT/data/               the datasets derived from DATA
-    OUT/PRESET/run/         its pretraining run (ptm's out_dir) and OUT/PRESET/pretrain.json when done
+    OUT/PRESET/run/         its pretraining run (ptm's out_dir); OUT/PRESET/plan.json its plan, pretrain.json when done
     OUT/PRESET/eval/        `ptm eval` of the run; OUT/PRESET/scratch/ of the same architecture, not pretrained
     OUT/compare.json, compare.md, compare.png
 """
@@ -122,13 +123,25 @@ def _train(preset: str, sets: list[str], launcher: list[str], out: str) -> None:
 
 
 def pretrain(cell: dict, launcher: list[str]) -> dict:
-    """The cell's pretraining: read back if done, else trained (resuming its checkpoints)."""
-    done = os.path.join(os.path.dirname(cell["run"]), "pretrain.json")
-    if os.path.isfile(done):
-        with open(done) as f:
-            saved = json.load(f)
-        if saved["sets"] == cell["sets"]:
-            return saved
+    """The cell's pretraining: read back if done, else trained (resuming its checkpoints). A cell's directory
+    that holds a pretraining of another plan (another budget or --set) is refused, not continued under this one."""
+    here = os.path.dirname(cell["run"])
+    done, planned = os.path.join(here, "pretrain.json"), os.path.join(here, "plan.json")
+    for path in (done, planned):
+        if os.path.isfile(path):
+            with open(path) as f:
+                saved = json.load(f)
+            if saved["sets"] != cell["sets"]:
+                was = dict(s.split("=", 1) for s in saved["sets"])
+                now = dict(s.split("=", 1) for s in cell["sets"])
+                changed = "; ".join(f"{k} {was.get(k)} -> {now.get(k)}" for k in {**was, **now}
+                                    if was.get(k) != now.get(k))
+                raise TaskError(f"{here} holds {cell['preset']}'s pretraining of another budget or --set ({changed}); "
+                                f"choose another --out, or remove {here} to pretrain it again")
+            if path == done:
+                return saved
+    os.makedirs(here, exist_ok=True)
+    write_json(planned, {"sets": cell["sets"]})
     t0 = time.time()
     _train(cell["preset"], cell["sets"], launcher, cell["run"])
     with open(os.path.join(cell["run"], "summary.json")) as f:

@@ -499,6 +499,9 @@ def test_compare_resumes_without_retraining_finished_cells(train_data, task_dir,
     assert trained == [] and len(tuned) == 2 and all("bert-tiny" in p for p in tuned)
     stamp = json.load(open(os.path.join(out, "bert-tiny", "eval", "export", "ptm_source.json")))
     assert stamp["checkpoint"] == os.path.abspath(further)
+    with pytest.raises(TaskError, match=r"bert-tiny's pretraining of another budget or --set \(train.steps 6 -> 12"):
+        CMP.compare(["bert-tiny", "gpt-tiny"], train_data, task, "tokens", 8 * 32 * 12, out, opts, sets)
+    assert trained == []  # refused, not continued under the new schedule
 
 
 def test_compare_names_families_at_a_size():
@@ -508,3 +511,12 @@ def test_compare_names_families_at_a_size():
     assert cli._presets(["gpt"], None) == ["gpt"]  # GPT (2018) itself
     with pytest.raises(TaskError, match="'nope-tiny' is not a preset"):
         cli._presets(["nope"], "tiny")
+
+
+def test_compare_with_a_mistyped_set_is_one_line(train_data, task_dir, tmp_path):
+    from downstream import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["compare", "bert-tiny", "--data", train_data, "--task", str(task_dir / "next"), "--budget",
+                  "tokens=2e4", "--out", str(tmp_path / "cmp"), "--set", "data.seqlen=64"])
+    assert stop.value.code.startswith("downstream: error: --set data.seqlen=64: unknown key 'data.seqlen'")
