@@ -129,11 +129,12 @@ def run(args: argparse.Namespace) -> int:
         per_node = hw.gpus_per_node if hw else per_node or 8
         world = args.gpus or ((args.nodes or 1) * per_node if hw or args.nodes else 1)
         memory = args.gpu_memory or (hw.memory_gib if hw else None)
-        picked = cfg.train.micro_batch_size == AUTO
+        picked, asked = cfg.train.micro_batch_size == AUTO, cfg
         cfg = with_micro_batch(cfg, world, memory)  # as a run picks it on GPUs of this memory
         plan = estimate(cfg, world, memory)
         launches = _count(cfg)[0] if hw and args.count_launches else None
-        predicted = speed.report(cfg, hw, world, efficiency, launches) if hw else ""  # a layout it refuses stops here
+        at = (lambda gpus: with_micro_batch(asked, gpus, memory)) if picked else None  # auto at each size
+        predicted = speed.report(cfg, hw, world, efficiency, launches, at) if hw else ""  # a refused layout stops here
         print(_header(args.config, cfg, plan, vocab_source, world, picked and memory))
         if args.compare and hw:
             print(ranking(cfg, hw, world, efficiency, memory))

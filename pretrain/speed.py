@@ -581,9 +581,10 @@ def _step_table(p: Prediction) -> list[str]:
 
 
 def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency(),
-           launches: Launches | None = None) -> str:
+           launches: Launches | None = None, at=None) -> str:
     """The speed section of `ptm plan --gpu`: the step by part, throughput, MFU, time to train, scaling;
-    `launches`: counted (pretrain/launches.py), else estimated."""
+    `launches`: counted (pretrain/launches.py), else estimated; `at(gpus)`: the config on that many GPUs (where
+    train.micro_batch_size=auto picks the micro batch there), else `cfg` at every size."""
     p = predict(cfg, hw, world, eff, launches=launches)
     lines = [f"\npredicted speed on {hardware_line(hw, world, eff)}", f"one step ({_layout(p, cfg)}):",
              *_step_table(p), *[f"  note: {n}" for n in p.notes],
@@ -592,18 +593,22 @@ def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()
              f"time to train {cfg.train.steps:,} steps: {_duration(cfg.train.steps * p.step)}"]
     nodes = math.ceil(world / hw.gpus_per_node)
     if nodes > 1:
-        lines.append("scaling with the same global and micro batch (per-GPU throughput against 1 node):")
-        lines.append(f"  {'nodes':>5} {'GPUs':>6} {'samples/s':>12} {'MFU':>7} {'efficiency':>11} {'time to train':>16}")
+        same = "the micro batch as auto picks it at each size" if at else "the same micro batch"
+        lines.append(f"scaling with the same global batch, {same} (per-GPU throughput against 1 node):")
+        lines.append(f"  {'nodes':>5} {'GPUs':>6} {'micro x acc':>12} {'samples/s':>12} {'MFU':>7} {'efficiency':>11} "
+                     f"{'time to train':>16}")
         base = None
         for k in sorted({2 ** i for i in range(nodes.bit_length()) if 2 ** i <= nodes} | {nodes}):
             gpus = k * hw.gpus_per_node
             try:
-                q = predict(cfg, hw, gpus, eff, launches=launches)
+                c = at(gpus) if at else cfg
+                q = predict(c, hw, gpus, eff, launches=launches)
             except ConfigError as e:
                 lines.append(f"  {k:>5} {gpus:>6}  {e}")
                 continue
             base = base or q.samples_per_s / gpus
-            lines.append(f"  {k:>5} {gpus:>6} {q.samples_per_s:>12,.1f} {100 * q.mfu:>6.1f}% "
+            split = f"{q.samples_per_step // (q.dp * q.accumulation)} x {q.accumulation}"
+            lines.append(f"  {k:>5} {gpus:>6} {split:>12} {q.samples_per_s:>12,.1f} {100 * q.mfu:>6.1f}% "
                          f"{100 * q.samples_per_s / gpus / base:>10.1f}% {_duration(cfg.train.steps * q.step):>16}")
     else:
         lines.append("give --nodes M for the scaling from 1 node to M")

@@ -343,9 +343,27 @@ def test_plan_prints_the_step_throughput_time_and_scaling():
     assert f"MFU {100 * p.mfu:.1f}%" in throughput
     assert f"time to train 62,500 steps: {62500 * p.step / 3600:,.2f} h" in out
     rows = out[out.index("scaling with"):].splitlines()[2:5]
-    assert [int(_numbers(r)[0]) for r in rows] == [1, 2, 4] and _numbers(rows[0])[4] == 100.0
-    assert _numbers(rows[2])[4] == pytest.approx(100 * p.samples_per_s / 32 / (
+    assert [int(_numbers(r)[0]) for r in rows] == [1, 2, 4] and _numbers(rows[0])[6] == 100.0
+    assert _numbers(rows[2])[6] == pytest.approx(100 * p.samples_per_s / 32 / (
         speed.predict(load("bert-large", ["precision=bf16"]), speed.gpu("a100-80gb"), 8).samples_per_s / 8), abs=0.06)
+
+
+def test_scaling_takes_the_micro_batch_auto_picks_at_each_size():
+    """With train.micro_batch_size=auto the 1-node row is the run a user would start on 1 node (auto's micro batch
+    there), not the 32-node micro batch with 32 accumulation steps, whose launches made 32 nodes look superlinear."""
+    from pretrain.memory import with_micro_batch
+
+    out = run_cli("pretrain", "plan", "--config", "gpt2-medium", "--gpu", "a100-80gb", "--nodes", "32").stdout
+    rows = out[out.index("scaling with the same global batch, the micro batch as auto"):].splitlines()[2:]
+    cfg, memory = load("gpt2-medium"), speed.gpu("a100-80gb").memory_gib
+    picks = []
+    for r in rows:
+        nodes, gpus, micro, acc = map(int, _numbers(r)[:4])
+        picked = with_micro_batch(cfg, gpus, memory).train
+        assert (micro, micro * acc * gpus) == (picked.micro_batch_size, cfg.train.global_batch_size), r
+        assert _numbers(r)[6] <= 100.0, r  # per-GPU efficiency against 1 node
+        picks.append(micro)
+    assert len(rows) == 6 and picks[0] > picks[-1]
 
 
 def test_compare_ranks_the_layouts_that_fit_by_predicted_time():
