@@ -210,7 +210,7 @@ class Trainer:
 
     def _stop_unless_finite(self, finite: bool) -> None:
         if not finite:
-            raise FloatingPointError(f"the loss is not finite at step {self.step} (samples {self.consumed:,} to "
+            raise FloatingPointError(f"the loss is not finite at step {self.step + 1} (samples {self.consumed:,} to "
                                      f"{self.consumed + self.cfg.train.global_batch_size - 1:,}); the weights were "
                                      "not updated: lower optimizer.lr or check these samples")
 
@@ -324,11 +324,16 @@ class Trainer:
             if self.objective.phase_index(self.step) != phase:  # e.g. ERNIE 2.0's next stage: its tasks join
                 phase = self.objective.phase_index(self.step)
                 micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
-                log(f"step {self.step}: stage {phase + 1}: " + self.objective.describe(self.objective.phase(self.step)))
+                log(f"step {self.step + 1}: stage {phase + 1}: "
+                    + self.objective.describe(self.objective.phase(self.step)))
             start = time.time()
             if self.step == cfg.train.steps - 1:
                 signals.pause("last")
-            metrics = self.train_step(micro)
+            try:
+                metrics = self.train_step(micro)
+            except FloatingPointError:  # the last finite step's row is logged (with its norm) before the error
+                self._log_row(out, held, self._previous_norm)
+                raise
             dt = time.time() - start
             if self.step == first + 1 and self.parallel.kernels == "compile":
                 log(f"step {self.step} took {dt:.1f} s, torch.compile's compilation included")
@@ -349,10 +354,12 @@ class Trainer:
                 out.evaluation(self.step, last_eval)
             if save:
                 self.save()
-        out.close()
         final = self.save() if self.step != first or not self.run.resume else self.run.resume
         if not last_eval or history[-1]["step"] != self.step:
             last_eval = self.evaluate()
+            if self.step != first:  # the run's last evaluation, in valid.jsonl and TensorBoard too
+                out.evaluation(self.step, last_eval)
+        out.close()
         elapsed = time.time() - t0
         summary = {"steps": self.step, "trained_steps": self.step - first, "resumed_from": self.resumed_from,
                    "seconds": round(elapsed, 1),

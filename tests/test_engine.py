@@ -3,6 +3,7 @@ stops the run, the torchrun / deepspeed / mpirun command lines train, the DeepSp
 keeps fp32 masters, ELMo and the distilled students train in bf16 and fp16, ERNIE 2.0 runs under ZeRO-3. (Layout equivalence: test_fidelity.py; resume: test_resume.py.)"""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -95,8 +96,16 @@ def test_a_nan_loss_stops_the_run_with_its_step_and_samples(train_data, tmp_path
     proc = run_cli("pretrain", "train", "--config", "bert-tiny", "--set", *bert(train_data, "precision=fp16")[1:],
                    f"checkpoint.init_from={tmp_path / 'nan'}", f"out_dir={tmp_path / 'run'}", check=False)
     assert proc.returncode == 3, proc.stderr[-3000:]
-    assert "the loss is not finite at step 0 (samples 0 to 7)" in proc.stderr
+    assert "the loss is not finite at step 1 (samples 0 to 7)" in proc.stderr  # steps are numbered from 1, as logged
     assert not (tmp_path / "run" / "checkpoints").exists()
+    # diverging (no clipping, a huge learning rate): every finite step is in metrics.jsonl, the last one included,
+    # whose row waits for its gradient norm from the next step's transfer
+    proc = run_cli("pretrain", "train", "--config", "bert-tiny", "--set", *bert(train_data, "train.steps=8")[1:],
+                   "optimizer.lr=1e4", "train.grad_clip=0", "optimizer.warmup_steps=0", f"out_dir={tmp_path / 'up'}",
+                   check=False)
+    step = int(re.search(r"the loss is not finite at step (\d+) ", proc.stderr)[1])
+    rows = [json.loads(line) for line in open(tmp_path / "up" / "metrics.jsonl")]
+    assert step > 1 and [r["step"] for r in rows] == list(range(1, step)) and all("grad_norm" in r for r in rows)
 
 
 def test_torchrun_command_line_tp2_zero2_lamb(train_data, tmp_path):
