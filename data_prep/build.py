@@ -230,7 +230,8 @@ def _process(chunk: Chunk) -> Processed:
 
 def _unreadable(error: str) -> PrepError:
     """The --on-error fail stop at an unreadable record; `error` names its file and line."""
-    return PrepError(f"{error}; fix the input or pass --on-error skip to skip such records")
+    fix = ", or" if "; " in error else "; fix the input or"  # (the error may name its own fix)
+    return PrepError(f"{error}{fix} pass --on-error skip to skip such records")
 
 
 # ---- tokenizer ----------------------------------------------------------------------------------------

@@ -183,7 +183,7 @@ def parse_jsonl(raw: bytes, path: str, index: int, lineno: int, fields: Fields) 
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        return Record(None, index, lineno, f"{where}: malformed JSON ({e.msg} at column {e.colno})")
+        return Record(None, index, lineno, f"{where}: malformed JSON ({e.msg}: column {e.colno})")
     return fields.record({name: _field(obj, name) for name in fields.names()}, index, lineno, where)
 
 

@@ -221,6 +221,8 @@ CASES = {
     "from-elmo another model's options.json": (
         _convert, lambda w: [os.path.join(w.elmo_other_options, "weights.hdf5"), "from-elmo", w.elmo_other_options,
                              "--out", w.out], ["has no RNN_0/RNN/MultiRNNCell/Cell2", "exported together"]),
+    "plan on no nodes": (_pretrain, lambda w: ["'0'", "plan", "--config", "bert-tiny", "--gpu", "h100", "--nodes", "0"],
+                         ["is not a count (1, 2, ...)"]),
     "elmo on a BERT run": (_pretrain, lambda w: [w.bert, "elmo", w.bert, "--text", "a b"],
                            ["model.arch=bert, not an ELMo", "options.json + weights.hdf5"]),
     "elmo on a GPT-2 run": (_pretrain, lambda w: [w.gpt2, "elmo", w.gpt2, "--text", "a b"],

@@ -211,6 +211,8 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["model.arch=xlnet", "model.type_vocab_size=0", "model.mem_len=16", "data.objective=mlm"], 1,
      "model.mem_len=16 carries a memory along streams of one dataset's packed documents: it needs a data.objective "
      "whose samples stream (XLNet's plm, Transformer-XL's clm; not mlm)"),
+    (["model.arch=xlnet", "model.type_vocab_size=0", "model.mem_len=16", "data.objective=plm",  # only what is wrong
+      "data.pack_documents=true", "data.path=[a, b]"], 1, "it needs one data.path (not 2); or set model.mem_len=0"),
     (["model.position_encoding=bucketed"], 1, "model.position_encoding=bucketed is T5's relative bias of an "
                                               "encoder-decoder; set model.decoder_layers"),
 ])

@@ -128,10 +128,12 @@ def check(cfg, need, objective) -> None:
     """XLNet's segments are relative (no segment table); a memory and its reuse are XLNet's and Transformer-XL's, and
     a memory is carried along the streams of a recurrent objective's samples."""
     m, d = cfg.model, cfg.data
-    need(not m.mem_len or (objective.recurrent and len(d.paths) == 1 and d.pack_documents),
-         f"model.mem_len={m.mem_len} carries a memory along streams of one dataset's packed documents: it needs a "
-         f"data.objective whose samples stream (XLNet's plm, Transformer-XL's clm; not {objective.name}), one "
-         f"data.path (not {len(d.paths)}) and data.pack_documents=true; or set model.mem_len=0")
+    wrong = [f"a data.objective whose samples stream (XLNet's plm, Transformer-XL's clm; not {objective.name})"
+             ] * (not objective.recurrent) + [f"one data.path (not {len(d.paths)})"] * (len(d.paths) != 1) + [
+             "data.pack_documents=true"] * (not d.pack_documents)
+    need(not m.mem_len or not wrong,
+         f"model.mem_len={m.mem_len} carries a memory along streams of one dataset's packed documents: it needs "
+         f"{' and '.join(wrong)}; or set model.mem_len=0")
     need(m.position_encoding != "transformer_xl" or m.type_vocab_size == 0,
          f"model.type_vocab_size={m.type_vocab_size}: XLNet's segments enter attention (model.relative_segments), "
          f"not as embeddings; set model.type_vocab_size=0")

@@ -36,9 +36,10 @@ def check_section(cfg, need, objective) -> None:
     n = num_predict(cfg)
     need(0 < n <= s - 3 and (not r or (n - n // 2 <= r and n // 2 <= s - r - 3)),
          f"xlnet.num_predict={n} must be between 1 and data.seq_len - 3 = {s - 3} (the tokens of A and B)"
-         + (f", its larger half at most model.reuse_len={r} and its smaller half at most {s - r - 3}" if r else ""))
+         + (f", its larger half at most model.reuse_len={r} and its smaller half at most {s - r - 3}" if r else "")
+         + "; set xlnet.num_predict within that")
     need(not m.mem_len or m.causal or r > 0,
-         f"model.mem_len={m.mem_len} carries XLNet's memory, which keeps each sample's reused part: set "
+         f"model.mem_len={m.mem_len} carries XLNet's memory, which keeps each sample's reused part; set "
          f"model.reuse_len (XLNet: 256 of data.seq_len 512)")
 
 
