@@ -13,6 +13,7 @@ from pretrain import checkpoint as C
 from pretrain import families
 from pretrain.families.base import sentencepiece_to_fast
 from pretrain.models.config import ModelConfig
+from ptm.files import save_pretrained
 
 
 def adapter(arch: str) -> families.Adapter:
@@ -137,7 +138,7 @@ def _write_hf(family: families.Adapter, cfg: ModelConfig, config, state: dict, c
     if missing or result.unexpected_keys:
         raise C.CheckpointError(f"{ckpt} does not fit {cls}: missing {missing[:5]}, "
                                 f"unexpected {result.unexpected_keys[:5]}")
-    model.save_pretrained(out, max_shard_size=max_shard_size)
+    save_pretrained(model, out, max_shard_size=max_shard_size)
     for path in family.files():  # e.g. a modeling file that config.json's auto_map names
         shutil.copy(path, out)
 

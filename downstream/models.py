@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from downstream import TaskError
+from ptm.files import save_pretrained, save_safetensors
 
 AUTO = {"classification": "AutoModelForSequenceClassification", "regression": "AutoModelForSequenceClassification",
         "tagging": "AutoModelForTokenClassification", "qa": "AutoModelForQuestionAnswering"}
@@ -169,7 +170,7 @@ class HFHead(nn.Module):
         return (out.start_logits, out.end_logits) if self.kind == "qa" else out.logits
 
     def save(self, out: str, tok) -> None:
-        self.model.save_pretrained(out)
+        save_pretrained(self.model, out)
         tok.save_pretrained(out)
 
 
@@ -236,9 +237,7 @@ class LinearHead(nn.Module):
         self.rotate.copy_(u * s.clamp_min(s.max() * 1e-6).rsqrt())
 
     def save(self, out: str, tok) -> None:
-        from safetensors.torch import save_file
-
-        self.base.save_pretrained(out)
+        save_pretrained(self.base, out)
         tok.save_pretrained(out)
         head = {k: v.contiguous() for k, v in self.state_dict().items() if not k.startswith("base.")}
-        save_file(head, os.path.join(out, "head.safetensors"))
+        save_safetensors(head, os.path.join(out, "head.safetensors"))

@@ -38,13 +38,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from pretrain import device as dev
 from pretrain import signals
 from pretrain.families import VOCAB_ROWS
 from pretrain.models.config import FEATURES, ModelConfig
-from ptm.files import fsync_dir, sha256_file, write_json, write_text
+from ptm.files import fsync_dir, save_safetensors, sha256_file, write_json, write_text
 
 FORMAT = "ptm-checkpoint"
 VERSION = 2
@@ -105,7 +104,7 @@ def write_pieces(ckpt: str, kind: str, tp_rank: int, dp_rank: int, pieces: dict[
     renamed; returns its path."""
     path = shard_path(ckpt, kind, tp_rank, dp_rank)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in pieces.items()}, path + ".tmp")
+    save_safetensors({k: v.detach().float().contiguous().cpu() for k, v in pieces.items()}, path + ".tmp")
     _fsync(path + ".tmp")
     os.replace(path + ".tmp", path)
     return path
@@ -490,7 +489,7 @@ class Checkpoints:
         for relative, tensors in (rank_files or {}).items():
             path = os.path.join(tmp, relative)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            save_file({k: v.contiguous() for k, v in tensors.items()}, path)
+            save_safetensors({k: v.contiguous() for k, v in tensors.items()}, path)
             _fsync(path)
             written.append(path)
         rng = os.path.join(tmp, "rng", f"rank{dist.get_rank():05d}.pt")

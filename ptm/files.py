@@ -1,6 +1,6 @@
 """Atomic writes of small files: a temporary name in the same directory, fsync, then rename, so a reader
-(or a re-run after a crash) sees the old file or the whole new one, never part of it; directory flushes and
-file hashes."""
+(or a re-run after a crash) sees the old file or the whole new one, never part of it; directory flushes, file
+hashes, and safetensors files as readable as any other file written here."""
 from __future__ import annotations
 
 import hashlib
@@ -40,3 +40,27 @@ def sha256_file(path: str) -> str:
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
+
+
+def umask_mode(paths) -> None:
+    """Give files the mode a new file gets under the process's umask (0644 under umask 022). safetensors 0.8 writes
+    through a temporary file of mode 0600 (safetensors issue 782): its files, ptm's checkpoint shards and
+    transformers' save_pretrained weights, would be unreadable to the other users of a cluster's shared disk."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in paths:
+        os.chmod(path, 0o666 & ~mask)
+
+
+def save_safetensors(tensors: dict, path: str) -> None:
+    """safetensors.torch.save_file, with the file's mode as umask gives (`umask_mode`)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, path)
+    umask_mode([path])
+
+
+def save_pretrained(model, out: str, **options) -> None:
+    """transformers' `model.save_pretrained(out, **options)`, with its weights' mode as umask gives (`umask_mode`)."""
+    model.save_pretrained(out, **options)
+    umask_mode([os.path.join(out, f) for f in os.listdir(out) if f.endswith(".safetensors")])

@@ -42,6 +42,10 @@ def test_bert_to_hf_loads_in_transformers_with_its_tokenizer(sp_model, tmp_path)
     call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out,  # a run dir: its latest checkpoint
              "--max-shard-size", "200KB")
     assert (out / "model.safetensors.index.json").is_file() and len(list(out.glob("model-*.safetensors"))) > 1
+    # weights and checkpoint shards as readable as the files beside them (safetensors 0.8 writes 0600)
+    mode = lambda path: path.stat().st_mode & 0o777  # noqa: E731
+    shards = list((tmp_path / "run").glob("checkpoints/step_*/shards/*.safetensors"))
+    assert shards and {mode(p) for p in [*out.glob("*.safetensors"), *shards]} == {mode(out / "config.json")}
     hf = transformers.AutoModelForPreTraining.from_pretrained(out).eval()
     assert type(hf).__name__ == "BertForPreTraining"
     tok = transformers.AutoTokenizer.from_pretrained(out)
