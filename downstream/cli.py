@@ -41,7 +41,8 @@ def _options(a):
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m downstream",
+    prog = "ptm" if sys.argv[0] == "ptm" else "python -m downstream"  # `ptm eval` runs `ptm` + eval ...
+    ap = argparse.ArgumentParser(prog=prog,
                                  description="Fine-tune and evaluate what ptm pretrains; compare families at an "
                                              "equal budget.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 
+from downstream import TaskError
 from downstream import finetune as FT
 from downstream import models as M
 from downstream import tasks as T
@@ -28,10 +29,16 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
     from downstream import zero_shot as Z
 
     tasks = [T.load(arg) for arg in task_args]  # bad task files fail before any work
+    rank, source, error = FT.world()[0], None, None
+    if rank == 0:
+        try:
+            source = M.resolve(model, out)
+        except TaskError as e:  # every rank stops with it (none waits in the broadcast)
+            error = str(e)
+    source, error = _broadcast((source, error))
+    if error:
+        raise TaskError(error)
     os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
-    rank = FT.world()[0]
-    source = M.resolve(model, out) if rank == 0 else None
-    source = _broadcast(source)
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in ("progress", "save_dir")}
     results = {"model": os.path.abspath(model), "family": source.family, "pretrained": opts.pretrained,
                "options": options, "tasks": {}, "zero_shot": {}}

@@ -49,11 +49,14 @@ def resolve(path: str, work_dir: str) -> Source:
         return Source(path, hf_dir=path, family=family.name if family else "")
     if os.path.isfile(os.path.join(path, "options.json")):
         return Source(path, elmo=path, family="elmo")
+    if not os.path.isdir(path):
+        raise TaskError(f"{path}: {'not a directory' if os.path.exists(path) else 'no such directory'}; pass a ptm "
+                        "run's out_dir or checkpoint, or a Hugging Face (config.json) or ELMo (options.json) export")
     try:
         ckpt = C.check_complete(C.resolve(path))
     except C.CheckpointError as e:
-        raise TaskError(f"{path}: not a Hugging Face directory (no config.json), an ELMo directory (options.json) or "
-                        f"a ptm run or checkpoint ({e}); pass one of those") from None
+        raise TaskError(f"{path} holds no Hugging Face (config.json) or ELMo (options.json) export, and as a ptm run "
+                        f"or checkpoint: {e}") from None
     cfg = C.model_config(C.read_meta(ckpt))
     family = families.get(cfg.arch)
     if family.adapter is None:

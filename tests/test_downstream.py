@@ -160,6 +160,19 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
         assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == f"downstream: error: {msg}"
 
 
+def test_eval_of_what_is_no_model_is_one_line_and_writes_nothing(task_dir, tmp_path):
+    from downstream import cli
+
+    (tmp_path / "empty").mkdir()
+    for model, says in ((tmp_path / "none", "no such directory; pass a ptm run's out_dir"),
+                        (tmp_path / "empty", "holds no Hugging Face (config.json) or ELMo (options.json) export")):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["eval", str(model), "--task", str(task_dir / "next"), "--out", str(tmp_path / "out")])
+        assert stop.value.code.startswith(f"downstream: error: {model}") and says in stop.value.code
+        assert "\n" not in stop.value.code
+    assert not (tmp_path / "out").exists()
+
+
 def test_known_layouts_read_glue_conll_and_squad_files_as_shipped(tmp_path):
     _write(tmp_path / "mrpc" / "train.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA b.\tA c.\n")
     _write(tmp_path / "mrpc" / "dev.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t3\t4\tX.\tY.\n")
