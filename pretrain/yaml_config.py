@@ -97,9 +97,9 @@ def override(raw: dict, item: str, schema) -> None:
     if not eq or not key:
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.steps=1000")
     parts = key.split(".")
-    cls, node = schema, raw
-    for i, name in enumerate(parts):
-        fields = hints(cls)
+    cls, node, i = schema, raw, 0
+    while i < len(parts):
+        name, fields = parts[i], hints(cls)
         if name not in fields:
             raise ConfigError(f"--set {item}: {_unknown('.'.join(parts[:i]), name, cls)}")
         hint = fields[name]
@@ -107,9 +107,23 @@ def override(raw: dict, item: str, schema) -> None:
             return _put(node, name, _parse(text, hint, item, key))
         if typing.get_origin(hint) is dict and i == len(parts) - 2:
             return _put(_child(node, name), parts[-1], _parse(text, typing.get_args(hint)[1], item, key))
+        if typing.get_origin(hint) is list and parts[i + 1].isdigit():  # an element: stages.0.steps=...
+            items, k, hint = node.get(name), int(parts[i + 1]), typing.get_args(hint)[0]
+            if not isinstance(items, list) or k >= len(items):
+                size = len(items) if isinstance(items, list) else 0
+                raise ConfigError(f"--set {item}: {'.'.join(parts[:i + 1])} has {size} elements, no element {k}; "
+                                  f"set the whole list, e.g. --set '{'.'.join(parts[:i + 1])}=[...]'")
+            if i + 1 == len(parts) - 1:
+                items[k] = _parse(text, hint, item, key)
+                return None
+            if not dataclasses.is_dataclass(hint) or not isinstance(items[k], dict):
+                raise ConfigError(f"--set {item}: {'.'.join(parts[:i + 2])} is a value ({type_name(hint)}), "
+                                  "not a section")
+            cls, node, i = hint, items[k], i + 2
+            continue
         if not dataclasses.is_dataclass(hint):
             raise ConfigError(f"--set {item}: {'.'.join(parts[:i + 1])} is a value ({type_name(hint)}), not a section")
-        cls, node = hint, _child(node, name)
+        cls, node, i = hint, _child(node, name), i + 1
 
 
 def _child(node: dict, name: str) -> dict:

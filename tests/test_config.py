@@ -82,6 +82,21 @@ def test_set_coerces_to_the_field_type(child, item, key, value):
     assert got == value and type(got) is type(value)
 
 
+def test_set_reaches_into_a_list_element():
+    """`ernie.stages.0.steps=2`: one field of one element (the stages' sum must meet train.steps, so that a shorter
+    run needs no whole-list override); an element that does not exist names the list's size and the fix."""
+    cfg = load("ernie-tiny", ["ernie.stages.0.steps=2", "ernie.stages.1.tasks.capitalization=3", "train.steps=6"])
+    cfg.validate()
+    base = load("ernie-tiny").ernie.stages
+    assert [s.steps for s in cfg.ernie.stages] == [2, base[1].steps]
+    assert cfg.ernie.stages[1].tasks["capitalization"] == 3
+    assert cfg.ernie.stages[0].tasks == base[0].tasks  # the rest of the element kept
+    with pytest.raises(ConfigError, match=r"ernie.stages has 2 elements, no element 5; set the whole list"):
+        load("ernie-tiny", ["ernie.stages.5.steps=1"])
+    with pytest.raises(ConfigError, match=r"unknown key 'ernie.stages.0.step'"):
+        load("ernie-tiny", ["ernie.stages.0.step=1"])
+
+
 def test_set_merges_a_section_and_applies_in_order(child):
     cfg = load(child, ["model={num_layers: 5}", "train.steps=1", "train.steps=2"])
     assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.train.steps) == (5, 64, 2)

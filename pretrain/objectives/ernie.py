@@ -57,7 +57,8 @@ def check_section(cfg, need, objective) -> None:
          "data.objective=ernie (ERNIE 2.0 tasks) or data.masking=knowledge (ERNIE 1.0 stages), or remove it")
     total = sum(s.steps for s in e.stages)
     need(not e.stages or total == cfg.train.steps,
-         f"ernie.stages add up to {total} steps but train.steps={cfg.train.steps}; make them equal")
+         f"ernie.stages add up to {total} steps but train.steps={cfg.train.steps}; make them equal (one stage's: "
+         "--set ernie.stages.0.steps=N)")
     for task in e.task_data:
         need(task in USER_LABELED, f"ernie.task_data.{task}: only {' and '.join(USER_LABELED)} take a dataset; remove it")
 
