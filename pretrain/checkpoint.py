@@ -340,7 +340,8 @@ def resume_mismatches(ckpt: str, meta: dict, cfg, identity: dict) -> list[str]:
     run = meta.get("run", {})
     if run.get("tokenizer_sha256") not in (None, identity["tokenizer_sha256"]):
         odd.append(f"tokenizer sha256 {identity['tokenizer_sha256'][:12]} (checkpoint: {run['tokenizer_sha256'][:12]})")
-    if run.get("vocab_size") not in (None, identity["vocab_size"]):
+    said = (theirs.get("vocab_size"), mine["vocab_size"]) == (run.get("vocab_size"), identity["vocab_size"])
+    if run.get("vocab_size") not in (None, identity["vocab_size"]) and not said:  # (not as model.vocab_size again)
         odd.append(f"vocabulary size {identity['vocab_size']} (checkpoint: {run['vocab_size']})")
     if run.get("objective") not in (None, identity["objective"]):
         odd.append(f"data.objective={identity['objective']} (checkpoint: {run['objective']})")

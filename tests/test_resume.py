@@ -266,6 +266,11 @@ def test_a_checkpoint_from_before_model_features_resumes_as_its_arch():
     assert C.resume_mismatches("ckpt", meta, cfg, identity) == []
     cfg.model.norm = "post"
     assert "model.norm='post' (checkpoint: 'pre')" in C.resume_mismatches("ckpt", meta, cfg, identity)[0]
+    cfg.model.norm, cfg.model.vocab_size = "pre", 108  # a vocabulary of 8 more (sentinels): said once
+    odd = C.resume_mismatches("ckpt", meta, cfg, {**identity, "vocab_size": 108})[0]
+    assert "model.vocab_size=108 (checkpoint: 100)" in odd and "vocabulary size" not in odd
+    odd = C.resume_mismatches("ckpt", meta, cfg, {**identity, "vocab_size": 104})[0]  # the dataset's is another
+    assert "model.vocab_size=108 (checkpoint: 100)" in odd and "vocabulary size 104 (checkpoint: 100)" in odd
 
 
 @pytest.fixture(scope="module")
