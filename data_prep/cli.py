@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -170,7 +171,8 @@ def run(argv=None) -> int:
         if manifest is not None:
             from data_prep.inspect import summary
 
-            print(summary(manifest, time.time() - t0))
+            built = os.path.getmtime(os.path.join(a.out, "manifest.json")) >= t0  # (not: already built, nothing done)
+            print(summary(manifest, time.time() - t0 if built else None))
     elif a.command == "train-tokenizer":
         from data_prep.build import BuildOptions, train_tokenizer
         from data_prep.sources import expand_inputs

@@ -42,7 +42,10 @@ def _check_lists(name: str, off: np.ndarray, vals: np.ndarray, lengths: np.ndarr
 def verify_shard(path: str, entry: dict, vocab_size: int, structure: str = "full") -> list[str]:
     """Problems of one shard: hash, schema, counts against its manifest entry, token ids, and the structure
     columns (filled as far as `structure` goes, empty beyond)."""
-    name = entry["file"]
+    name, size = entry["file"], os.path.getsize(path)
+    if size != entry["bytes"]:
+        return [f"{name}: " + (f"truncated ({size:,} of {entry['bytes']:,} bytes)" if size < entry["bytes"] else
+                               f"{size:,} bytes, the manifest says {entry['bytes']:,}")]
     if sha256_file(path) != entry["sha256"]:
         return [f"{name}: sha256 differs from the manifest (corrupt or modified shard)"]
     try:

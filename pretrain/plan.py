@@ -175,7 +175,9 @@ def _calibrate(name: str, cfg: Config) -> str:
     return (f"{name} narrowed to a tiny width on {device}: {launches.of(ACCUMULATION):,} kernel launches "
             f"a step of {ACCUMULATION} micro-batches ({launches.first:,} in the first, {launches.per_micro_batch:,} in "
             f"each further one, {launches.optimizer:,} at the step's end), {1e6 * seconds:.3g} us of host time each\n"
-            f"give --launch-us {1e6 * seconds:.3g} to `ptm plan --gpu` for runs launched from this node's kind")
+            f"give --launch-us {1e6 * seconds:.3g} to `ptm plan --gpu` for runs launched from this node's kind"
+            + ("\nnote: measured without a GPU, so not what a GPU node's host takes; run --calibrate on one"
+               if str(device).startswith("cpu") else ""))
 
 
 def resolve_vocab(cfg: Config, vocab_size: int | None) -> str:

@@ -61,6 +61,7 @@ def test_plan_prices_the_counted_launches_and_calibrate_measures_the_host(train_
     calibrated = run_cli("pretrain", "plan", "--config", "bert-tiny", "--calibrate", "--set", *sets).stdout
     assert f"{counted['narrow'][0].of(launches.ACCUMULATION):,} kernel launches a step" in calibrated
     assert "on cpu" in calibrated and float(re.search(r"--launch-us ([\d.e+-]+)", calibrated).group(1)) > 0
+    assert "note: measured without a GPU" in calibrated
 
 
 def test_t5s_biased_attention_and_rms_norm_count_as_the_one_kernel_a_gpu_runs(t5_data):
