@@ -12,6 +12,7 @@ steps, which compile, left out) and each row's ratio to eager Hugging Face.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -45,6 +46,9 @@ def main() -> None:
             "ptm eager": lambda: ptm_step(cfg("eager"), args.batch),
             "ptm compiled": lambda: ptm_step(cfg("compile"), args.batch),
             "ptm unpadded": lambda: ptm_step(cfg("eager"), args.batch, unpadded=True)}
+    unknown = [name for name in args.only or () if name not in rows]
+    if unknown:
+        sys.exit(f"cpu_step.py: --only {', '.join(map(repr, unknown))}: no such row; rows: {', '.join(rows)}")
     print(f"BERT hidden {args.hidden}, {args.layers} layers, seq {args.seq}, batch {args.batch}, fp32, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     results = {name: seconds(make(), args.steps, "cpu") for name, make in rows.items()

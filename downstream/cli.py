@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--task", dest="tasks", action="append", default=[], metavar="DIR|NAME=DIR",
                    help="a task directory with task.yaml (`ptm tasks` writes the shipped ones), or a known layout "
                         "and its files, e.g. sst2=~/glue/SST-2, conll2003=~/conll, squad=~/squad (repeatable)")
-    e.add_argument("--out", help="results directory (default eval/NAME-OF-MODEL)")
+    e.add_argument("--out", help="results directory (default eval/NAME-OF-MODEL; a checkpoint's eval/RUN-step_N)")
     e.add_argument("--no-pretraining", dest="pretrained", action="store_false",
                    help="the same architecture randomly initialised: the baseline that shows what pretraining bought")
     e.add_argument("--cloze", action="store_true",
@@ -139,8 +139,7 @@ def run(argv=None) -> int:
         _quiet()
         opts = _options(a)
         opts.pretrained, opts.save_dir = a.pretrained, "yes" if a.save_model else ""
-        out = a.out or os.path.join("eval", os.path.basename(os.path.normpath(a.model)) +
-                                    ("" if a.pretrained else "-scratch") + (f"-{a.features}" if a.features else ""))
+        out = a.out or default_out(a.model, a.pretrained, a.features)
         results = E.evaluate(a.model, out, a.tasks, opts, a.text, a.last_word, a.cloze)
         if E.FT.world()[0] == 0:
             print("\n".join(E.summary(results)))
@@ -171,6 +170,14 @@ def _quiet() -> None:
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+
+
+def default_out(model: str, pretrained: bool, features: str | None) -> str:
+    """eval/NAME for a model directory NAME; eval/RUN-step_N for RUN/checkpoints/step_N (two runs' steps apart)."""
+    parent, name = os.path.split(os.path.normpath(model))
+    if os.path.basename(parent) == "checkpoints":
+        name = f"{os.path.basename(os.path.dirname(parent))}-{name}"
+    return os.path.join("eval", name + ("" if pretrained else "-scratch") + (f"-{features}" if features else ""))
 
 
 def main(argv=None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 
 from downstream import TaskError
 from downstream import finetune as FT
@@ -29,6 +30,9 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
     from downstream import zero_shot as Z
 
     tasks = [T.load(arg) for arg in task_args]  # bad task files fail before any work
+    if cloze and not any(t.cloze for t in tasks) and FT.world()[0] == 0:
+        print("downstream: note: --cloze scores nothing: no --task has a cloze pattern (task.yaml `cloze:`, as the "
+              "shipped `source` has)", file=sys.stderr)
     rank, source, error = FT.world()[0], None, None
     if rank == 0:
         try:

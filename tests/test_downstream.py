@@ -160,17 +160,18 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
         assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == f"downstream: error: {msg}"
 
 
-def test_eval_of_what_is_no_model_is_one_line_and_writes_nothing(task_dir, tmp_path):
+def test_eval_of_what_is_no_model_is_one_line_and_writes_nothing(task_dir, tmp_path, capsys):
     from downstream import cli
 
     (tmp_path / "empty").mkdir()
     for model, says in ((tmp_path / "none", "no such directory; pass a ptm run's out_dir"),
                         (tmp_path / "empty", "holds no Hugging Face (config.json) or ELMo (options.json) export")):
         with pytest.raises(SystemExit) as stop:
-            cli.main(["eval", str(model), "--task", str(task_dir / "next"), "--out", str(tmp_path / "out")])
+            cli.main(["eval", str(model), "--task", str(task_dir / "next"), "--out", str(tmp_path / "out"), "--cloze"])
         assert stop.value.code.startswith(f"downstream: error: {model}") and says in stop.value.code
         assert "\n" not in stop.value.code
     assert not (tmp_path / "out").exists()
+    assert "--cloze scores nothing: no --task has a cloze pattern" in capsys.readouterr().err  # `next` has none
 
 
 def test_known_layouts_read_glue_conll_and_squad_files_as_shipped(tmp_path):
@@ -515,6 +516,15 @@ def test_compare_resumes_without_retraining_finished_cells(train_data, task_dir,
     with pytest.raises(TaskError, match=r"bert-tiny's pretraining of another budget or --set \(train.steps 6 -> 12"):
         CMP.compare(["bert-tiny", "gpt-tiny"], train_data, task, "tokens", 8 * 32 * 12, out, opts, sets)
     assert trained == []  # refused, not continued under the new schedule
+
+
+def test_eval_names_its_default_out_after_the_model():
+    from downstream.cli import default_out
+
+    assert default_out("runs/bert-tiny/", True, None) == os.path.join("eval", "bert-tiny")
+    assert default_out("runs/a/checkpoints/step_00000100", True, None) == os.path.join("eval", "a-step_00000100")
+    assert default_out("runs/b/checkpoints/step_00000100", False, "whiten") == os.path.join(
+        "eval", "b-step_00000100-scratch-whiten")  # two runs' checkpoints of one step do not share a directory
 
 
 def test_compare_names_families_at_a_size():
