@@ -21,6 +21,12 @@ def size_arg(value: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def _pieces(value: str) -> int:
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of pieces (e.g. 32000)")
+    return int(value)
+
+
 def _input_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input")
     g.add_argument("inputs", nargs="+", metavar="INPUT",
@@ -46,7 +52,7 @@ def _input_options(p: argparse.ArgumentParser) -> None:
 
 def _tokenizer_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("tokenizer training (when no --tokenizer is given)")
-    g.add_argument("--vocab-size", type=int, default=32000, help="pieces in the trained tokenizer")
+    g.add_argument("--vocab-size", type=_pieces, default=32000, help="pieces in the trained tokenizer")
     g.add_argument("--model-type", choices=["unigram", "bpe", "byte_bpe"], default="unigram",
                    help="unigram or bpe: a sentencepiece model with BERT's specials [PAD] [UNK] [CLS] [SEP] [MASK] "
                         "(byte fallback); byte_bpe: a byte-level BPE (vocab.json + merges.txt, as GPT-2 and RoBERTa) "

@@ -240,6 +240,8 @@ CASES = {
     "report into a missing directory": (_pretrain, lambda w: [w.root, "report", w.log_cut, "--out",
                                                               os.path.join(w.root, "no", "r.png")],
                                         ["directory does not exist", "create it"]),
+    "build a vocabulary of none": (_prep, lambda w: ["'0'", "build", w.empty, "--out", w.out, "--vocab-size", "0"],
+                                   ["is not a number of pieces"]),
     "inspect an empty directory": (_prep, lambda w: [w.empty, "inspect", w.empty],
                                    ["no manifest.json", "data_prep build"]),
     "inspect a truncated manifest": (_prep, lambda w: [w.data_cut_manifest, "inspect", w.data_cut_manifest],
