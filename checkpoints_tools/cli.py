@@ -9,18 +9,14 @@ import os
 import re
 import sys
 
+from ptm.cli import whole
+
 
 def _shard_size(value: str) -> str | int:
     """A size as transformers' save_pretrained reads it (bytes, or a number and KB/MB/GB/TB), checked up front."""
     if not re.fullmatch(r"\s*(\d+|\d+(\.\d+)?\s*[KMGT]B)\s*", value, re.IGNORECASE):
         raise argparse.ArgumentTypeError(f"{value!r} is not a size such as 2GB, 500MB or 1000000 (bytes)")
     return int(value) if value.strip().isdigit() else value.strip()
-
-
-def _tp_size(value: str) -> int:
-    if not value.strip().isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a tensor-parallel size (1, 2, 4, ...)")
-    return int(value)
 
 
 def hf_families() -> dict[str, object]:
@@ -60,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
         p.add_argument("--out", required=True, help="directory to write (must not hold a checkpoint)")
         p.add_argument("--weights-only", action="store_true", help="leave out the optimizer moments and trainer state")
-    r.add_argument("--tp", type=_tp_size, required=True, help="tensor-parallel size of the output (1, 2, ...)")
+    r.add_argument("--tp", type=whole("a tensor-parallel size (1, 2, 4, ...)"), required=True,
+                   help="tensor-parallel size of the output (1, 2, ...)")
     t = sub.add_parser("to-hf", help="ptm checkpoint (or a run's out_dir) -> transformers model directory",
                        description="Write config.json, safetensors weights and the tokenizer, loadable with the "
                                    "family's transformers class and AutoTokenizer: "

@@ -9,6 +9,7 @@ import time
 
 from data_prep import PrepError
 from data_prep.text import STRUCTURES, TextOptions
+from ptm.cli import whole
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -19,12 +20,6 @@ def size_arg(value: str) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"{value!r} is not a size such as 256MB, 64KiB or 1048576")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def _pieces(value: str) -> int:
-    if not value.strip().isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of pieces (e.g. 32000)")
-    return int(value)
 
 
 def _input_options(p: argparse.ArgumentParser) -> None:
@@ -52,7 +47,8 @@ def _input_options(p: argparse.ArgumentParser) -> None:
 
 def _tokenizer_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("tokenizer training (when no --tokenizer is given)")
-    g.add_argument("--vocab-size", type=_pieces, default=32000, help="pieces in the trained tokenizer")
+    g.add_argument("--vocab-size", type=whole("a number of pieces (e.g. 32000)"), default=32000,
+                   help="pieces in the trained tokenizer")
     g.add_argument("--model-type", choices=["unigram", "bpe", "byte_bpe"], default="unigram",
                    help="unigram or bpe: a sentencepiece model with BERT's specials [PAD] [UNK] [CLS] [SEP] [MASK] "
                         "(byte fallback); byte_bpe: a byte-level BPE (vocab.json + merges.txt, as GPT-2 and RoBERTa) "

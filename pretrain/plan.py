@@ -23,6 +23,7 @@ from pretrain import speed
 from pretrain.config import AUTO, Config, ConfigError, load
 from pretrain.cost import checkpointed, flops_per_sample
 from pretrain.memory import COMPONENTS, GIB, HEADROOM, Plan, estimate, with_micro_batch
+from ptm.cli import whole
 
 DEFAULT_VOCAB = 30522  # BERT's WordPiece vocabulary, when neither config nor dataset gives one
 CHECKPOINT_BYTES = 12  # per parameter in a ptm checkpoint: fp32 weights and both moments
@@ -31,19 +32,12 @@ SHA256_GBPS = 1.0  # each writer hashes its files after writing them (meta.json 
 
 # ------------------------------------------------------------------------------------------------- CLI
 
-def _count_arg(value: str) -> int:
-    """A count of GPUs or nodes: 1 or more."""
-    if not value.strip().isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a count (1, 2, ...)")
-    return int(value)
-
-
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--config", help="YAML file, or a preset name from configs/ (bert-large, gpt2-xl, ernie-base, ...); "
                                      "required unless --check")
     ap.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                     help="override config keys, e.g. --set zero.stage=3 train.micro_batch_size=32 parallel.tp=2")
-    ap.add_argument("--gpus", type=_count_arg, metavar="N",
+    ap.add_argument("--gpus", type=whole("a count (1, 2, ...)"), metavar="N",
                     help="GPUs of the whole run (world size); data-parallel size = N / parallel.tp (default: "
                          "--nodes x GPUs per node with --gpu, else 1)")
     ap.add_argument("--gpu-memory", type=float, metavar="GIB",
@@ -55,7 +49,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--gpu", metavar="NAME|FILE",
                     help="predict the training speed on this GPU: " + ", ".join(speed.catalog_names())
                          + " (configs/hardware/gpus.yaml), or a YAML file of your GPU's fields")
-    ap.add_argument("--nodes", type=_count_arg, metavar="M",
+    ap.add_argument("--nodes", type=whole("a count (1, 2, ...)"), metavar="M",
                     help="nodes of the run, with --gpu: --gpus defaults to M x GPUs per node; the speed report "
                          "shows the scaling from 1 node to M (default 1)")
     ap.add_argument("--interconnect", metavar="SPEC",
@@ -83,7 +77,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="measure this node's host time per kernel launch: train a few steps of the config "
                          "narrowed to a tiny width on data.path on this node's device (a GPU's steps are then bound "
                          "by the host), count their launches and print the --launch-us to give")
-    ap.add_argument("--gpus-per-node", type=_count_arg, metavar="G",
+    ap.add_argument("--gpus-per-node", type=whole("a count (1, 2, ...)"), metavar="G",
                     help="GPUs (processes) per node, for the checkpoint written per node and the speed model "
                          "(default: --gpu's node, else 8)")
     ap.add_argument("--write-gbps", type=float, default=1.0, metavar="GB/S",

@@ -1,5 +1,6 @@
 """The `ptm` command: `ptm prep|train|plan|report|convert|launch ...` (and the families' commands, e.g. `ptm elmo`) runs
 `python -m data_prep|pretrain|...`."""
+import argparse
 import importlib.util
 import runpy
 import sys
@@ -19,6 +20,15 @@ TOOLS = {
                                      "(ELMo's bilm-tf files)"),
     "launch": ("launchers", "one rendezvous contract for every launcher"),
 }
+
+
+def whole(what: str):
+    """An argparse type: a whole number, 1 or more; its error says the value "is not {what}"."""
+    def parse(value: str) -> int:
+        if not value.strip().isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}")
+        return int(value)
+    return parse
 
 
 def commands() -> dict[str, tuple[str, str]]:

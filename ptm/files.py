@@ -46,8 +46,12 @@ def umask_mode(paths) -> None:
     """Give files the mode a new file gets under the process's umask (0644 under umask 022). safetensors 0.8 writes
     through a temporary file of mode 0600 (safetensors issue 782): its files, ptm's checkpoint shards and
     transformers' save_pretrained weights, would be unreadable to the other users of a cluster's shared disk."""
-    mask = os.umask(0)
-    os.umask(mask)
+    try:  # read where Linux shows it: setting it to learn it would change it for every thread meanwhile
+        with open("/proc/self/status") as f:
+            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration):
+        mask = os.umask(0)
+        os.umask(mask)
     for path in paths:
         os.chmod(path, 0o666 & ~mask)
 
