@@ -97,7 +97,7 @@ def main(argv=None) -> None:
     from pretrain.config import ConfigError, load
     from pretrain.device import DeviceError
     from pretrain import heartbeat
-    from pretrain.train import NO_PROGRESS, PREEMPTED, NoProgress, Preempted, train
+    from pretrain.train import Stopped, train
 
     try:
         summary = train(load(a.config, a.overrides))
@@ -113,22 +113,17 @@ def main(argv=None) -> None:
         if _rank() == 0:
             print(f"pretrain: error: {e}", file=sys.stderr)
         sys.exit(3)
-    except NoProgress as e:
+    except Stopped as e:  # (rank 0 said why before the ranks' last collective)
         signals.ignore()
-        if _rank() == 0:
-            print(f"pretrain: error: {e}", file=sys.stderr)
-        sys.exit(NO_PROGRESS)
-    except Preempted as e:
-        signals.ignore()
-        if _rank() == 0:
-            print(f"pretrain: {e}", file=sys.stderr)
-        sys.exit(PREEMPTED)
+        signals.pause("exit")  # (tests: a rank slower to end)
+        sys.exit(e.code)
     except Exception as e:
         if signals.received:  # a peer or a child that died of the stop signal before it was blocked, or any failure
             signals.ignore()
             line, code = signals.stopped_during(heartbeat.first_line(e))
-            if _rank() == 0:
-                print(line, file=sys.stderr)
+            if _rank() == 0:  # (the rank that says it notes it: the script says it otherwise)
+                print(line, file=sys.stderr, flush=True)
+                signals.note_end(code)
             sys.exit(code)
         if not isinstance(e, RuntimeError) or not _lost_contact(e, torch.distributed.DistError):
             raise

@@ -175,6 +175,8 @@ class Heartbeat:
                     lost_contact(self.rank, reason), LOST_CONTACT)
                 if code == LOST_CONTACT or self.rank == 0:
                     os.write(2, (line + "\n").encode())
+                    if signals.received:  # (the rank that says it notes it: the script says it otherwise)
+                        signals.note_end(code)
                 os._exit(code)
 
     def _post(self, reason: str) -> None:

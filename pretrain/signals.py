@@ -27,6 +27,7 @@ received: str | None = None  # the name of the first stop signal this process go
 trained_steps = 0  # steps trained since this process started (a failure while a stop is pending reads it)
 training = False  # the training loop has begun: from here it acts on stop signals at its step boundaries
 PAUSE_ENV = "PTM_TEST_PAUSE"  # "PHASE:DIR" makes `pause(PHASE)` wait (tests: a signal at a named moment)
+END_ENV = "PTM_END_NOTE"  # a file for the exit status the ranks agreed on (slurm/pretrain.sbatch reads it)
 _waiter: threading.Thread | None = None
 _paused: set[str] = set()
 
@@ -81,26 +82,44 @@ def restore(previous: dict) -> None:
 
 
 def pause(phase: str) -> None:
-    """A test hook at a named moment of a run: with PTM_TEST_PAUSE=PHASE[@RANK]:DIR, the process (of that rank, or
-    every one) reaching PHASE the first time writes DIR/PHASE.RANK and waits until DIR/go exists (at most 10
-    minutes), in a child process, as a ninja build or a compile worker would: a child that dies fails the run, as a
-    build that a stop signal killed did (at `start`, before the handlers, in the process itself). A stop signal a
-    rank records then writes DIR/signalled.RANK. Phases: start
-    (before `block`), imports, build, workers, collective, evaluation, checkpoint, last (pretrain/__main__.py,
-    engine.py, train.py, checkpoint.py)."""
-    at, _, where = os.environ.get(PAUSE_ENV, "").partition(":")
-    at, _, only = at.partition("@")
-    if at != phase or not where or only not in ("", _rank()) or phase in _paused:
+    """A test hook at named moments of a run: with PTM_TEST_PAUSE=PHASE[@RANK][,PHASE[@RANK]...]:DIR, the process
+    (of that rank, or every one) reaching PHASE the first time writes DIR/PHASE.RANK and waits until DIR/go.PHASE
+    exists (at most 10 minutes), in a child process, as a ninja build or a compile worker would: a child that dies
+    fails the run, as a build that a stop signal killed did (at `start`, before the handlers, in the process itself).
+    A stop signal a rank records then writes DIR/signalled.RANK. Phases: start (before `block`), imports, build,
+    workers, collective, evaluation, checkpoint, last, exit (after the ranks agreed to stop: a rank slower to end)
+    (pretrain/__main__.py, engine.py, train.py, checkpoint.py, cli.py)."""
+    phases, _, where = os.environ.get(PAUSE_ENV, "").partition(":")
+    at = {p.partition("@")[0]: p.partition("@")[2] for p in phases.split(",")}
+    if phase not in at or not where or at[phase] not in ("", _rank()) or phase in _paused:
         return
     _paused.add(phase)
     with open(os.path.join(where, f"{phase}.{_rank()}"), "w") as f:
         f.write(str(os.getpid()))
-    wait = f"import os, time\nfor _ in range(6000):\n    if os.path.exists({os.path.join(where, 'go')!r}): break\n" \
-           "    time.sleep(0.1)"
+    go = os.path.join(where, f"go.{phase}")
+    wait = f"import os, time\nfor _ in range(6000):\n    if os.path.exists({go!r}): break\n    time.sleep(0.1)"
     if phase == "start":  # before the handlers: the process as the interpreter starts it, no child
         exec(wait)
     else:
         subprocess.run([sys.executable, "-c", wait], check=True)
+
+
+def note_end(code: int) -> None:
+    """Record the exit status this rank ends with, having stopped on a signal, in $PTM_END_NOTE (set by
+    slurm/pretrain.sbatch: a file in a directory of the batch host, so ranks elsewhere find no directory and write
+    nothing). A launcher that sees one rank exit kills the ranks still ending (srun --kill-on-bad-exit) and reports
+    that kill, not the status the ranks agreed on; the script reads this note instead. Atomic; callable from any
+    thread."""
+    path = os.environ.get(END_ENV)
+    if not path:
+        return
+    part = f"{path}.{os.getpid()}"
+    try:
+        with open(part, "w") as f:
+            f.write(str(code))
+        os.replace(part, path)
+    except OSError:
+        pass
 
 
 def no_progress(signal_name: str | None, since: str) -> str:

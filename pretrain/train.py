@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 
 import torch
@@ -31,13 +32,27 @@ from pretrain.runlog import RunLog
 PREEMPTED, NO_PROGRESS = signals.PREEMPTED, signals.NO_PROGRESS
 
 
-class Preempted(Exception):
+class Stopped(Exception):
+    """The ranks agreed to end on a stop signal: `code` is their exit status, `line` what rank 0 said of it."""
+
+    code, says = 1, "pretrain: "
+
+    @property
+    def line(self) -> str:
+        return self.says + str(self)
+
+
+class Preempted(Stopped):
     """A stop signal reached a rank: every rank checkpointed at the same step boundary."""
 
+    code = PREEMPTED
 
-class NoProgress(Exception):
+
+class NoProgress(Stopped):
     """A stop signal came before the run trained a step since it (re)started: a requeued job would stop at the
     same step again, forever (a time limit shorter than the stop signal's lead)."""
+
+    code, says = NO_PROGRESS, "pretrain: error: "
 
 
 class Trainer:
@@ -280,6 +295,16 @@ class Trainer:
         flag = torch.full((1,), float(bool(signals.received)), device=self.device)
         return bool(dev.all_reduce(flag, op=dist.ReduceOp.MAX).item())
 
+    def _ended(self, stop: Stopped) -> Stopped:
+        """Every rank, having agreed to stop: rank 0 says why, each notes the exit status (`signals.note_end`), and
+        they wait for each other before any ends: a launcher that kills the others as it sees the first exit then
+        cuts neither the line nor the note."""
+        if self.rank0:
+            print(stop.line, file=sys.stderr, flush=True)
+        signals.note_end(stop.code)
+        dev.all_reduce(torch.zeros(1, device=self.device)).item()
+        return stop
+
     def _no_progress(self) -> str:
         return signals.no_progress(signals.received, f"since resuming from step {self.step}" if self.run.resume
                                    else "of the run")
@@ -317,10 +342,11 @@ class Trainer:
                 self._log_row(out, held, self._read_norm())
                 out.close()
                 if self.step == first:
-                    raise NoProgress(self._no_progress())
+                    raise self._ended(NoProgress(self._no_progress()))
                 final = self.save()
-                raise Preempted(f"stopped by {signals.received or 'a signal to another rank'} at step {self.step}: "
-                                f"{final} written; exit {PREEMPTED}: requeue or resubmit the job to resume")
+                raise self._ended(Preempted(f"stopped by {signals.received or 'a signal to another rank'} at step "
+                                            f"{self.step}: {final} written; exit {PREEMPTED}: requeue or resubmit the "
+                                            "job to resume"))
             if self.objective.phase_index(self.step) != phase:  # e.g. ERNIE 2.0's next stage: its tasks join
                 phase = self.objective.phase_index(self.step)
                 micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)

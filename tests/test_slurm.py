@@ -153,7 +153,9 @@ class Stop:
     """A stop signal at a named moment of a job (1 node x 2 tasks, TP=2): the phase the ranks pause at
     (pretrain/signals.py `pause`; PHASE@0: rank 0 alone, the other waits in a collective), the signal (USR1: Slurm's
     time-limit warning to the batch shell, --signal=B:USR1@N; TERM: scancel), and the outcome: "no-progress" (exit 5,
-    one line), "requeued" (a checkpoint at `step`, exit 75, requeued), "completed" or "cancelled"."""
+    one line), "requeued" (a checkpoint at `step`, exit 75, requeued), "completed" or "cancelled". `late`: rank 1
+    is still ending when rank 0 exits, so the launcher kills it (and reports that kill, not the status they agreed
+    on)."""
 
     name: str
     launcher: str
@@ -164,20 +166,21 @@ class Stop:
     more: tuple = ()
     sbatch: tuple = ()
     resumed: bool = False
+    late: bool = False
 
 
 STOPS = [Stop("before-handlers", "srun", "start", "no-progress"),
          Stop("one-before-handlers", "srun", "start@1", "no-progress"),
-         Stop("imports", "srun", "imports", "no-progress"),
+         Stop("imports", "srun", "imports", "no-progress", late=True),
          Stop("build", "srun", "build", "no-progress"),
          Stop("workers-resumed", "srun", "workers", "no-progress", more=("data.num_workers=1", *LONG), resumed=True),
-         Stop("collective", "srun", "collective@0", "requeued", 1, sbatch=("--cpus-per-task=2",)),
+         Stop("collective", "srun", "collective@0", "requeued", 1, sbatch=("--cpus-per-task=2",), late=True),
          Stop("evaluation", "srun", "evaluation", "requeued", 2, more=("train.eval_interval=1",)),
          Stop("checkpoint", "srun", "checkpoint", "requeued", 2, more=("checkpoint.interval=1",)),
          Stop("last-step", "srun", "last", "completed", 3),
          Stop("scancel-build", "srun", "build", "cancelled", signal="TERM"),
          Stop("deepspeed-build", "deepspeed", "build", "no-progress"),
-         Stop("deepspeed-collective", "deepspeed", "collective@0", "requeued", 1),
+         Stop("deepspeed-collective", "deepspeed", "collective@0", "requeued", 1, late=True),
          Stop("mpirun-build", "mpirun", "build", "no-progress"),
          Stop("mpirun-collective", "mpirun", "collective@0", "requeued", 1)]
 
@@ -193,7 +196,8 @@ def stopped_job(slurm, data, tmp, resumed_from, case: Stop) -> dict:
                            *case.sbatch, SCRIPT, "bert-tiny", "--set",
                            *settings(data, out, "train.steps=3", "checkpoint.keep=0", *case.more)],
                           capture_output=True, text=True, cwd=d, timeout=60,
-                          env={**env(slurm, case.launcher), "PTM_TEST_PAUSE": f"{case.phase}:{d / 'pause'}"})
+                          env={**env(slurm, case.launcher),
+                               "PTM_TEST_PAUSE": f"{case.phase}{',exit@1' if case.late else ''}:{d / 'pause'}"})
     job = proc.stdout.strip().split(";")[0]
     paused = lambda prefix: len(list((d / "pause").glob(prefix + ".*")))  # noqa: E731
     try:
@@ -208,7 +212,7 @@ def stopped_job(slurm, data, tmp, resumed_from, case: Stop) -> dict:
             wait_until(lambda: job_state(slurm, job) in ended, timeout=120, what=f"{case.name} to end")
         else:
             wait_until(lambda: paused("signalled") == 2, timeout=120, what=f"{case.name}'s ranks to get the signal")
-        (d / "pause" / "go").touch()
+        (d / "pause" / f"go.{case.phase.split('@')[0]}").touch()
         wait_until(lambda: job_state(slurm, job) in (*ended, "REQUEUED", "PENDING"), timeout=300,
                    what=f"{case.name} to end or requeue")
         info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
@@ -217,7 +221,7 @@ def stopped_job(slurm, data, tmp, resumed_from, case: Stop) -> dict:
         subprocess.run(["scancel", job], env=slurm.env)
     field = lambda name: info.split(f"{name}=", 1)[1].split()[0] if f"{name}=" in info else None  # noqa: E731
     return {"state": field("JobState"), "exit": field("ExitCode"), "restarts": field("Restarts"), "out": out,
-            "log": (d / "log").read_text()}
+            "log": (d / "log").read_text(), "late": (d / "pause" / "exit.1").exists()}
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +245,8 @@ def test_a_stop_signal_at_any_moment_ends_requeued_or_with_the_one_line_stop(sto
     """slurm/pretrain.sbatch (--signal=B:USR1@N) under srun, the deepspeed launcher and mpirun, a stop signal at each
     phase of start-up (before ptm's handlers, during imports, while a child process runs as a build would, while
     data-loader workers start), inside a collective, during evaluation, during a checkpoint write, at the last step,
-    and scancel's SIGTERM: the job ends in exit 5 with the one line naming the time limit, the lead and the fix, or in
+    and scancel's SIGTERM, also with a rank still ending as the others exit (the launcher kills it and reports that):
+    the job ends in exit 5 with the one line naming the time limit, the lead and the fix, or in
     a complete checkpoint, exit 75 and a requeue; never FAILED otherwise, never "lost contact", never a traceback,
     never a build; each rank's torch threads are its share of the allocation's CPUs."""
     got = stopped[case.name]
@@ -253,6 +258,7 @@ def test_a_stop_signal_at_any_moment_ends_requeued_or_with_the_one_line_stop(sto
     threads = 2 if "--cpus-per-task=2" in case.sbatch else 1  # (torch alone would take both cores here)
     assert f"OMP_NUM_THREADS={threads} per task" in log
     errors = [line for line in log.splitlines() if line.startswith("pretrain: error:")]
+    assert got["late"] == case.late, log[-3000:]  # (rank 1 was still ending as rank 0 exited: the launcher killed it)
     if case.outcome == "no-progress":
         since = "since resuming from step 6" if case.resumed else "since the job (re)started" if \
             case.phase.startswith("start") else "of the run"
