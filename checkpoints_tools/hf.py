@@ -13,7 +13,7 @@ from pretrain import checkpoint as C
 from pretrain import families
 from pretrain.families.base import sentencepiece_to_fast
 from pretrain.models.config import ModelConfig
-from ptm.files import save_pretrained
+from ptm.files import install_dir, save_pretrained
 
 
 def adapter(arch: str) -> families.Adapter:
@@ -100,7 +100,14 @@ def import_tokenizer(hf_dir: str, out: str) -> None:
 def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     """Write a transformers model directory (config, safetensors weights, tokenizer) from a ptm checkpoint; a family
     whose export is two models (ELECTRA) writes the second in its subdirectory. A model whose features its family's
-    HF class does not compute is refused, one line per feature."""
+    HF class does not compute is refused, one line per feature. The directory is written whole beside `out`, then
+    replaces it (`install_dir`): an earlier export there leaves no file behind (save_pretrained into it would keep a
+    model.safetensors beside new shards, or an index naming shards no longer there); a directory that is not a model
+    directory is refused."""
+    out = out.rstrip("/") or out
+    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "config.json")):
+        raise C.CheckpointError(f"{out} holds files but no config.json: not a model directory to replace; pass a new "
+                                "or empty directory, or an earlier export")
     ckpt = C.check_complete(C.resolve(ckpt_or_run))
     meta = C.read_meta(ckpt)
     cfg = C.model_config(meta)
@@ -117,11 +124,17 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
         special = json.load(f)["special_ids"]
     configs = [family.hf_config(m, special) for _, m, _ in models]
     states = family.split(C.load_full_model(ckpt), cfg)
-    for (sub, model_cfg, cls), config, weights in zip(models, configs, states):
-        where = os.path.join(out, sub) if sub else out
-        _write_hf(family, model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
-        export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), cfg.max_position_embeddings,
-                         own=family.sentencepiece_tokenizer)
+    tmp = f"{out}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for (sub, model_cfg, cls), config, weights in zip(models, configs, states):
+            where = os.path.join(tmp, sub) if sub else tmp
+            _write_hf(family, model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
+            export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), cfg.max_position_embeddings,
+                             own=family.sentencepiece_tokenizer)
+        install_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -70,14 +70,8 @@ def resolve(path: str, work_dir: str) -> Source:
         from checkpoints_tools import hf
         from ptm.files import write_json
 
-        tmp = f"{out}.tmp{os.getpid()}"
-        hf.to_hf(ckpt, tmp)
-        write_json(os.path.join(tmp, "ptm_source.json"), source)
-        if os.path.isdir(out):
-            import shutil
-
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        hf.to_hf(ckpt, out)  # (replaces an export of another checkpoint whole)
+        write_json(stamp, source)
     return Source(path, hf_dir=out, family=family.name)
 
 

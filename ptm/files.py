@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -23,6 +24,19 @@ def write_text(path: str, text: str) -> None:
 
 def write_json(path: str, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def install_dir(tmp: str, out: str) -> None:
+    """Put the directory `tmp`, written whole, at `out`, replacing whatever directory was there (none of its files
+    stay beside the new ones): the old one steps aside, the new one takes its name, then the old one goes. A reader
+    sees the old directory or the whole new one (for a moment, neither); a crash leaves one of them whole."""
+    old = None
+    if os.path.lexists(out):
+        old = f"{out}.old{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old:
+        shutil.rmtree(old)
 
 
 def fsync_dir(path: str) -> None:

@@ -39,9 +39,17 @@ def _checkpoint(tmp_path, arch, tok_dir, nfkc=True, **features):
 def test_bert_to_hf_loads_in_transformers_with_its_tokenizer(sp_model, tmp_path):
     model, cfg = _checkpoint(tmp_path, "bert", sp_model)
     out = tmp_path / "hf"
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")  # a directory that is no export: refused, left as it was
+    refused = call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", tmp_path / "notes", check=False)
+    assert refused.returncode == 2 and "holds files but no config.json" in refused.stderr
+    assert os.listdir(tmp_path / "notes") == ["todo.txt"]
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)  # one file; then shards replace it
+    assert (out / "model.safetensors").is_file()
     call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out,  # a run dir: its latest checkpoint
              "--max-shard-size", "200KB")
     assert (out / "model.safetensors.index.json").is_file() and len(list(out.glob("model-*.safetensors"))) > 1
+    assert not (out / "model.safetensors").exists() and not list(tmp_path.glob("hf.*"))
     # weights and checkpoint shards as readable as the files beside them (safetensors 0.8 writes 0600)
     mode = lambda path: path.stat().st_mode & 0o777  # noqa: E731
     shards = list((tmp_path / "run").glob("checkpoints/step_*/shards/*.safetensors"))
