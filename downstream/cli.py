@@ -150,6 +150,7 @@ def run(argv=None) -> int:
 def _presets(names: list[str], size: str | None) -> list[str]:
     """Preset names; a family name with --size becomes FAMILY-SIZE."""
     from pretrain.config import PRESETS_DIR
+    from pretrain.yaml_config import did_you_mean
 
     known = {f.removesuffix(".yaml") for f in os.listdir(PRESETS_DIR) if f.endswith(".yaml")}
     out = []
@@ -157,8 +158,8 @@ def _presets(names: list[str], size: str | None) -> list[str]:
         pick = f"{name}-{size}" if size and f"{name}-{size}" in known else name  # (gpt is a preset, gpt-tiny too)
         pick = pick if pick in known or os.path.isfile(pick) or not size else f"{name}-{size}"
         if pick not in known and not os.path.isfile(pick):
-            raise TaskError(f"{pick!r} is not a preset ({', '.join(sorted(known)[:8])}, ...) or a YAML file; name a "
-                            "preset, or a family with --size")
+            raise TaskError(f"{pick!r} is not a preset{did_you_mean(pick, known)} ({', '.join(sorted(known)[:8])}, "
+                            "...) or a YAML file; name a preset, or a family with --size")
         out.append(pick)
     return out
 

@@ -10,6 +10,7 @@ A file may start from another one with `base: other.yaml` (relative to the file;
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -32,8 +33,15 @@ def resolve(name: str, relative_to: str, presets_dir: str) -> str:
     if os.sep not in name and os.path.isfile(preset):
         return preset
     presets = sorted(f[:-5] for f in os.listdir(presets_dir) if f.endswith(".yaml"))
-    raise ConfigError(f"config file {name} not found in {relative_to}; "
+    near = did_you_mean(name.removesuffix(".yaml"), presets)
+    raise ConfigError(f"config file {name} not found in {relative_to}{near}; "
                       f"give a path to a YAML file or a preset: {', '.join(presets)}")
+
+
+def did_you_mean(word: str, choices) -> str:
+    """" (did you mean X?)" for the choice nearest a misspelt `word`, if one is near."""
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {near[0]}?)" if near else ""
 
 
 def read(path: str, schema, presets_dir: str, chain: tuple[str, ...] = (), moved: dict[str, str] | None = None) -> dict:
@@ -152,7 +160,7 @@ def _parse(text: str, hint, item: str, key: str):
 
 def _unknown(section: str, key: str, cls) -> str:
     where = f"{section}." if section else ""
-    return (f"unknown key '{where}{key}'; valid keys of {section or 'the top level'}: "
+    return (f"unknown key '{where}{key}'{did_you_mean(key, hints(cls))}; valid keys of {section or 'the top level'}: "
             f"{', '.join(hints(cls))}")
 
 

@@ -46,6 +46,8 @@ def test_base_can_name_a_preset_and_presets_load_by_name(tmp_path):
     assert cfg.train.steps == 10 and cfg.model.hidden_size == load("bert-tiny").model.hidden_size == 128
     with pytest.raises(ConfigError, match="config file nope.yaml not found .*preset: albert-base, albert-tiny, bart-base, bart-tiny, bert-base, bert-large"):
         load("nope.yaml")
+    with pytest.raises(ConfigError, match=r"file bert-tinny not found in \S+ \(did you mean bert-tiny\?\); give"):
+        load("bert-tinny")
 
 
 def test_base_cycle_is_an_error(tmp_path):
@@ -106,7 +108,8 @@ def test_unknown_key_in_yaml_names_the_file_key_and_valid_keys(tmp_path):
     path = write(tmp_path / "bad.yaml", "optimizer:\n  lrr: 0.1\n")
     with pytest.raises(ConfigError) as e:
         load(path)
-    assert str(e.value) == f"{path}: unknown key 'optimizer.lrr'; valid keys of optimizer: {OPTIMIZER_KEYS}"
+    assert str(e.value) == (f"{path}: unknown key 'optimizer.lrr' (did you mean lr?); valid keys of optimizer: "
+                            f"{OPTIMIZER_KEYS}")
 
 
 def test_unknown_key_in_a_base_file_names_that_file(tmp_path):
@@ -114,20 +117,21 @@ def test_unknown_key_in_a_base_file_names_that_file(tmp_path):
     path = write(tmp_path / "child.yaml", "base: parent.yaml\n")
     with pytest.raises(ConfigError) as e:
         load(path)
-    assert str(e.value) == f"{bad}: unknown key 'sed'; valid keys of the top level: {TOP_KEYS}"
+    assert str(e.value) == f"{bad}: unknown key 'sed' (did you mean seed?); valid keys of the top level: {TOP_KEYS}"
 
 
 def test_unknown_key_in_a_list_of_sections(tmp_path):
     path = write(tmp_path / "bad.yaml", "ernie:\n  stages:\n    - steps: 3\n      taskz: {}\n")
-    with pytest.raises(ConfigError, match=re.escape("unknown key 'ernie.stages[0].taskz'; valid keys of "
-                                                    "ernie.stages[0]: steps, tasks")):
+    with pytest.raises(ConfigError, match=re.escape("unknown key 'ernie.stages[0].taskz' (did you mean tasks?); valid "
+                                                    "keys of ernie.stages[0]: steps, tasks")):
         load(path)
 
 
 @pytest.mark.parametrize("item, message", [
-    ("optimizer.lrr=0.1", (f"--set optimizer.lrr=0.1: unknown key 'optimizer.lrr'; valid keys of optimizer: "
-                          f"{OPTIMIZER_KEYS}")),
-    ("modle.hidden_size=8", f"--set modle.hidden_size=8: unknown key 'modle'; valid keys of the top level: {TOP_KEYS}"),
+    ("optimizer.lrr=0.1", (f"--set optimizer.lrr=0.1: unknown key 'optimizer.lrr' (did you mean lr?); valid keys of "
+                          f"optimizer: {OPTIMIZER_KEYS}")),
+    ("modle.hidden_size=8", f"--set modle.hidden_size=8: unknown key 'modle' (did you mean model?); valid keys of the "
+                            f"top level: {TOP_KEYS}"),
     ("train.steps=abc", "--set train.steps=abc: train.steps: expected int, got 'abc'"),
     ("train.steps=1.5", "--set train.steps=1.5: train.steps: expected int, got 1.5"),
     ("zero.offload=maybe", "--set zero.offload=maybe: zero.offload: expected bool, got 'maybe'"),

@@ -532,8 +532,10 @@ def test_compare_names_families_at_a_size():
 
     assert cli._presets(["gpt", "bert", "t5-small"], "tiny") == ["gpt-tiny", "bert-tiny", "t5-small"]
     assert cli._presets(["gpt"], None) == ["gpt"]  # GPT (2018) itself
-    with pytest.raises(TaskError, match="'nope-tiny' is not a preset"):
+    with pytest.raises(TaskError, match=r"'nope-tiny' is not a preset \("):
         cli._presets(["nope"], "tiny")
+    with pytest.raises(TaskError, match=r"'bret-tiny' is not a preset \(did you mean bert-tiny\?\)"):
+        cli._presets(["bret"], "tiny")
 
 
 def test_compare_with_a_mistyped_set_is_one_line(train_data, task_dir, tmp_path):
