@@ -50,7 +50,10 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
         path = os.path.join(out, "tasks", f"{task.name}.json")
         key = json.loads(json.dumps({"task": task.name, "options": options, "model": results["model"],
                                      "weights": _weights_of(source)}))
-        saved = _done(path, key)
+        saved = _broadcast(_done(path, key) if rank == 0 else None)  # (ranks decide from rank 0's reading)
+        if saved is not None and rank == 0:
+            print(f"downstream: {task.name}: the result in {path} (same model, weights and options; delete it to run "
+                  "again)", file=sys.stderr)
         if saved is None:
             run_opts = dataclasses.replace(opts, save_dir=os.path.join(out, "models", task.name) if opts.save_dir
                                            else "")

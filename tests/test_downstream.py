@@ -420,7 +420,7 @@ def test_perplexity_and_last_word_match_transformers(exports, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_eval_resumes_and_data_parallel_equals_one_process(exports, task_dir, tmp_path, monkeypatch):
+def test_eval_resumes_and_data_parallel_equals_one_process(exports, task_dir, tmp_path, monkeypatch, capsys):
     from downstream import evaluate as E
 
     small = tmp_path / "next"
@@ -454,6 +454,7 @@ def test_eval_resumes_and_data_parallel_equals_one_process(exports, task_dir, tm
     again = E.evaluate(exports["bert-tiny"], str(tmp_path / "one"), [str(small)], FT.Options(
         epochs=1, seeds=(1, 2), lrs=(1e-3,), batch_size=8, max_len=48, max_train=24, save_dir="yes", progress=False))
     assert again["tasks"]["next"]["median"] == a["median"]
+    assert f"downstream: next: the result in {tmp_path / 'one' / 'tasks' / 'next.json'} (same" in capsys.readouterr().err
 
 
 # ---- ptm compare ----------------------------------------------------------------------------------------------------
