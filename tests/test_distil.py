@@ -2,7 +2,7 @@
 two; a new student equal to every other teacher layer; training and the export as DistilBertForMaskedLM, which
 transformers loads and whose logits are ptm's. TinyBERT, from a Hugging Face teacher: its two stages, the layer-wise
 terms against a float64 reference computed from transformers' models, the export as BertForMaskedLM / BertModel; a
-missing teacher named in one line."""
+missing teacher named in one line, a teacher without an mlm head too."""
 import numpy as np
 import pytest
 import torch
@@ -231,6 +231,21 @@ def test_a_missing_teacher_is_named_in_one_line(train_data, tmp_path):
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert f"distill.teacher={tmp_path / 'nowhere'} does not exist" in last and "Traceback" not in proc.stderr, last
+
+
+@pytest.mark.parametrize("objective", ["distilbert-tiny", "tinybert-tiny"])
+def test_a_teacher_without_an_mlm_head_is_one_line(objective, tmp_path):
+    """A causal teacher (a GPT-2 directory, narrower and shallower than the student) is refused for what it is, in
+    one line, not also for the widths and depths that follow from being another model."""
+    transformers = pytest.importorskip("transformers")
+    from pretrain.config import ConfigError, load
+
+    transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000).save_pretrained(tmp_path)
+    cfg = load(objective, [f"distill.teacher={tmp_path}", "data.path=none", "model.vocab_size=1000"])
+    with pytest.raises(ConfigError) as e:
+        cfg.validate()
+    assert str(e.value) == (f"distill.teacher={tmp_path} is not a bidirectional model with an mlm head (heads ['lm']); "
+                            "the soft targets need one: pass a BERT-family teacher")
 
 
 def test_plan_counts_a_teacher_it_can_read_and_names_one_it_cannot(train_data, bert_teacher, tmp_path):

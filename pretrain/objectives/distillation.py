@@ -147,9 +147,10 @@ class Distil(Masked):
             need(False, f"distill.teacher={d.teacher}: {str(e).splitlines()[0]}")
             return None
         tp = cfg.parallel.tp
-        need("mlm" in teacher.heads and not teacher.causal,
-             f"distill.teacher={d.teacher} is not a bidirectional model with an mlm head (heads {teacher.heads}); "
-             f"the soft targets need one: pass a BERT-family teacher")
+        if "mlm" not in teacher.heads or teacher.causal:  # (what else differs then says nothing more)
+            need(False, f"distill.teacher={d.teacher} is not a bidirectional model with an mlm head (heads "
+                        f"{teacher.heads}); the soft targets need one: pass a BERT-family teacher")
+            return None
         need(not m.vocab_size or teacher.vocab_size == m.vocab_size,
              f"distill.teacher={d.teacher} has {teacher.vocab_size} words, the student {m.vocab_size}: they must "
              f"share the tokenizer")
