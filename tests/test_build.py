@@ -341,3 +341,14 @@ def test_freed_chunk_memory_is_kept_for_the_next(small, sp_model, tmp_path, monk
                                 check=True).stdout.split() for how in ("keep", "default")}
     assert runs["keep"][0] == "True" and int(runs["keep"][1]) <= 1, runs  # MB given back
     assert int(runs["default"][1]) >= 15, runs
+
+
+def test_inspect_shows_every_word_of_its_samples(train_data):
+    """`data_prep inspect`'s "first words" of every document: a word that is a lone space piece (sentencepiece's ▁
+    before a piece it did not merge with) shows as ␣, not as nothing between two slashes."""
+    from data_prep.inspect import inspect
+
+    report = inspect(train_data, samples=1000).splitlines()
+    shown = [line.removeprefix("  first words: ").split(" / ") for line in report if line.startswith("  first words: ")]
+    assert len(shown) > 600 and all(all(words) for words in shown), shown
+    assert any("␣" in words for words in shown)
