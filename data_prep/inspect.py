@@ -59,8 +59,8 @@ def inspect(directory: str, samples: int = 1, seed: int = 0, top: int = 20) -> s
         text = " | ".join(sents)
         out += [f"  {text[:1500]}{' ...' if len(text) > 1500 else ''}", ""]
         words = np.flatnonzero(corpus.word_start(i)).tolist() + [len(ids)]
-        out.append("  first words: " + " / ".join(tok.decode(ids[a:b]).strip() or "␣"  # (a word of a lone space piece)
-                                                 for a, b in zip(words[:12], words[1:13])))
+        shown = [tok.decode(ids[a:b]).strip() or "␣" for a, b in zip(words[:12], words[1:13])]  # ␣: a lone space
+        out.append("  first words: " + " / ".join(shown))
         for kind, spans in (("phrases", corpus.phrase_spans(i)), ("entities", corpus.entity_spans(i))):
             if len(spans):
                 out.append(f"  {kind}: " + ", ".join(tok.decode(ids[a:b]).strip() for a, b in spans[:10].tolist()))
