@@ -265,9 +265,14 @@ def train_sentencepiece(sentences: list[str], directory: str, *, vocab_size: int
             split_digits=True, max_sentence_length=1 << 16, input_sentence_size=0,
             num_threads=threads, minloglevel=2,
         )
-    except RuntimeError as e:
-        raise PrepError(f"cannot train a {vocab_size}-piece {model_type} tokenizer on this corpus "
-                        f"({str(e).strip().splitlines()[-1]}); change --vocab-size") from None
+    except RuntimeError as e:  # "INTERNAL: src/FILE.cc(LINE) [CHECK] What went wrong. What sentencepiece advises."
+        reason = re.sub(r"^[A-Z_]+: \S+\(\d+\) \[.*?\] ", "", str(e).strip().splitlines()[-1])
+        chars = re.search(r"smaller than required_chars\. \d+ vs (\d+)", reason)
+        if chars:  # (its advice, to lower --character_coverage, names no option of data_prep's)
+            raise PrepError(f"--vocab-size {vocab_size} is below the {chars[1]} pieces this corpus needs at least (a "
+                            "piece per character, 256 byte-fallback pieces and the special tokens); raise it") from None
+        raise PrepError(f"cannot train a {vocab_size}-piece {model_type} tokenizer on this corpus ({reason}); change "
+                        "--vocab-size") from None
     os.makedirs(directory, exist_ok=True)
     write_bytes(os.path.join(directory, "spm.model"), model.getvalue())
     return Tokenizer("sentencepiece", directory, ["spm.model"], threads=threads).save(directory)

@@ -1,6 +1,7 @@
 """Determinism across workers and partitions, crash safety and resume, verify, and input errors."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -242,6 +243,15 @@ def test_input_errors_are_one_clear_line(sp_model, tmp_path):
     assert "--format" in _error("build", tmp_path / "weird.xyz", "--out", out)
     assert "train-tokenizer" in _error("build", good, "--out", tmp_path / "p", "--num-partitions", 2)
     assert "tokenizer not found" in _error("build", good, "--out", out, "--tokenizer", tmp_path / "none.model")
+    text = write_jsonl(tmp_path / "text.jsonl", [{"text": "这是一个测试。你好世界，今天天气很好。" * 3}, {"text": "some English."}])
+    for size, line in ((20, r"--vocab-size 20 is below the (\d+) pieces this corpus needs at least \(a piece per "
+                            r"character, 256 byte-fallback pieces and the special tokens\); raise it"),
+                       (5000, r"cannot train a 5000-piece unigram tokenizer on this corpus \(Vocabulary size too high "
+                              r"\(5000\)\. Please set it to a value <= (\d+)\.\); change --vocab-size")):
+        proc = run_cli("data_prep", "train-tokenizer", text, "--out", tmp_path / "t", "--vocab-size", size, check=False)
+        said = proc.stderr.strip().splitlines()[-1]  # (after the line that says what it trains)
+        assert proc.returncode == 2 and re.fullmatch("data_prep: error: " + line, said), proc.stderr
+        assert 256 < int(re.fullmatch("data_prep: error: " + line, said)[1]) < 5000
 
 
 def test_bad_records_skipped_are_counted_and_listed(sp_model, tmp_path):
