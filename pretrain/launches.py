@@ -189,9 +189,11 @@ def narrow(cfg: Config, accumulation: int, out_dir: str, width: int = HEAD_WIDTH
     """`cfg` at a width where compute is nothing, on one process with `accumulation` micro-batches of one sample,
     the kernels a GPU runs (`optimizer.multi_tensor=on`; attention dropout off, so that SDPA takes a fused kernel
     here as it does on a GPU, where its dropout is inside the kernel; eager blocks, the unfused loss), nothing saved
-    or evaluated."""
+    or evaluated, with data.path's vocabulary (a preset's, e.g. bert-base's 30522 words, would not fit the dataset;
+    the launches do not depend on it)."""
     c = copy.deepcopy(cfg)
     m = c.model
+    m.vocab_size = 0
     if families.get(m.arch).attends:  # (a model without heads, ELMo's biLM, is counted at its own widths)
         hidden = m.num_heads * width
         if m.embedding_size and m.embedding_size != m.hidden_size:  # a factorised embedding stays factorised
