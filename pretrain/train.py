@@ -61,6 +61,9 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.run = resolve(cfg)
         self.cfg, self.objective = cfg, self.run.objective
+        self._built: dict = {}  # phase index -> (train, valid) sources
+        self._sources((self.run.meta or {}).get("step", 0))  # first: a dataset the objective cannot sample (e.g.
+        # built without the sentences it needs) is refused before the model is built and DeepSpeed starts
         self.world, self.dp, self.dp_rank = self.run.world, mcore.dp_size(), mcore.dp_rank()
         self.rank0 = dist.get_rank() == 0
         self.device = dev.device()
@@ -88,7 +91,6 @@ class Trainer:
         self._norm: torch.Tensor | float | None = None
         self._previous_norm: float | None = None
         self.resumed_from = None
-        self._built: dict = {}  # phase index -> (train, valid) sources
         if self.run.resume:
             self._restore()
 

@@ -97,3 +97,19 @@ def test_verify_checks_the_columns_against_the_recorded_structure(builds, tmp_pa
         manifest["options"]["text"]["structure"] = claimed
         (copy / "manifest.json").write_text(json.dumps(manifest))
         assert any(problem in p for p in verify(str(copy))), verify(str(copy))
+
+
+def test_training_refuses_such_a_dataset_before_building_the_model(builds, tmp_path, monkeypatch):
+    """`ptm train` on a dataset without the structure its objective needs stops with the sampler's line before the
+    model is built and DeepSpeed starts (the sources are built first)."""
+    from pretrain import models
+    from pretrain.config import ConfigError, load
+    from pretrain.train import Trainer
+
+    built = []
+    monkeypatch.setattr(models, "build", lambda *a, **k: built.append(a))
+    cfg = load("bert-tiny", [f"data.path={builds['none']}", "data.seq_len=32", "model.max_position_embeddings=32",
+                             f"out_dir={tmp_path / 'run'}", "data.num_workers=0"])
+    with pytest.raises(ConfigError, match="built with --structure none, without the sentences that token masking"):
+        Trainer(cfg)
+    assert built == []
