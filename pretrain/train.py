@@ -61,9 +61,10 @@ class Trainer:
     def __init__(self, cfg: Config):
         self.run = resolve(cfg)
         self.cfg, self.objective = cfg, self.run.objective
+        self._check_start()
         self._built: dict = {}  # phase index -> (train, valid) sources
-        self._sources((self.run.meta or {}).get("step", 0))  # first: a dataset the objective cannot sample (e.g.
-        # built without the sentences it needs) is refused before the model is built and DeepSpeed starts
+        self._sources((self.run.meta or {}).get("step", 0))  # then the data: a dataset the objective cannot sample
+        # (e.g. built without the sentences it needs) is refused before the model is built and DeepSpeed starts
         self.world, self.dp, self.dp_rank = self.run.world, mcore.dp_size(), mcore.dp_rank()
         self.rank0 = dist.get_rank() == 0
         self.device = dev.device()
@@ -96,16 +97,27 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------------
 
+    def _check_start(self) -> None:
+        """Refuse, before anything is built, a checkpoint to resume of another model config, tokenizer, objective or
+        dataset, and a checkpoint.init_from of another tokenizer."""
+        if self.run.resume:
+            problems = C.resume_mismatches(self.run.resume, self.run.meta, self.cfg, self.run.identity)
+            if problems:
+                raise C.CheckpointError("\n".join(problems))
+        elif self.run.init:
+            theirs, mine = C.tokenizer_sha256(self.run.init), self.run.identity["tokenizer_sha256"]
+            if theirs not in (None, mine):
+                raise C.CheckpointError(f"checkpoint.init_from={self.run.init} has another tokenizer (sha256 "
+                                        f"{theirs[:12]}) than data.path (sha256 {mine[:12]}); build the dataset with "
+                                        f"--tokenizer {os.path.join(self.run.init, 'tokenizer')}")
+
     def _load_resumed(self, model) -> None:
-        """Refuse a checkpoint of another model, tokenizer, objective or dataset; else load its weights."""
+        """Refuse a checkpoint whose parameters differ from this model's; else load its weights."""
         resume, meta = self.run.resume, self.run.meta
-        problems = C.resume_mismatches(resume, meta, self.cfg, self.run.identity)
-        if not problems and meta["params"] != self.params:
+        if meta["params"] != self.params:
             odd = sorted(n for n in set(self.params) | set(meta["params"]) if self.params.get(n) != meta["params"].get(n))
-            problems = [f"{resume} does not fit this model (parameters {odd[:3]} differ); use its config.yaml "
-                        "or another out_dir"]
-        if problems:
-            raise C.CheckpointError("\n".join(problems))
+            raise C.CheckpointError(f"{resume} does not fit this model (parameters {odd[:3]} differ); use its "
+                                    "config.yaml or another out_dir")
         pieces = C.Pieces(resume)
         model.load_state_dict({n: pieces.shard("param", n, mcore.tp_rank(), mcore.tp_size()) for n in pieces.params},
                               strict=False)
@@ -126,12 +138,7 @@ class Trainer:
             f"tp={meta['tp']} dp={meta['dp']} zero={meta.get('zero_stage')}")
 
     def _init_from(self, model, ckpt: str) -> None:
-        """Weights from a checkpoint of a model of this shape, trained with the dataset's tokenizer."""
-        theirs, mine = C.tokenizer_sha256(ckpt), self.run.identity["tokenizer_sha256"]
-        if theirs not in (None, mine):
-            raise C.CheckpointError(f"checkpoint.init_from={ckpt} has another tokenizer (sha256 {theirs[:12]}) than "
-                                    f"data.path (sha256 {mine[:12]}); build the dataset with --tokenizer "
-                                    f"{os.path.join(ckpt, 'tokenizer')}")
+        """Weights from a checkpoint of a model of this shape (its tokenizer is the dataset's: `_check_start`)."""
         state = C.load_model_shard(ckpt, mcore.tp_rank(), self.cfg.parallel.tp,
                                    vocab_rows=padded_vocab_size(self.cfg.model))
         missing, unexpected = model.load_state_dict(state, strict=False)

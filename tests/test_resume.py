@@ -309,6 +309,9 @@ def test_resume_refuses_another_model_objective_tokenizer_or_dataset(trained_ber
     proc, lines = train_cli(*base, f"data.path={other_tokenizer}")
     assert len(lines) == 1 and "tokenizer sha256" in lines[0], proc.stderr
     assert re.search(r"model.vocab_size=\d+ \(checkpoint: \d+\)", lines[0]) and "vocabulary size" not in lines[0]
+    proc, lines = train_cli(*base, f"data.path={other_tokenizer}", "model.vocab_size=0", f"out_dir={tmp_path / 'new'}")
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "tokenizer has no " in lines[0] and "mask" in lines[0], lines  # (GPT-2's BPE: no [MASK] to mask with)
     other_data = tmp_path / "other"
     quick_build([os.path.join(corpus["dir"], "en.jsonl")], other_data, tokenizer=sp_model)
     proc, lines = train_cli(*base, f"data.path={other_data}")
