@@ -110,16 +110,14 @@ def note_end(code: int) -> None:
     nothing). A launcher that sees one rank exit kills the ranks still ending (srun --kill-on-bad-exit) and reports
     that kill, not the status the ranks agreed on; the script reads this note instead. Atomic; callable from any
     thread."""
+    from ptm.files import write_text  # (stdlib only)
+
     path = os.environ.get(END_ENV)
-    if not path:
-        return
-    part = f"{path}.{os.getpid()}"
-    try:
-        with open(part, "w") as f:
-            f.write(str(code))
-        os.replace(part, path)
-    except OSError:
-        pass
+    if path:
+        try:
+            write_text(path, str(code))
+        except OSError:
+            pass
 
 
 def no_progress(signal_name: str | None, since: str) -> str:

@@ -61,13 +61,14 @@ class Masker:
         self.span_p, self.max_span_words = span_p, max_span_words
         self.mask_fraction, self.random_fraction = mask_fraction, random_fraction
         self.similar = similar if strategy == "correction" else None
-        missing = [k for k in ("pad", "cls", "sep", "mask", "eod") if k not in special_ids]
+        special = ("pad", "cls", "sep", "mask", "eod")
+        missing = [k for k in special if k not in special_ids]
         if missing:  # (e.g. GPT-2's byte-level BPE vocabulary)
             raise ValueError(f"the dataset's tokenizer has no {', '.join(missing)} token, which {strategy} masking "
                              "needs; build it with a tokenizer that has them (data_prep's sentencepiece or WordPiece)")
         self.mask_id = special_ids["mask"]
         self.unmaskable = np.zeros(vocab_size, dtype=bool)  # by token id
-        self.unmaskable[[special_ids[k] for k in ("pad", "cls", "sep", "mask", "eod")]] = True
+        self.unmaskable[[special_ids[k] for k in special]] = True
         self.random_ids = np.setdiff1d(np.arange(vocab_size), list(special_ids.values()))
         level = knowledge_level if strategy == "knowledge" else "token"
         self.span_kinds = KNOWLEDGE_LEVELS[level]  # which of the dataset's spans __call__ needs
