@@ -33,7 +33,7 @@ import pyarrow as pa
 from data_prep import PrepError
 from data_prep import text as T
 from data_prep.encode import DocEncoder, EncodedChunk
-from data_prep.shards import SHARD_SUFFIX, ShardWriter, to_numpy, write_table_atomic
+from data_prep.shards import SHARD_SUFFIX, ShardWriter, shard_entry, to_numpy, write_table_atomic
 from data_prep.sources import Chunk, Fields, detect_format, expand_inputs, parse_jsonl, read_chunks, read_records
 from data_prep.tokenizer import Tokenizer, load_tokenizer, train_byte_bpe, train_sentencepiece
 from ptm.files import sha256_file, write_json, write_text
@@ -115,8 +115,12 @@ def _entities(path: str | None, opts: T.TextOptions) -> list[str]:
         return []
     if not os.path.isfile(path):
         raise PrepError(f"entity dictionary not found: {path}; pass a UTF-8 file with one entity per line")
-    with open(path, encoding="utf-8") as f:
-        return [e for line in f if (e := T.normalize(line, opts))]
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [e for line in f if (e := T.normalize(line, opts))]
+    except UnicodeDecodeError as e:
+        raise PrepError(f"entity dictionary {path} is not UTF-8 ({e.reason} at byte {e.start}); convert it to UTF-8 "
+                        "(e.g. iconv -t utf-8)") from None
 
 
 # ---- records -> outcomes, in worker processes -------------------------------------------------------
@@ -260,6 +264,8 @@ def sample_sentences(files: list[str], opts: BuildOptions) -> list[str]:
 
 
 def train_tokenizer(files: list[str], opts: BuildOptions, directory: str) -> Tokenizer:
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise PrepError(f"{directory} is a file, not a directory for the tokenizer; choose another --out")
     t0 = time.time()
     sentences = sample_sentences(files, opts)
     kind = "byte-level BPE" if opts.model_type == "byte_bpe" else f"{opts.model_type} sentencepiece"
@@ -617,7 +623,8 @@ def build(opts: BuildOptions) -> dict | None:
         opts = dataclasses.replace(opts, num_partitions=comm.size, partition=comm.rank,
                                    progress=opts.progress and comm.rank == 0)
     if opts.partition is not None and not 0 <= opts.partition < opts.num_partitions:
-        raise PrepError(f"--partition {opts.partition} is outside 0..{opts.num_partitions - 1}")
+        raise PrepError(f"--partition {opts.partition} is outside 0..{opts.num_partitions - 1} (--num-partitions "
+                        f"{opts.num_partitions})")
     if not 1 << 12 <= opts.shard_size <= 1 << 30:
         raise PrepError(f"--shard-size {opts.shard_size} must be between 4 KiB and 1 GiB")
     structure = opts.text.structure
@@ -626,7 +633,7 @@ def build(opts: BuildOptions) -> dict | None:
                         "keeps none: pass --structure sentences or more")
     if opts.entities and not T.has(structure, "full"):
         raise PrepError(f"--entities records entity spans, which only --structure full keeps (not {structure})")
-    files = expand_inputs(opts.inputs, opts.format)
+    files = expand_inputs(opts.inputs, opts.format, opts.out)
 
     def start() -> dict | None:
         """Rank 0's part before the partitions: the finished manifest when there is nothing to do; else None,
@@ -636,11 +643,18 @@ def build(opts: BuildOptions) -> dict | None:
             if not opts.overwrite:
                 with open(manifest_path) as f:
                     old = json.load(f)
-                if old.get("options") == json.loads(json.dumps(opts.content_options(), default=str)):
+                options = json.loads(json.dumps(opts.content_options(), default=str))
+                sources = {s["path"]: s["bytes"] for s in old.get("sources", [])}  # the files, however named
+                changed = _changes(old.get("options", {}), options, with_inputs=not sources)
+                now = {os.path.abspath(f): os.path.getsize(f) for f in files}
+                changed += [f"{f}: {sources.get(f, 'not an input')} -> {now.get(f, 'not an input')} bytes"
+                            for f in sorted(set(sources) | set(now)) if sources.get(f) != now.get(f)][:3]
+                if not changed:
                     _log(f"{opts.out} is already built with these options; nothing to do")
+                    _finished(opts.out)
                     return old
-                raise PrepError(f"{opts.out} already holds a finished dataset built with other options; "
-                                "pass --overwrite or choose another --out")
+                raise PrepError(f"{opts.out} already holds a finished dataset built from other options or inputs "
+                                f"({'; '.join(changed)}); pass --overwrite or choose another --out")
             _clear(opts.out)
         _check_output(opts)
         tok = prepare_tokenizer(files, dataclasses.replace(opts, num_partitions=1) if comm else opts)
@@ -696,9 +710,14 @@ def _journalled_shards(out: str) -> int:
     return n
 
 
-def _flat(options: dict) -> dict:
-    """Options with the nested ones (text options) lifted to the top."""
-    return {k: v for key, x in options.items() for k, v in (x.items() if isinstance(x, dict) else [(key, x)])}
+def _changes(was: dict, options: dict, with_inputs: bool = False) -> list[str]:
+    """`KEY OLD -> NEW` for each content option that differs (the text options lifted to the top)."""
+    def flat(o: dict) -> dict:
+        return {k: v for key, x in o.items() for k, v in (x.items() if isinstance(x, dict) else [(key, x)])}
+
+    was, options = flat(was), flat(options)
+    return [f"{k} {was.get(k)!r} -> {v!r}" for k, v in options.items()
+            if was.get(k) != v and (with_inputs or k != "inputs")]
 
 
 def record_build(opts: BuildOptions, files: list[str], fingerprint: str) -> None:
@@ -713,8 +732,7 @@ def record_build(opts: BuildOptions, files: list[str], fingerprint: str) -> None
             old = json.load(f)
         shards = _journalled_shards(opts.out)
         if old.get("fingerprint") != fingerprint and shards:
-            options, was = _flat(record["options"]), _flat(old.get("options", {}))
-            changed = [f"{k} {was.get(k)!r} -> {v!r}" for k, v in options.items() if was.get(k) != v and k != "inputs"]
+            changed = _changes(old.get("options", {}), record["options"])
             if old.get("num_partitions") != opts.num_partitions:
                 changed.append(f"num_partitions {old.get('num_partitions')} -> {opts.num_partitions}")
             if old.get("files") != files:
@@ -728,7 +746,8 @@ def record_build(opts: BuildOptions, files: list[str], fingerprint: str) -> None
 
 def _dedup_across_partitions(out: str, journals: list[dict]) -> int:
     """Drop documents already seen in an earlier partition (partitions de-duplicate only themselves);
-    shards that lose rows are rewritten atomically. Returns the number of documents dropped."""
+    shards that lose rows are rewritten atomically. A shard with fewer rows than its journal entry lost them to a
+    run cut short: its entry is brought up to date too. Returns the number of documents dropped."""
     seen: set[int] = set()
     dropped = 0
     for journal in journals:
@@ -743,12 +762,18 @@ def _dedup_across_partitions(out: str, journals: list[dict]) -> int:
                 for i, h in enumerate(hashes.tolist()):
                     keep[i] = h not in seen
                     seen.add(h)
-                if keep.all():
-                    continue
-                kept = batch.filter(pa.array(keep))
-            dropped += int((~keep).sum())
-            entry.update(write_table_atomic(path, kept, kept.schema))
+                if not keep.all():
+                    batch = batch.filter(pa.array(keep))
+                    write_table_atomic(path, batch, batch.schema)
+                if batch.num_rows != entry["num_documents"]:
+                    dropped += entry["num_documents"] - batch.num_rows
+                    entry.update(shard_entry(path, batch))
     return dropped
+
+
+def _finished(out: str) -> None:
+    """What a finished build (its manifest written last) left of its work when it was cut short: removed."""
+    shutil.rmtree(os.path.join(out, PARTIAL), ignore_errors=True)
 
 
 def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None = None) -> dict:
@@ -804,6 +829,9 @@ def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None
             labels = to_numpy(pa.ipc.open_file(src).get_batch(0).column("label"))
             max_label = max(max_label, int(labels.max()) if len(labels) else -1)
     rejects = [r for j in journals for e in j["shards"] for r in e["rejects"]]
+    unlisted = sum(stats["skipped"].values()) - len(rejects)
+    if unlisted > 0:
+        rejects.append(f"... and {unlisted:,} more, not listed (at most {MAX_REJECTS_PER_SHARD:,} a shard)")
     if rejects:
         write_text(os.path.join(out, "rejects.txt"), "\n".join(rejects) + "\n")
     from data_prep.shards import COLUMNS, token_type
@@ -831,5 +859,5 @@ def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None
         "options": content,
     }
     write_json(os.path.join(out, MANIFEST), manifest)
-    shutil.rmtree(os.path.join(out, PARTIAL), ignore_errors=True)
+    _finished(out)
     return manifest

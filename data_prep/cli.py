@@ -40,8 +40,10 @@ def _input_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-nfkc", dest="nfkc", action="store_false", help="skip Unicode NFKC normalisation")
     g.add_argument("--whitespace", choices=["collapse", "keep"], default="collapse",
                    help="collapse runs of spaces and blank lines (default) or keep the text's whitespace as is")
-    g.add_argument("--min-chars", type=int, default=1, help="drop documents shorter than this after cleaning")
-    g.add_argument("--max-chars", type=int, default=0, help="drop documents longer than this (0: no limit)")
+    g.add_argument("--min-chars", type=whole("a length in characters (0, 1, ...)", 0), default=1,
+                   help="drop documents shorter than this after cleaning")
+    g.add_argument("--max-chars", type=whole("a length in characters (0: no limit)", 0), default=0,
+                   help="drop documents longer than this (0: no limit)")
     g.add_argument("--seed", type=int, default=1234, help="seed for the tokenizer's sentence sample")
 
 
@@ -53,11 +55,11 @@ def _tokenizer_options(p: argparse.ArgumentParser) -> None:
                    help="unigram or bpe: a sentencepiece model with BERT's specials [PAD] [UNK] [CLS] [SEP] [MASK] "
                         "(byte fallback); byte_bpe: a byte-level BPE (vocab.json + merges.txt, as GPT-2 and RoBERTa) "
                         "with RoBERTa's specials <s> <pad> </s> <unk> <mask>")
-    g.add_argument("--num-unused", type=int, default=100,
+    g.add_argument("--num-unused", type=whole("a count (0, 1, ...)", 0), default=100,
                    help="reserved [unusedN] tokens after the specials (sentencepiece)")
-    g.add_argument("--sentinels", type=int, default=0,
+    g.add_argument("--sentinels", type=whole("a count (0, 1, ...; T5: 100)", 0), default=0,
                    help="T5's span-corruption sentinels <extra_id_0..N-1>, appended after the vocabulary (T5: 100)")
-    g.add_argument("--tokenizer-sample", type=int, default=1_000_000,
+    g.add_argument("--tokenizer-sample", type=whole("a count of sentences (1, 2, ...)"), default=1_000_000,
                    help="sentences sampled (uniformly, seeded) from the corpus to train on; bounds time and memory")
 
 
@@ -92,26 +94,27 @@ def parser() -> argparse.ArgumentParser:
     g = b.add_argument_group("tokenizer")
     g.add_argument("--tokenizer", metavar="PATH",
                    help="reuse a tokenizer: sentencepiece .model, WordPiece vocab.txt, GPT-2 vocab.json (+merges.txt), "
-                        "or another dataset's directory. Default: train a sentencepiece model on this corpus")
+                        "or another dataset's directory. Default: train one on this corpus (--model-type)")
     g.add_argument("--max-unk-rate", type=float, default=0.05,
                    help="fail when more than this fraction of tokens is [UNK] in the first 1000 documents")
     _tokenizer_options(b)
     g = b.add_argument_group("output and parallelism")
     g.add_argument("--shard-size", type=size_arg, default=256 << 20, help="maximum shard size (default 256MB)")
-    g.add_argument("--workers", type=int, default=1, help="tokenizer processes on this node")
-    g.add_argument("--num-partitions", type=int, default=1,
+    g.add_argument("--workers", type=whole("a count (1, 2, ...)"), default=1, help="tokenizer processes on this node")
+    g.add_argument("--num-partitions", type=whole("a count (1, 2, ...)"), default=1,
                    help="split the inputs into this many partitions (one per Slurm array task or node)")
-    g.add_argument("--partition", type=int,
+    g.add_argument("--partition", type=whole("a partition (0, 1, ...)", 0),
                    help="build only this partition (0-based); then run `finalize`. Under mpirun each rank "
                         "builds its own partition and rank 0 finalizes")
     g.add_argument("--overwrite", action="store_true", help="replace a finished dataset in --out")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
-    t = sub.add_parser("train-tokenizer", help="train a sentencepiece model (for partitioned builds)",
-                       description="Train the sentencepiece model a partitioned build shares; pass its "
+    t = sub.add_parser("train-tokenizer", help="train a tokenizer (for partitioned builds)",
+                       description="Train the tokenizer a partitioned build shares; pass its "
                                    "directory to build --tokenizer.")
     _input_options(t)
-    t.add_argument("--out", required=True, help="directory for spm.model and ptm_tokenizer.json")
+    t.add_argument("--out", required=True, help="directory for the tokenizer (spm.model, or vocab.json and merges.txt) "
+                                                 "and ptm_tokenizer.json")
     t.add_argument("--on-error", choices=["fail", "skip"], default="fail",
                    help="unreadable records (invalid UTF-8, malformed JSON, missing field): stop with the file "
                         "and line (default), or leave them out of the sample")
@@ -127,9 +130,9 @@ def parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("inspect", help="counts, length histogram, decoded samples, top tokens")
     i.add_argument("dir", help="dataset directory")
-    i.add_argument("--samples", type=int, default=1, help="decoded documents to show")
+    i.add_argument("--samples", type=whole("a count (0, 1, ...)", 0), default=1, help="decoded documents to show")
     i.add_argument("--seed", type=int, default=0, help="which documents to sample")
-    i.add_argument("--top", type=int, default=20, help="most frequent tokens to list")
+    i.add_argument("--top", type=whole("a count (0, 1, ...)", 0), default=20, help="most frequent tokens to list")
 
     w = sub.add_parser("words", help="a word-level dataset (ELMo) from a dataset's words, with the vocabulary",
                        description="Each document's words (runs of tokens from one word start to the next, decoded), "
@@ -137,8 +140,9 @@ def parser() -> argparse.ArgumentParser:
                                    "then the words by descending count) and counts.tsv; built as a dataset.")
     w.add_argument("dir", help="a dataset built with --structure words or full")
     w.add_argument("--out", required=True, help="word dataset directory to create")
-    w.add_argument("--min-count", type=int, default=1, help="words seen fewer times become <UNK> (default 1)")
-    w.add_argument("--workers", type=int, default=1, help="build processes")
+    w.add_argument("--min-count", type=whole("a count (1, 2, ...)"), default=1,
+                   help="words seen fewer times become <UNK> (default 1)")
+    w.add_argument("--workers", type=whole("a count (1, 2, ...)"), default=1, help="build processes")
     w.add_argument("--overwrite", action="store_true", help="replace a finished dataset in --out")
     w.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
@@ -147,7 +151,8 @@ def parser() -> argparse.ArgumentParser:
                                    "vocabulary: the shards are linked, not rebuilt (text never encodes to a sentinel).")
     s.add_argument("dir", help="a finished dataset directory")
     s.add_argument("--out", required=True, help="the new dataset directory")
-    s.add_argument("--count", type=int, default=100, help="sentinels to add (T5: 100)")
+    s.add_argument("--count", type=whole("a count (1, 2, ...; T5: 100)"), default=100,
+                   help="sentinels to add (T5: 100)")
     c = sub.add_parser("corpus", help="write the embedded default corpus (real English and Chinese text)",
                        description="English: docstrings of Python's standard library. Chinese: Debian's "
                                    "fortunes-zh (installed by scripts/setup.sh).")
@@ -185,7 +190,7 @@ def run(argv=None) -> int:
                             model_type=a.model_type, num_unused=a.num_unused, sentinels=a.sentinels,
                             tokenizer_sample=a.tokenizer_sample,
                             seed=a.seed, on_error=a.on_error)
-        tok = train_tokenizer(expand_inputs(a.inputs, a.format), opts, a.out)
+        tok = train_tokenizer(expand_inputs(a.inputs, a.format, a.out), opts, a.out)
         print(f"wrote {tok.kind} tokenizer ({tok.vocab_size} pieces) to {a.out}")
     elif a.command == "finalize":
         from data_prep.build import finalize

@@ -51,16 +51,17 @@ def inspect(directory: str, samples: int = 1, seed: int = 0, top: int = 20) -> s
     rng = np.random.default_rng(seed)
     for i in sorted(rng.choice(len(corpus), size=min(samples, len(corpus)), replace=False).tolist()):
         ids, starts = corpus.tokens(i), corpus.sentence_starts(i)
-        bounds = [*starts.tolist(), len(ids)]
+        bounds = [*(starts.tolist() or [0]), len(ids)]  # (--structure none records no sentences: one run)
         sents = [tok.decode(ids[a:b]).strip() for a, b in zip(bounds[:-1], bounds[1:])]
         shard = m["sources"][int(corpus._locate(i)[0].batch.column("source_file")[corpus._locate(i)[1]].as_py())]
-        out.append(f"document {i} ({len(ids)} tokens, {len(sents)} sentences, from {shard['path']}), "
+        out.append(f"document {i} ({len(ids)} tokens, {len(starts)} sentences, from {shard['path']}), "
                    "sentences separated by ' | ':")
         text = " | ".join(sents)
         out += [f"  {text[:1500]}{' ...' if len(text) > 1500 else ''}", ""]
         words = np.flatnonzero(corpus.word_start(i)).tolist() + [len(ids)]
         shown = [tok.decode(ids[a:b]).strip() or "␣" for a, b in zip(words[:12], words[1:13])]  # ␣: a lone space
-        out.append("  first words: " + " / ".join(shown))
+        if shown:
+            out.append("  first words: " + " / ".join(shown))
         for kind, spans in (("phrases", corpus.phrase_spans(i)), ("entities", corpus.entity_spans(i))):
             if len(spans):
                 out.append(f"  {kind}: " + ", ".join(tok.decode(ids[a:b]).strip() for a, b in spans[:10].tolist()))

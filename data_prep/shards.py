@@ -100,6 +100,11 @@ def write_table_atomic(path: str, table_or_batch, schema_: pa.Schema) -> dict:
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    return shard_entry(path, batch)
+
+
+def shard_entry(path: str, batch: pa.RecordBatch) -> dict:
+    """The manifest entry of the shard at `path`, which holds `batch`."""
     ids = batch.column("input_ids")
     return {
         "file": os.path.basename(path),

@@ -77,15 +77,20 @@ def detect_format(path: str, forced: str | None) -> str | None:
     return _EXT.get(os.path.splitext(stem)[1].lower())
 
 
-def expand_inputs(inputs: list[str], forced_format: str | None) -> list[str]:
-    """Files named by paths, directories (recursively, known extensions only) and globs, in a stable order."""
+def expand_inputs(inputs: list[str], forced_format: str | None, out: str | None = None) -> list[str]:
+    """Files named by paths, directories (recursively, known extensions only; not the output directory `out`
+    within them) and globs, in a stable order."""
     files: list[str] = []
+    skip = os.path.realpath(out) if out else None
+
+    def walk(top: str):
+        for root, dirs, names in os.walk(top):
+            dirs[:] = [d for d in dirs if os.path.realpath(os.path.join(root, d)) != skip]
+            yield from (os.path.join(root, f) for f in names)
+
     for item in inputs:
         if os.path.isdir(item):
-            found = sorted(
-                os.path.join(root, f) for root, _, names in os.walk(item) for f in names
-                if detect_format(f, forced_format) is not None
-            )
+            found = sorted(f for f in walk(item) if detect_format(f, forced_format) is not None)
             if not found:
                 raise PrepError(f"input directory {item} holds no .txt/.jsonl/.parquet/.arrow files; "
                                 "point at the files or pass --format")
@@ -93,7 +98,8 @@ def expand_inputs(inputs: list[str], forced_format: str | None) -> list[str]:
         elif os.path.isfile(item):
             files.append(item)
         elif any(c in item for c in "*?["):
-            found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+            found = sorted(p for p in glob.glob(item, recursive=True)
+                           if os.path.isfile(p) and not (skip and os.path.realpath(p).startswith(skip + os.sep)))
             if not found:
                 raise PrepError(f"input glob {item!r} matches no files; check the pattern")
             files += found
@@ -109,10 +115,44 @@ def _open_binary(path: str):
     if path.endswith(".gz"):
         return gzip.open(path, "rb")
     if path.endswith(".zst"):
+        return io.BufferedReader(_Zstd(path))
+    return open(path, "rb")
+
+
+class _Zstd(io.RawIOBase):
+    """A .zst file's bytes, frame after frame. One that ends inside a frame raises EOFError, as gzip does for a
+    truncated file (zstandard's readers end quietly there)."""
+
+    def __init__(self, path: str):
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
-    return open(path, "rb")
+        self._new, self._file = zstandard.ZstdDecompressor().decompressobj, open(path, "rb")
+        self._frame, self._inside, self._out = self._new(), False, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._out:
+            raw = self._file.read(1 << 17)
+            if not raw:
+                if self._inside:
+                    raise EOFError("the file ends inside a zstd frame (truncated)")
+                return 0
+            out = []
+            while raw:
+                out.append(self._frame.decompress(raw))
+                self._inside, raw = not self._frame.eof, b""
+                if self._frame.eof:
+                    raw, self._frame = self._frame.unused_data, self._new()
+            self._out = b"".join(out)
+        n = min(len(buffer), len(self._out))
+        buffer[:n], self._out = self._out[:n], self._out[n:]
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 def _decode(raw: bytes, where: str) -> tuple[str | None, str | None]:
@@ -187,8 +227,8 @@ def parse_jsonl(raw: bytes, path: str, index: int, lineno: int, fields: Fields) 
     return fields.record({name: _field(obj, name) for name in fields.names()}, index, lineno, where)
 
 
-def _arrow_batches(path: str, columns: list[str]):
-    if path.endswith(".parquet") or detect_format(path, None) == "parquet":
+def _arrow_batches(path: str, columns: list[str], kind: str):
+    if kind == "parquet":
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
         batches = pf.iter_batches(columns=[c for c in columns if c in names], batch_size=1024)
@@ -210,10 +250,10 @@ def _arrow_batches(path: str, columns: list[str]):
         yield batch.select(columns)
 
 
-def _read_table(path: str, index: int, fields: Fields) -> Iterator[Record]:
+def _read_table(path: str, index: int, fields: Fields, kind: str) -> Iterator[Record]:
     row = 0
     names = fields.names()
-    for batch in _arrow_batches(path, names):
+    for batch in _arrow_batches(path, names, kind):
         for values in zip(*(batch.column(i).to_pylist() for i in range(len(names)))):
             row += 1
             yield fields.record(dict(zip(names, values)), index, row, f"{path}: row {row}")
@@ -238,7 +278,7 @@ def read_records(files: list[str], first_index: int, *, fmt: str | None, fields:
             elif kind == "jsonl":
                 yield from _read_jsonl(path, index, fields)
             else:
-                yield from _read_table(path, index, fields)
+                yield from _read_table(path, index, fields, kind)
         except (OSError, EOFError, pa.ArrowException) as e:
             raise _unreadable_file(path, kind, e) from None
 

@@ -98,7 +98,8 @@ def verify(directory: str) -> list[str]:
         return [f"{mpath}: format_version {m.get('format_version')} is not {FORMAT_VERSION}"]
     problems = []
     if os.path.isdir(os.path.join(directory, PARTIAL)):
-        problems.append(f"{directory}: {PARTIAL}/ present: a build is still writing here")
+        problems.append(f"{directory}: {PARTIAL}/ present: a build is still writing here, or its end was cut short "
+                        "(re-run the build or `finalize` to finish it)")
     from data_prep.tokenizer import load_tokenizer
 
     try:

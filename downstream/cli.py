@@ -6,6 +6,7 @@ import os
 import sys
 
 from downstream import TaskError
+from ptm.cli import positive, whole
 
 
 def _finetune_options(p: argparse.ArgumentParser) -> None:
@@ -13,18 +14,22 @@ def _finetune_options(p: argparse.ArgumentParser) -> None:
 
     d = Options()
     g = p.add_argument_group("fine-tuning (Cramming's 'sane' spirit: few epochs, one grid for every task)")
-    g.add_argument("--epochs", type=int, default=d.epochs, help=f"epochs per run (default {d.epochs})")
-    g.add_argument("--lrs", type=float, nargs="+", default=list(d.lrs),
+    g.add_argument("--epochs", type=whole("a count (1, 2, ...)"), default=d.epochs,
+                   help=f"epochs per run (default {d.epochs})")
+    g.add_argument("--lrs", type=positive("a learning rate (e.g. 5e-5)"), nargs="+", default=list(d.lrs),
                    help="learning-rate grid shared by every task (default %(default)s)")
-    g.add_argument("--task-model-lrs", type=float, nargs="+", default=list(d.task_model_lrs),
+    g.add_argument("--task-model-lrs", type=positive("a learning rate (e.g. 1e-3)"), nargs="+",
+                   default=list(d.task_model_lrs),
                    help="the grid of a task model trained from scratch over frozen features (ELMo's; default "
                         "%(default)s)")
-    g.add_argument("--seeds", type=int, nargs="+", default=list(d.seeds),
+    g.add_argument("--seeds", type=whole("a seed (0, 1, ...)", 0), nargs="+", default=list(d.seeds),
                    help="seeds per learning rate; the median and spread are reported (default %(default)s)")
-    g.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (default %(default)s)")
-    g.add_argument("--max-len", type=int, default=d.max_len,
+    g.add_argument("--batch-size", type=whole("a count (1, 2, ...)"), default=d.batch_size,
+                   help="global batch (default %(default)s)")
+    g.add_argument("--max-len", type=whole("a length in tokens (8 or more)", 8), default=d.max_len,
                    help="tokens per input; longer texts keep head + tail (default %(default)s)")
-    g.add_argument("--max-train", type=int, default=0, help="use at most this many training examples (0: all)")
+    g.add_argument("--max-train", type=whole("a count (0: all)", 0), default=0,
+                   help="use at most this many training examples (0: all)")
     g.add_argument("--features", choices=("first", "mean", "whiten"),
                    help="feature-based instead of fine-tuning: the model frozen, a linear layer trained (over the "
                         "--task-model-lrs grid) on a text's vector: its first token (a causal model's last), the "
@@ -87,7 +92,8 @@ def parser() -> argparse.ArgumentParser:
                    help="flops=3e13 (training FLOPs, as `ptm plan` counts them; a bare number means FLOPs), "
                         "tokens=2e6, or time=600 (seconds)")
     c.add_argument("--out", required=True, help="the comparison's directory (re-run it to continue)")
-    c.add_argument("--nproc", type=int, default=1, help="processes per pretraining run (torchrun; default 1)")
+    c.add_argument("--nproc", type=whole("a count (1, 2, ...)"), default=1,
+                   help="processes per pretraining run (torchrun; default 1)")
     c.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                    help="config overrides for every preset (e.g. data.seq_len=64)")
     c.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -98,8 +104,10 @@ def parser() -> argparse.ArgumentParser:
                                    "(CoNLL tagging), follow (SQuAD-style QA), each a directory with task.yaml.")
     t.add_argument("--out", required=True, help="directory for the task directories")
     t.add_argument("--corpus", help="a `data_prep corpus` directory (default: written into OUT/corpus)")
-    t.add_argument("--max-train", type=int, default=2000, help="training examples per task (default 2000)")
-    t.add_argument("--max-dev", type=int, default=400, help="dev examples per task (default 400)")
+    t.add_argument("--max-train", type=whole("a count (1, 2, ...)"), default=2000,
+                   help="training examples per task (default 2000)")
+    t.add_argument("--max-dev", type=whole("a count (1, 2, ...)"), default=400,
+                   help="dev examples per task (default 400)")
     t.add_argument("--seed", type=int, default=0, help="the draws that build pairs and questions")
     return ap
 

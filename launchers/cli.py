@@ -9,6 +9,7 @@ import sys
 
 from launchers.rendezvous import RendezvousError, describe, hostnames, job_port, node_address, tasks_per_node
 from ptm import shipped
+from ptm.cli import whole
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,7 +26,8 @@ def parser() -> argparse.ArgumentParser:
                        description="Inside a Slurm job: one line `HOST slots=N` per allocated node, N from "
                                    "--slots or SLURM_NTASKS_PER_NODE / SLURM_GPUS_ON_NODE.")
     h.add_argument("--out", required=True, help="file to write (e.g. $SLURM_SUBMIT_DIR/hostfile)")
-    h.add_argument("--slots", type=int, help="processes per node (default: the job's tasks or GPUs per node)")
+    h.add_argument("--slots", type=whole("a count (1, 2, ...)"),
+                   help="processes per node (default: the job's tasks or GPUs per node)")
     sub.add_parser("master", help="print the master address and port of the current Slurm allocation",
                    description="`ADDR PORT`: the first node of SLURM_JOB_NODELIST (its Slurm NodeAddr when the name "
                                "does not resolve) and a port derived from the job id, what srun tasks compute too.")
@@ -41,11 +43,14 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="training config overrides (out_dir decides where the run and its HF export go)")
     c.add_argument("--tokenizer", help="an existing tokenizer for data_prep (default: train one in a first job)")
-    c.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the trained tokenizer")
-    c.add_argument("--partitions", type=int, default=4, help="data_prep array tasks")
-    c.add_argument("--nodes", type=int, default=1, help="training nodes")
-    c.add_argument("--ntasks-per-node", type=int, default=1, help="training processes per node (one per GPU)")
-    c.add_argument("--gpus-per-node", type=int, default=0, help="GPUs to ask for per node (0: none)")
+    c.add_argument("--vocab-size", type=whole("a number of pieces (e.g. 32000)"), default=32000,
+                   help="vocabulary of the trained tokenizer")
+    c.add_argument("--partitions", type=whole("a count (1, 2, ...)"), default=4, help="data_prep array tasks")
+    c.add_argument("--nodes", type=whole("a count (1, 2, ...)"), default=1, help="training nodes")
+    c.add_argument("--ntasks-per-node", type=whole("a count (1, 2, ...)"), default=1,
+                   help="training processes per node (one per GPU)")
+    c.add_argument("--gpus-per-node", type=whole("a count (0, 1, ...)", 0), default=0,
+                   help="GPUs to ask for per node (0: none)")
     c.add_argument("--train-args", default="", help="more sbatch options for the training job (e.g. --time=24:00:00)")
     c.add_argument("--sbatch-args", default="", help="sbatch options for every job (e.g. --account=X --partition=Y)")
     c.add_argument("--wait", action="store_true", help="wait until the last job ends; exit with its status")

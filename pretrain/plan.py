@@ -23,7 +23,7 @@ from pretrain import speed
 from pretrain.config import AUTO, Config, ConfigError, load
 from pretrain.cost import checkpointed, flops_per_sample
 from pretrain.memory import COMPONENTS, GIB, HEADROOM, Plan, estimate, with_micro_batch
-from ptm.cli import whole
+from ptm.cli import positive, whole
 
 DEFAULT_VOCAB = 30522  # BERT's WordPiece vocabulary, when neither config nor dataset gives one
 CHECKPOINT_BYTES = 12  # per parameter in a ptm checkpoint: fp32 weights and both moments
@@ -33,17 +33,18 @@ SHA256_GBPS = 1.0  # each writer hashes its files after writing them (meta.json 
 # ------------------------------------------------------------------------------------------------- CLI
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--config", help="YAML file, or a preset name from configs/ (bert-large, gpt2-xl, ernie-base, ...); "
+    ap.add_argument("--config",
+                    help="YAML file, or a preset name from configs/ (bert-large, gpt2-xl, ernie-base, ...); "
                                      "required unless --check")
     ap.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                     help="override config keys, e.g. --set zero.stage=3 train.micro_batch_size=32 parallel.tp=2")
     ap.add_argument("--gpus", type=whole("a count (1, 2, ...)"), metavar="N",
                     help="GPUs of the whole run (world size); data-parallel size = N / parallel.tp (default: "
                          "--nodes x GPUs per node with --gpu, else 1)")
-    ap.add_argument("--gpu-memory", type=float, metavar="GIB",
+    ap.add_argument("--gpu-memory", type=positive("a size in GiB (e.g. 80)"), metavar="GIB",
                     help="memory of one GPU in GiB, e.g. 80 (H100/A100 80GB), 40, 16 (default: --gpu's); without "
                          "either no fit verdict")
-    ap.add_argument("--vocab-size", type=int, metavar="N",
+    ap.add_argument("--vocab-size", type=whole("a number of pieces (e.g. 32000)"), metavar="N",
                     help="vocabulary size when model.vocab_size is 0 (the dataset's) and data.path holds no "
                          f"dataset (default {DEFAULT_VOCAB})")
     ap.add_argument("--gpu", metavar="NAME|FILE",
@@ -70,7 +71,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="with --gpu or --check: count the kernel launches of a step (the host's work) by training "
                          "a few steps of the config narrowed to a tiny width on data.path, on this machine (a CPU "
                          "will do; about a minute) instead of estimating them from the layers")
-    ap.add_argument("--launch-us", type=float, metavar="US",
+    ap.add_argument("--launch-us", type=positive("a time in microseconds (e.g. 20)"), metavar="US",
                     help="the host's time per kernel launch in microseconds, for the host term of the step "
                          "(default: the GPU generation's, configs/hardware/gpus.yaml; --calibrate measures yours)")
     ap.add_argument("--calibrate", action="store_true",
@@ -80,7 +81,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--gpus-per-node", type=whole("a count (1, 2, ...)"), metavar="G",
                     help="GPUs (processes) per node, for the checkpoint written per node and the speed model "
                          "(default: --gpu's node, else 8)")
-    ap.add_argument("--write-gbps", type=float, default=1.0, metavar="GB/S",
+    ap.add_argument("--write-gbps", type=positive("a bandwidth in GB/s (e.g. 1.0)"), default=1.0, metavar="GB/S",
                     help="write bandwidth of one node to the checkpoint filesystem in GB/s, for the checkpoint time "
                          "and the Slurm warning lead time (default 1.0)")
 

@@ -2,6 +2,7 @@
 `python -m data_prep|pretrain|...`."""
 import argparse
 import importlib.util
+import math
 import runpy
 import sys
 
@@ -22,12 +23,25 @@ TOOLS = {
 }
 
 
-def whole(what: str):
-    """An argparse type: a whole number, 1 or more; its error says the value "is not {what}"."""
+def whole(what: str, least: int = 1):
+    """An argparse type: a whole number, `least` or more; its error says the value "is not {what}"."""
     def parse(value: str) -> int:
-        if not value.strip().isdigit() or int(value) < 1:
+        if not value.strip().isdigit() or int(value) < least:
             raise argparse.ArgumentTypeError(f"{value!r} is not {what}")
         return int(value)
+    return parse
+
+
+def positive(what: str):
+    """An argparse type: a finite number above 0; its error says the value "is not {what}"."""
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not 0 < number < math.inf:
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}")
+        return number
     return parse
 
 

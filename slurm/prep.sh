@@ -11,7 +11,9 @@ wait=()
 if [ "${1:-}" = "--wait" ]; then wait=(--wait); shift; fi
 [ $# -ge 3 ] || { echo "usage: $0 [--wait] PARTITIONS OUT INPUT... --tokenizer TOK [build options]" >&2; exit 2; }
 parts=$1 out=$2; shift 2
-case " $* " in *" --tokenizer "*) ;; *) echo "$0: pass --tokenizer (partitions must share one tokenizer)" >&2; exit 2;; esac
+case $parts in ''|*[!0-9]*|0) echo "$0: PARTITIONS '$parts' is not a count (1, 2, ...)" >&2; exit 2;; esac
+case " $* " in *" --tokenizer "*|*" --tokenizer="*) ;;
+  *) echo "$0: pass --tokenizer (partitions must share one tokenizer)" >&2; exit 2;; esac
 mkdir -p "$out"
 # shellcheck disable=SC2086
 array=$(sbatch --parsable ${PTM_SBATCH_ARGS:-} --array=0-$((parts - 1)) -o "$out/slurm-prep-%A_%a.out" \

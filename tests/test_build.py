@@ -1,4 +1,5 @@
 """Determinism across workers and partitions, crash safety and resume, verify, and input errors."""
+import gzip
 import json
 import os
 import re
@@ -91,6 +92,45 @@ def test_partitions_as_separate_jobs_then_finalize(three_files, sp_model, refere
     run_cli("data_prep", "finalize", out)
     assert run_cli("data_prep", "verify", out).returncode == 0
     assert contents(out) == reference["contents"]
+
+
+def test_finalize_cut_short_then_run_again(three_files, sp_model, reference, tmp_path, monkeypatch):
+    """finalize rewrites shards that lose documents to earlier partitions' duplicates: cut short after one rewrite,
+    then before the manifest, then after it (before .partial/ goes), each run again ends in the reference dataset
+    with its duplicate count, and `verify` passes."""
+    import data_prep.build as B
+    from data_prep.verify import verify
+
+    out = tmp_path / "ds"
+    quick_build(three_files, out, tokenizer=sp_model, num_partitions=3, shard_size=20 << 10, partition=0)
+    for p in (1, 2):
+        quick_build(three_files, out, tokenizer=sp_model, num_partitions=3, shard_size=20 << 10, partition=p)
+
+    def crash(fn, before=False):
+        def wrapped(path, *args):
+            if before and path.endswith("manifest.json"):
+                raise KeyboardInterrupt
+            fn(path, *args)
+            if not before:
+                raise KeyboardInterrupt
+        return wrapped
+
+    monkeypatch.setattr(B, "write_table_atomic", crash(B.write_table_atomic))  # after one shard's rewrite
+    with pytest.raises(KeyboardInterrupt):
+        B.finalize(str(out))
+    monkeypatch.undo()
+    monkeypatch.setattr(B, "write_json", crash(B.write_json, before=True))  # after every rewrite, before the manifest
+    with pytest.raises(KeyboardInterrupt):
+        B.finalize(str(out))
+    monkeypatch.undo()
+    monkeypatch.setattr(B, "_finished", lambda out: None)
+    m = B.finalize(str(out))
+    assert verify(str(out)) == [f"{out}: .partial/ present: a build is still writing here, or its end was cut short "
+                                "(re-run the build or `finalize` to finish it)"]
+    monkeypatch.undo()
+    assert B.finalize(str(out)) == m and verify(str(out)) == []
+    assert contents(out) == reference["contents"]
+    assert m["stats"]["duplicates"] == reference["manifest"]["stats"]["duplicates"]
 
 
 @pytest.mark.distributed
@@ -204,15 +244,39 @@ def test_damaged_shard_is_one_line_when_opened(small, sp_model, tmp_path):
 
 
 def test_rebuild_is_a_no_op_and_other_options_need_overwrite(small, sp_model, tmp_path):
-    out = tmp_path / "ds"
-    args = ["data_prep", "build", small["path"], "--out", out, "--tokenizer", sp_model, "--no-progress"]
+    out, src = tmp_path / "ds", tmp_path / "in.jsonl"
+    shutil.copy(small["path"], src)
+    args = ["data_prep", "build", src, "--out", out, "--tokenizer", sp_model, "--no-progress"]
     first = run_cli(*args)
-    again = run_cli(*args)
+    again = run_cli("data_prep", "build", os.path.relpath(src, ROOT), *args[3:])  # the same file, named otherwise
     assert "already built" in again.stderr and "time:" in first.stdout and "time:" not in again.stdout
+    with open(src, "a") as f:
+        f.write('{"text": "one more document"}\n')
+    changed = run_cli(*args, check=False)
+    assert changed.returncode == 2 and f"({src}: {os.path.getsize(src) - 30} -> {os.path.getsize(src)} bytes)" in \
+        changed.stderr, changed.stderr
+    shutil.copy(small["path"], src)
+    os.makedirs(out / ".partial")  # what a build cut short after its manifest leaves: the re-run clears it
+    assert run_cli("data_prep", "verify", out, check=False).returncode == 1
+    run_cli(*args)
+    assert run_cli("data_prep", "verify", out).returncode == 0
     other = run_cli(*args, "--min-chars", "400", check=False)
-    assert other.returncode == 2 and "--overwrite" in other.stderr
+    assert other.returncode == 2 and "(min_chars 1 -> 400); pass --overwrite" in other.stderr, other.stderr
     run_cli(*args, "--min-chars", "400", "--overwrite")
     assert json.load(open(out / "manifest.json"))["stats"]["filtered_short"] > 0
+
+
+def test_output_inside_an_input_directory_is_not_read(small, sp_model, tmp_path):
+    """The inputs' directory holding --out: the dataset's own files (its journals and manifest are .json, a JSONL
+    extension) are not inputs, so the build re-runs as a no-op."""
+    (tmp_path / "in").mkdir()
+    shutil.copy(small["path"], tmp_path / "in" / "a.jsonl")
+    args = ["data_prep", "build", tmp_path / "in", "--out", tmp_path / "in" / "ds", "--tokenizer", sp_model,
+            "--no-progress"]
+    run_cli(*args)
+    assert "already built" in run_cli(*args).stderr
+    assert [s["path"] for s in json.load(open(tmp_path / "in" / "ds" / "manifest.json"))["sources"]] == \
+        [str(tmp_path / "in" / "a.jsonl")]
 
 
 def _error(*args):
@@ -223,7 +287,8 @@ def _error(*args):
     return lines[0]
 
 
-def test_input_errors_are_one_clear_line(sp_model, tmp_path):
+def test_input_errors_are_one_clear_line(small, sp_model, tmp_path):
+    small_path = small["path"]
     good = write_jsonl(tmp_path / "good.jsonl", [{"text": "A sentence of text."}])
     out = tmp_path / "out"
     assert "input not found: nope/missing.jsonl" in _error("build", "nope/missing.jsonl", "--out", out)
@@ -239,6 +304,15 @@ def test_input_errors_are_one_clear_line(sp_model, tmp_path):
     (tmp_path / "file").write_text("x")
     assert "cannot write to output directory" in _error("build", good, "--out", tmp_path / "file" / "sub",
                                                         "--tokenizer", sp_model)
+    import zstandard
+
+    for name, compress in (("cut.jsonl.gz", gzip.compress), ("cut.jsonl.zst", zstandard.compress)):
+        whole = compress(open(small_path, "rb").read())
+        (tmp_path / name).write_bytes(whole[:len(whole) // 2])
+        assert f"cannot read {tmp_path / name} as jsonl: " in _error("build", tmp_path / name, "--out", out,
+                                                                     "--tokenizer", sp_model)
+    said = run_cli("data_prep", "build", good, "--out", out, "--sentinels", "-3", check=False)
+    assert said.returncode == 2 and "argument --sentinels: '-3' is not a count" in said.stderr.splitlines()[-1]
     (tmp_path / "weird.xyz").write_text("x")
     assert "--format" in _error("build", tmp_path / "weird.xyz", "--out", out)
     assert "train-tokenizer" in _error("build", good, "--out", tmp_path / "p", "--num-partitions", 2)
@@ -362,3 +436,14 @@ def test_inspect_shows_every_word_of_its_samples(train_data):
     shown = [line.removeprefix("  first words: ").split(" / ") for line in report if line.startswith("  first words: ")]
     assert len(shown) > 600 and all(all(words) for words in shown), shown
     assert any("␣" in words for words in shown)
+
+
+def test_inspect_shows_a_document_of_a_dataset_without_sentences(small, sp_model, tmp_path):
+    """--structure none records no sentence starts: the sample is the whole document, not an empty line."""
+    from data_prep.inspect import inspect
+    from data_prep.text import TextOptions
+
+    quick_build([small["path"]], tmp_path / "ds", tokenizer=sp_model, text=TextOptions(structure="none"))
+    report = inspect(str(tmp_path / "ds"), samples=3).splitlines()
+    heads = [k for k, line in enumerate(report) if re.match(r"document \d+ \(", line)]
+    assert len(heads) == 3 and all(report[k + 1].strip() for k in heads), report

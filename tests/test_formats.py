@@ -32,15 +32,20 @@ def _write(kind, docs, d):
             f.write(open(write_jsonl(d / "tmp.jsonl", [{"text": t} for t in docs]), encoding="utf-8").read())
         os.remove(d / "tmp.jsonl")
         return [d / "docs.jsonl.gz"], {}
-    if kind == "jsonl.zst":
+    if kind == "jsonl.zst":  # two frames, as pzstd and `zstd -T` write
         raw = open(write_jsonl(d / "tmp.jsonl", [{"text": t} for t in docs]), "rb").read()
-        (d / "docs.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+        half = raw.index(b"\n", len(raw) // 2) + 1
+        (d / "docs.jsonl.zst").write_bytes(b"".join(zstandard.ZstdCompressor().compress(r) for r in (raw[:half],
+                                                                                                     raw[half:])))
         os.remove(d / "tmp.jsonl")
         return [d / "docs.jsonl.zst"], {}
     table = pa.table({"id": list(range(len(docs))), "content": docs})
     if kind == "parquet":
         pq.write_table(table, d / "docs.parquet", row_group_size=17)
         return [d / "docs.parquet"], {"text_field": "content"}
+    if kind == "parquet-named-otherwise":
+        pq.write_table(table, d / "docs.bin", row_group_size=17)
+        return [d / "docs.bin"], {"text_field": "content", "format": "parquet"}
     if kind == "arrow-file":
         with pa.ipc.new_file(str(d / "docs.arrow"), table.schema) as w:
             for b in table.to_batches(max_chunksize=13):
@@ -65,8 +70,8 @@ def _write(kind, docs, d):
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["jsonl.gz", "jsonl.zst", "parquet", "arrow-file", "arrow-stream", "text-files",
-                                  "text-blank-line", "text-line"])
+@pytest.mark.parametrize("kind", ["jsonl.gz", "jsonl.zst", "parquet", "parquet-named-otherwise", "arrow-file",
+                                  "arrow-stream", "text-files", "text-blank-line", "text-line"])
 def test_every_format_gives_the_same_documents(kind, docs, reference, sp_model, tmp_path):
     (tmp_path / "in").mkdir()
     inputs, kw = _write(kind, docs, tmp_path / "in")
