@@ -33,6 +33,11 @@ def other_formats() -> dict[str, tuple[str, object]]:
     return {fmt.name: (f.help.split(":")[0], fmt) for f in families.REGISTRY.values() for fmt in f.formats}
 
 
+NEW = "new or empty"
+OUT_HELP = {"consolidate": NEW, "reshard": NEW, "from-hf": NEW,
+            "to-hf": "new or empty, or an earlier export, which the new one replaces whole"}
+
+
 def parser() -> argparse.ArgumentParser:
     from pretrain import families
 
@@ -54,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
                                    "training resumes from any layout anyway, this is for tools that expect one.")
     for p in (c, r):
         p.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
-        p.add_argument("--out", required=True, help="directory to write (must not hold a checkpoint)")
+        p.add_argument("--out", required=True, help=f"directory to write ({OUT_HELP['reshard']})")
         p.add_argument("--weights-only", action="store_true", help="leave out the optimizer moments and trainer state")
     r.add_argument("--tp", type=whole("a tensor-parallel size (1, 2, 4, ...)"), required=True,
                    help="tensor-parallel size of the output (1, 2, ...)")
@@ -65,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
                                    + "".join(f" {f.help.split(':')[0]} has no transformers class: {f.export}."
                                              for f in families.REGISTRY.values() if f.adapter is None))
     t.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
-    t.add_argument("--out", required=True, help="directory to write")
+    t.add_argument("--out", required=True, help=f"directory to write ({OUT_HELP['to-hf']})")
     t.add_argument("--max-shard-size", default="2GB", type=_shard_size,
                    help="split weights into safetensors shards of this size (bytes, or KB/MB/GB/TB: powers of 1000)")
     f = sub.add_parser("from-hf", help="transformers model directory -> ptm checkpoint (to continue pretraining)",
@@ -73,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
                                    "model_type is " + " | ".join(a.model_type for a in exported.values())
                                    + "; heads missing from base models (e.g. BertModel) are initialised and reported.")
     f.add_argument("hf_dir", help="a transformers model directory (config.json, weights, tokenizer files)")
-    f.add_argument("--out", required=True, help="checkpoint directory to write")
+    f.add_argument("--out", required=True, help=f"checkpoint directory to write ({OUT_HELP['from-hf']})")
     for name, (family, fmt) in formats.items():  # a family's own formats (its `Family.formats`)
         e = sub.add_parser(f"to-{name}", help=f"{family} checkpoint -> {fmt.files}", description=fmt.writes)
         e.add_argument("checkpoint", help="a checkpoint directory, or a training out_dir (its latest checkpoint)")
@@ -90,8 +95,8 @@ def main(argv=None) -> None:
 
     try:
         if os.path.exists(a.out) and not os.path.isdir(a.out):
-            raise CheckpointError(f"--out {a.out} is a file; pass a directory to write (new, or one this command "
-                                  "wrote)")
+            raise CheckpointError(f"--out {a.out} is a file; pass a directory to write "
+                                  f"({OUT_HELP.get(a.command, NEW)})")
         if a.command in ("consolidate", "reshard"):
             from checkpoints_tools.reshard import reshard
 

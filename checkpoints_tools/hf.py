@@ -9,6 +9,7 @@ import shutil
 
 import torch
 
+from checkpoints_tools.reshard import fresh
 from pretrain import checkpoint as C
 from pretrain import families
 from pretrain.families.base import sentencepiece_to_fast
@@ -68,8 +69,8 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     hf.model_max_length = max_length
     hf.save_pretrained(out)
     for path in files:
-        shutil.copy(path, out)
-    shutil.copy(os.path.join(tok_dir, "ptm_tokenizer.json"), out)
+        shutil.copyfile(path, os.path.join(out, os.path.basename(path)))  # (a new file: the umask's mode)
+    shutil.copyfile(os.path.join(tok_dir, "ptm_tokenizer.json"), os.path.join(out, "ptm_tokenizer.json"))
 
 
 def import_tokenizer(hf_dir: str, out: str) -> None:
@@ -124,7 +125,7 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
         special = json.load(f)["special_ids"]
     configs = [family.hf_config(m, special) for _, m, _ in models]
     states = family.split(C.load_full_model(ckpt), cfg)
-    tmp = f"{out}.tmp{os.getpid()}"
+    tmp = f"{out}.tmp"  # (a name of its own: what a run cut short left there goes)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         for (sub, model_cfg, cls), config, weights in zip(models, configs, states):
@@ -172,15 +173,15 @@ def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:
         cfg = ModelConfig(**family.read_model_config(hf_dir, hf_cfg, read_config))
     except families.ExportError as e:
         raise C.CheckpointError(str(e)) from None
-    state, initialised = import_weights(family, cfg, hf_dir, hf_cfg)
-    os.makedirs(out, exist_ok=True)
-    C.save_model(out, state)
-    import_tokenizer(hf_dir, os.path.join(out, "tokenizer"))
-    token_ids = {k: getattr(hf_cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-                 if getattr(hf_cfg, k, None) is not None}
-    C.write_meta(out, model=cfg, params=_params(cfg, state),
-                 extra={"source": os.path.abspath(hf_dir), "initialised": initialised, "nfkc": _uses_nfkc(hf_dir),
-                        "hf_token_ids": token_ids})
+    with fresh(out) as tmp:
+        state, initialised = import_weights(family, cfg, hf_dir, hf_cfg)
+        C.save_model(tmp, state)
+        import_tokenizer(hf_dir, os.path.join(tmp, "tokenizer"))
+        token_ids = {k: getattr(hf_cfg, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                     if getattr(hf_cfg, k, None) is not None}
+        C.write_meta(tmp, model=cfg, params=_params(cfg, state),
+                     extra={"source": os.path.abspath(hf_dir), "initialised": initialised,
+                            "nfkc": _uses_nfkc(hf_dir), "hf_token_ids": token_ids})
     return out, initialised
 
 

@@ -17,7 +17,7 @@ class ReportError(ValueError):
     """A log or output that cannot be used; the message names it and the fix."""
 
 
-def _rows(path: str) -> list[dict]:
+def log_rows(path: str) -> list[dict]:
     """A jsonl log, the last row of each step winning (a resumed run logs the steps after its checkpoint again); a
     last line cut short (the run killed while writing it) is left out."""
     if not os.path.isfile(path):
@@ -45,7 +45,7 @@ def report(run_dir: str, out: str | None = None) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train, valid = _rows(os.path.join(run_dir, "metrics.jsonl")), _rows(os.path.join(run_dir, "valid.jsonl"))
+    train, valid = log_rows(os.path.join(run_dir, "metrics.jsonl")), log_rows(os.path.join(run_dir, "valid.jsonl"))
     if not train:
         raise FileNotFoundError(f"{run_dir}/metrics.jsonl is missing or empty; pass a run's out_dir")
     out = out or os.path.join(run_dir, "report.png")

@@ -615,17 +615,22 @@ def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()
     return "\n".join(lines)
 
 
-def measured(run_dir: str) -> dict:
-    """What a ptm run measured: the median step time over its logged steps (the first two, compilation and
-    warm-up, left out when there are more), samples/s and MFU at that step time."""
-    import json
+def measured(run_dir: str, since: int = 0) -> dict:
+    """What a ptm run measured since its last start (at step `since`: launch.json's layout): the median step time
+    over its logged steps (the first two, compilation and warm-up, left out when there are more), samples/s and MFU
+    at that step time."""
     import statistics
 
+    from pretrain.report import ReportError, log_rows
+
     path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path} is missing: --check needs a ptm run's out_dir with at least one logged step")
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    try:
+        rows = [r for r in log_rows(path) if r["step"] > since]
+    except ReportError as e:
+        raise ConfigError(str(e)) from None
+    if not rows:
+        raise ConfigError(f"{path} holds no step after step {since}, where the run last started: --check needs a "
+                          "ptm run's out_dir with at least one step logged by its last start")
     rows = rows[2:] if len(rows) > 2 else rows
     step = statistics.median(r["step_time_s"] for r in rows)
     mfus = [r["mfu"] for r in rows if "mfu" in r]
@@ -649,6 +654,9 @@ def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Eff
     with open(launch_path) as f:
         launch = json.load(f)
     cfg = load(os.path.join(run_dir, "config.yaml"))
+    if launch.get("cwd"):  # a relative data.path, from where the run started
+        paths = [os.path.join(launch["cwd"], p) for p in cfg.data.paths]
+        cfg.data.path = paths[0] if isinstance(cfg.data.path, str) else paths
     if gpu_name:
         hw = gpu(gpu_name, interconnect, launch["gpus_per_node"])
     else:
@@ -659,7 +667,7 @@ def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Eff
         hw = replace(hw, gpus_per_node=launch["gpus_per_node"],
                      network=network(interconnect) if interconnect else hw.network)
     hw = replace(hw, launch_us=launch_us) if launch_us else hw
-    world, got, eff = launch["world_size"], measured(run_dir), eff.on(hw)
+    world, got, eff = launch["world_size"], measured(run_dir, launch.get("first_step", 0)), eff.on(hw)
     counted = count(cfg)[0] if count else None
     p = predict(cfg, hw, world, eff, launches=counted)
     rows = [("step time", ms(p.step), ms(got["step_time_s"]), got["step_time_s"] / p.step),

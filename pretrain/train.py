@@ -132,8 +132,9 @@ class Trainer:
         self.resumed_from = {"step": self.step, "samples": self.consumed, "checkpoint": self.run.resume}
         if not trainer.get("rng_restored"):
             mcore.seed_everything(self.cfg.seed + self.step)
-            log(f"the layout changed (tp {meta['tp']} -> {mcore.tp_size()}, dp {meta['dp']} -> {self.dp}): "
-                "dropout streams re-seeded")
+            why = (f"the layout changed (tp {meta['tp']} -> {mcore.tp_size()}, dp {meta['dp']} -> {self.dp})"
+                   if not same else "the checkpoint holds no random states (consolidate and reshard leave them out)")
+            log(f"{why}: dropout streams re-seeded")
         log(f"resumed from step {self.step} (samples {self.consumed:,}) of {self.run.resume}, written by "
             f"tp={meta['tp']} dp={meta['dp']} zero={meta.get('zero_stage')}")
 
@@ -335,7 +336,8 @@ class Trainer:
         out = self.runlog = RunLog(cfg.out_dir, self.rank0, log)
         out.start(cfg.to_yaml(), {"device": self.device_name, "world_size": self.world, "tp": mcore.tp_size(),
                                   "dp": self.dp, "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.world)),
-                                  "threads_per_rank": torch.get_num_threads()},
+                                  "threads_per_rank": torch.get_num_threads(), "first_step": first,
+                                  "cwd": os.getcwd()},  # (what a relative data.path is relative to)
                   cfg.train.steps, self.step)
         log("kernels: " + K.describe(cfg, self.parallel.kernels, self.parallel.fused_lm_loss, self.optimizer,
                                      self.device, self.objective.attention_mask))

@@ -32,7 +32,8 @@ def install_dir(tmp: str, out: str) -> None:
     sees the old directory or the whole new one (for a moment, neither); a crash leaves one of them whole."""
     old = None
     if os.path.lexists(out):
-        old = f"{out}.old{os.getpid()}"
+        old = f"{out}.old"
+        shutil.rmtree(old, ignore_errors=True)  # (what a crash between the renames left)
         os.replace(out, old)
     os.replace(tmp, out)
     if old:

@@ -319,9 +319,9 @@ def test_verify_names_another_tools_manifest(dataset, w, capsys):
 
 def test_report_leaves_out_a_last_row_cut_short(w, capsys):
     """A run killed while writing its log: the report plots the whole rows."""
-    from pretrain.report import _rows, report
+    from pretrain.report import log_rows, report
 
-    assert [r["step"] for r in _rows(os.path.join(w.log_cut, "metrics.jsonl"))] == [1, 2]
+    assert [r["step"] for r in log_rows(os.path.join(w.log_cut, "metrics.jsonl"))] == [1, 2]
     assert os.path.isfile(report(w.log_cut))
 
 

@@ -340,6 +340,9 @@ def test_electra_exports_discriminator_and_generator_and_comes_back(sp_model, tm
     assert mine.keys() == back.keys() and all(torch.equal(mine[k][:cfg.vocab_size], back[k]) for k in mine)
     imported = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
     assert (imported.arch, imported.generator_size, imported.heads) == ("electra", 0.5, ["rtd"])
+    split = call_cli("checkpoints_tools", "reshard", tmp_path / "ckpt", "--out", tmp_path / "tp4", "--tp", "4",
+                     check=False)  # the discriminator's 4 heads split 4 ways, the generator's 2 do not
+    assert split.returncode == 2 and "the companion model's num_heads=2" in split.stderr, split.stderr
 
     shutil.rmtree(out / "generator")
     proc = call_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "alone")
@@ -395,6 +398,14 @@ def test_from_hf_base_model_initialises_and_reports_heads(wordpiece_vocab, tmp_p
     assert "initialised (not in" in proc.stdout and "cls.predictions" in proc.stdout
     meta = C.read_meta(str(tmp_path / "ckpt"))
     assert any(k.startswith("cls.seq_relationship") for k in meta["initialised"])
+    # another import into it, or into a directory of other files, is refused; nothing is written there
+    again = run_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt", check=False)
+    assert again.returncode == 2 and "already holds a checkpoint; choose another --out" in again.stderr
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    busy = run_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "busy", check=False)
+    assert busy.returncode == 2 and "is a directory that is not empty" in busy.stderr
+    assert os.listdir(tmp_path / "busy") == ["notes.txt"] and not os.path.exists(tmp_path / "busy.tmp")
 
 
 def test_bad_checkpoint_path_is_one_clear_line(tmp_path):

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 
 import pytest
@@ -414,14 +415,16 @@ def test_check_puts_the_prediction_next_to_a_real_run(train_data, tmp_path):
     launch, and the fitted matmul efficiency reproduces the measured step time; where the host bounds the step (its
     launches counted), the fitted time per launch does."""
     run = tmp_path / "run"
-    run_cli("pretrain", "train", "--config", "bert-tiny", "--set", f"data.path={train_data}", "data.num_workers=0",
+    run_cli("pretrain", "train", "--config", "bert-tiny", "--set", f"data.path={os.path.relpath(train_data, ROOT)}",
+            "data.num_workers=0",
             "data.seq_len=32", "model.max_position_embeddings=32", "train.global_batch_size=8",
             "train.micro_batch_size=4", "train.steps=6", "optimizer.warmup_steps=1", "train.eval_interval=0",
             "train.eval_steps=1",
             "data.valid_fraction=0.02", "checkpoint.keep=1", f"out_dir={run}")
     launch = json.load(open(run / "launch.json"))
     assert launch == {"device": "cpu", "world_size": 1, "tp": 1, "dp": 1, "gpus_per_node": 1,
-                      "threads_per_rank": torch.get_num_threads()}  # (what torch takes by itself here too)
+                      "threads_per_rank": torch.get_num_threads(),  # (what torch takes by itself here too)
+                      "first_step": 0, "cwd": ROOT}
     unknown = run_cli("pretrain", "plan", "--check", str(run), check=False)
     assert unknown.returncode == 2 and "ran on 'cpu'" in unknown.stderr and "--gpu" in unknown.stderr
     accelerator = tmp_path / "slow.yaml"
@@ -441,14 +444,19 @@ def test_check_puts_the_prediction_next_to_a_real_run(train_data, tmp_path):
     refit = speed.predict(load(str(run / "config.yaml")), device, 1, speed.Efficiency(matmul=fitted))
     assert refit.step == pytest.approx(measured, rel=0.01)
     # a host that takes 0.1 s a launch bounds the step: the launches counted on the run's data, the host's time fitted
-    host = run_cli("pretrain", "plan", "--check", str(run), "--gpu", str(accelerator), "--count-launches",
-                   "--launch-us", "100000").stdout
+    # (from another directory than the run's: its relative data.path is the run's, counted on the run's data)
+    host = subprocess.run([sys.executable, "-m", "pretrain", "plan", "--check", str(run), "--gpu", str(accelerator),
+                           "--count-launches", "--launch-us", "100000"], cwd=tmp_path, capture_output=True, text=True,
+                          check=True).stdout
     assert "bound by the host" in host and "x 100000 us" in host
     counted = int(re.search(r"([\d,]+) launches \(counted\)", host).group(1).replace(",", ""))
     assert counted > speed.predict(load(str(run / "config.yaml")), speed.gpu(str(accelerator), gpus_per_node=1),
                                    1).launches / 2  # (not the estimate's by construction: BERT's, narrowed)
     fitted_us = float(re.search(r"--launch-us ([\d.e+-]+) \(now 100000\)", host).group(1))
     assert fitted_us * counted * 1e-6 == pytest.approx(measured, rel=0.01)
+    (run / "launch.json").write_text(json.dumps({**launch, "first_step": 3}))  # resumed at step 3: its steps only
+    checked = run_cli("pretrain", "plan", "--check", str(run), "--gpu", str(accelerator)).stdout
+    assert "(1 steps)" in checked  # steps 4-6, the first two left out (warm-up)
 
 
 def test_bench_prints_the_anchor_and_preset_tables():
