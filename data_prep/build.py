@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import random
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -149,6 +150,7 @@ def _init_worker(tok_dir: str, threads: int, text_opts: T.TextOptions, entities:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if mp.parent_process() is not None:  # a pool worker: nothing it makes holds a cycle (see build_partition)
         gc.disable()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the main process stops the pool and says so once
     _ENCODER, _FIELDS = DocEncoder(load_tokenizer(tok_dir, threads), text_opts, entities), fields
 
 

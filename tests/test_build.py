@@ -161,6 +161,17 @@ def test_killed_build_is_invalid_then_resumes_to_the_same_dataset(corpus, sp_mod
     out = tmp_path / "ds"
     cmd = [sys.executable, "-m", "data_prep", "build", *inputs, "--out", str(out), "--tokenizer", sp_model,
            "--shard-size", "48KB", "--no-progress"]
+    # Ctrl-C in a terminal reaches the whole process group: workers and main; the main alone says it, in one line
+    busy = write_jsonl(tmp_path / "busy.jsonl", [{"text": f"{t} {k}"} for k in range(10) for t in corpus["en"]])
+    ctrl_c = subprocess.Popen([*cmd[:4], busy, "--out", str(tmp_path / "int"), *cmd[cmd.index("--out") + 2:],
+                               "--workers", "2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    while len(_shards(tmp_path / "int")) < 2 and ctrl_c.poll() is None:
+        time.sleep(0.02)
+    os.killpg(ctrl_c.pid, signal.SIGINT)
+    assert (ctrl_c.wait(60), ctrl_c.stderr.read()) == (130, "data_prep: interrupted; re-run the same command to "
+                                                             "resume\n")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while len(_shards(out)) < 4 and time.time() < deadline and proc.poll() is None:
