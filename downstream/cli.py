@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -132,7 +133,9 @@ def run(argv=None) -> int:
         try:
             budget = float(value)
         except ValueError:
-            raise TaskError(f"--budget {a.budget}: write KIND=NUMBER, e.g. flops=3e13") from None
+            budget = math.nan
+        if not 0 < budget < math.inf:
+            raise TaskError(f"--budget {a.budget}: write KIND=NUMBER, a finite number above 0, e.g. flops=3e13")
         _quiet()
         result = CMP.compare(_presets(a.presets, a.size), a.data, a.tasks, kind, budget, a.out, _options(a),
                              a.overrides, a.nproc)

@@ -40,8 +40,6 @@ def datasets(data: str, out: str, presets: list[str], overrides: list[str]) -> d
     from pretrain import objectives
     from pretrain.config import load
 
-    if not os.path.isfile(os.path.join(data, "manifest.json")):
-        raise TaskError(f"--data {data}: not a ptm dataset (no manifest.json); build one with `ptm prep build`")
     kinds = [objectives.get(load(p, [f"data.path={data}", *overrides]).data.objective) for p in presets]
     found = {"tokens": data}
     if any(o.sentinels for o in kinds) and not Corpus(data).sentinel_ids:
@@ -112,12 +110,24 @@ def calibrate(preset: str, sets: list[str], out: str, launcher: list[str]) -> fl
         return float(json.load(f)["tokens_per_s"])
 
 
+def _ends_with_parent() -> None:
+    """In a pretraining's process, before it runs: SIGTERM when `ptm compare` dies (Linux's PR_SET_PDEATHSIG; torchrun
+    passes it on to its workers), so a compare killed outright leaves no trainer writing its cell."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the trainer outlives a killed compare
+        pass
+
+
 def _train(preset: str, sets: list[str], launcher: list[str], out: str) -> None:
     """`pretrain train` of `preset` under the launcher (re-running it resumes its out_dir)."""
     os.makedirs(out, exist_ok=True)
     cmd = [*launcher, "-m", "pretrain", "train", "--config", preset, "--set", *sets]
     with open(os.path.join(out, "train.log"), "a") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ends_with_parent)
     if proc.returncode:
         raise TaskError(f"pretraining {preset} failed (exit {proc.returncode}); see {out}/train.log")
 
@@ -161,6 +171,8 @@ def compare(presets: list[str], data: str, task_args: list[str], kind: str, budg
         raise TaskError(f"--budget {kind}=...: choose {' | '.join(BUDGETS)}")
     for arg in task_args:
         T.load(arg)  # bad task files fail before any training
+    if not os.path.isfile(os.path.join(data, "manifest.json")):  # (nor is OUT made)
+        raise TaskError(f"--data {data}: not a ptm dataset (no manifest.json); build one with `ptm prep build`")
     os.makedirs(out, exist_ok=True)
     launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                      f"--nproc_per_node={nproc}"]

@@ -29,7 +29,18 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
     to OUT/results.json with OUT/curves.png."""
     from downstream import zero_shot as Z
 
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise TaskError(f"--out {out} is a file; pass a directory for the results")
     tasks = [T.load(arg) for arg in task_args]  # bad task files fail before any work
+    named = {}
+    for arg, task in zip(task_args, tasks):
+        if task.name in named:
+            raise TaskError(f"--task {named[task.name]} and --task {arg} are both named {task.name!r} (results are "
+                            "kept by name); give one of them another `name:` in its task.yaml")
+        named[task.name] = arg
+    for path in (text, last_word):
+        if path:
+            Z.read_texts(path)
     if cloze and not any(t.cloze for t in tasks) and FT.world()[0] == 0:
         print("downstream: note: --cloze scores nothing: no --task has a cloze pattern (task.yaml `cloze:`, as the "
               "shipped `source` has)", file=sys.stderr)
@@ -42,21 +53,23 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
     source, error = _broadcast((source, error))
     if error:
         raise TaskError(error)
+    Z.check(source, causal=bool(text or last_word), cloze=cloze and any(t.cloze for t in tasks) and not source.elmo)
     os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in ("progress", "save_dir")}
     results = {"model": os.path.abspath(model), "family": source.family, "pretrained": opts.pretrained,
                "options": options, "tasks": {}, "zero_shot": {}}
     for task in tasks:
         path = os.path.join(out, "tasks", f"{task.name}.json")
-        key = json.loads(json.dumps({"task": task.name, "options": options, "model": results["model"],
-                                     "weights": _weights_of(source)}))
-        saved = _broadcast(_done(path, key) if rank == 0 else None)  # (ranks decide from rank 0's reading)
+        key = json.loads(json.dumps({"task": task.name, "data": T.digest(task), "options": options,
+                                     "model": results["model"], "weights": _weights_of(source)}))
+        models = os.path.join(out, "models", task.name)
+        unsaved = opts.save_dir and not source.elmo and not os.path.isfile(os.path.join(models, "config.json"))
+        saved = _broadcast(_done(path, key) if rank == 0 and not unsaved else None)  # (ranks: rank 0's reading)
         if saved is not None and rank == 0:
             print(f"downstream: {task.name}: the result in {path} (same model, weights and options; delete it to run "
                   "again)", file=sys.stderr)
         if saved is None:
-            run_opts = dataclasses.replace(opts, save_dir=os.path.join(out, "models", task.name) if opts.save_dir
-                                           else "")
+            run_opts = dataclasses.replace(opts, save_dir=models if opts.save_dir else "")
             saved = {"key": key, "result": FT.finetune(source, task, run_opts)}
             if rank == 0:
                 write_json(path, saved)

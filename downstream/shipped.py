@@ -26,6 +26,7 @@ import re
 
 import yaml
 
+from downstream import TaskError
 from ptm.files import write_text
 
 SOURCES = {"tkinter": "widget", "email": "mail", "asyncio": "loop", "xml": "parser"}  # class -> cloze word
@@ -51,6 +52,9 @@ def _documents(corpus: str) -> list[tuple[str, str, str]]:
     """(name, language, text) of every document of a `data_prep corpus` directory."""
     out = []
     for lang in ("en", "zh"):
+        if not os.path.isfile(os.path.join(corpus, f"{lang}.jsonl")):
+            raise TaskError(f"--corpus {corpus} has no {lang}.jsonl: not a `ptm prep corpus` directory; write one with "
+                            "`ptm prep corpus --out DIR`, or leave --corpus out")
         with open(os.path.join(corpus, f"{lang}.jsonl"), encoding="utf-8") as f:
             for line in f:
                 d = json.loads(line)

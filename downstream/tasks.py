@@ -21,9 +21,11 @@ sentences separated by blank lines, `-DOCSTART-` lines skipped; tags are BIO (O,
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import yaml
 
@@ -78,6 +80,7 @@ class Example:
     context: str = ""
     answers: list[tuple[str, int]] = field(default_factory=list)
     id: str = ""
+    line: int = 0  # where it is in its file (classification and regression)
 
 
 @dataclass
@@ -146,6 +149,9 @@ def from_spec(spec: dict, directory: str, default_name: str, where: str) -> Task
     for key, rows in (("train", train), ("dev", dev)):
         if not rows:
             raise TaskError(f"{files[key]}: no examples; the {key} file is empty")
+    if any(isinstance(x, bool) for x in spec.get("labels") or []):
+        raise TaskError(f"{where}: labels {spec['labels']} holds true/false: YAML reads unquoted yes, no, true, false "
+                        "(and on, off) as booleans; quote them (labels: [\"no\", \"yes\"])")
     labels = [str(x) for x in spec.get("labels", [])]
     if kind in ("classification", "tagging"):
         seen = sorted({e.label for e in train} if kind == "classification"  # (tags: dev's too, a rare type's I-)
@@ -155,9 +161,11 @@ def from_spec(spec: dict, directory: str, default_name: str, where: str) -> Task
             for i, e in enumerate(rows):
                 for value in ([e.label] if kind == "classification" else e.tags):
                     if value not in labels:
-                        raise TaskError(f"{files[key]}: example {i + 1} has label {value!r}, which is not among "
-                                        f"{labels[:10]}; list it in `labels:` of {where} or fix the example")
-    metrics = list(spec.get("metrics") or DEFAULT_METRICS[kind])
+                        at = f"{files[key]}:{e.line}: the example" if e.line else f"{files[key]}: example {i + 1}"
+                        raise TaskError(f"{at} has label {value!r}, which is not among {labels[:10]}; list it in "
+                                        f"`labels:` of {where} or fix the example")
+    metrics = spec.get("metrics") or DEFAULT_METRICS[kind]
+    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     from downstream import metrics as M
 
     bad = [m for m in metrics if m not in M.FOR_KIND[kind]]
@@ -168,6 +176,12 @@ def from_spec(spec: dict, directory: str, default_name: str, where: str) -> Task
     if cloze is not None:
         _check_cloze(cloze, labels, kind, where)
     return Task(spec.get("name", default_name), kind, train, dev, labels, metrics, cloze, skipped + skipped_dev)
+
+
+def digest(task: Task) -> str:
+    """What identifies a task's examples and labels, wherever its files are: a re-run on changed files runs again."""
+    data = [task.kind, task.labels, task.metrics, task.cloze, [asdict(e) for e in task.train + task.dev]]
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _natural(x: str):
@@ -183,6 +197,12 @@ def _check_cloze(cloze, labels: list[str], kind: str, where: str) -> None:
     if not isinstance(cloze, dict) or "{mask}" not in str(cloze.get("pattern", "")):
         raise TaskError(f"{where}: `cloze` needs a pattern with {{mask}} and {{text}} (or {{text_a}}, {{text_b}}) "
                         "and a verbalizer {label: word}")
+    try:
+        str(cloze["pattern"]).format(text="", text_a="", text_b="", mask="")
+    except (KeyError, IndexError, ValueError) as e:
+        raise TaskError(f"{where}: cloze.pattern {cloze['pattern']!r} names a field other than {{text}}, {{text_a}}, "
+                        f"{{text_b}}, {{mask}} ({type(e).__name__}: {e}); use those (write {{{{ }}}} for a brace)") \
+            from None
     verbalizer = {str(k): str(v) for k, v in (cloze.get("verbalizer") or {}).items()}
     missing = [lab for lab in labels if lab not in verbalizer]
     if missing:
@@ -235,6 +255,9 @@ def _rows(path: str, spec: dict):
 def _read_labelled(path: str, spec: dict, kind: str) -> tuple[list[Example], int]:
     text, label = spec.get("text"), spec.get("label", "label")
     text = [text] if isinstance(text, str) else text
+    if not isinstance(text, list) or not all(isinstance(t, str) for t in text):
+        raise TaskError(f"{path}: text={spec.get('text')!r} in task.yaml; name the field(s) holding the text, e.g. "
+                        "text: sentence or text: [sentence1, sentence2]")
     if not text or len(text) > 2:
         raise TaskError(f"{path}: `text` names {len(text or [])} fields; name one (single texts) or two (pairs) in "
                         "task.yaml")
@@ -249,11 +272,15 @@ def _read_labelled(path: str, spec: dict, kind: str) -> tuple[list[Example], int
             try:
                 value = float(value)
             except (TypeError, ValueError):
-                raise TaskError(f"{path}:{n}: {label}={value!r} is not a number; a regression task's label is a "
-                                "score") from None
+                value = math.nan
+            if not math.isfinite(value):
+                raise TaskError(f"{path}:{n}: {label}={row[label]!r} is not a finite number; a regression task's "
+                                "label is a score") from None
+        elif value is None:
+            raise TaskError(f"{path}:{n}: {label} is null; give every example its label")
         else:
             value = str(value)
-        out.append(Example(texts=tuple(str(row[k]) for k in text), label=value))
+        out.append(Example(texts=tuple(str(row[k]) for k in text), label=value, line=n))
     return out, 0
 
 

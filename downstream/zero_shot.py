@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import torch
 
@@ -24,6 +25,8 @@ from downstream import models as M
 def read_texts(path: str) -> list[str]:
     """The documents of a text file (one per non-empty line) or a JSONL file ({"text": ...} per line)."""
     out = []
+    if not os.path.isfile(path):
+        raise TaskError(f"{path} is not a file; give a text file (one document per line) or JSONL with \"text\"")
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -41,12 +44,20 @@ def read_texts(path: str) -> list[str]:
     return out
 
 
+def check(source: M.Source, causal: bool, cloze: bool) -> None:
+    """Refuse, before any fine-tuning, zero-shot scores `source` cannot give: perplexity and last word (`causal`)
+    of a model that is not a causal LM, cloze of one without an MLM head."""
+    if causal and not M.causal(source):
+        raise TaskError(f"{source.path}: perplexity and last-word accuracy need a causal language model (GPT, GPT-2, "
+                        f"GPT-3); this is {source.family or 'an unknown family'}")
+    if cloze:
+        _mlm_dir(source)
+
+
 def _causal_lm(source: M.Source):
     import transformers
 
-    if not M.causal(source):
-        raise TaskError(f"{source.path}: perplexity and last-word accuracy need a causal language model (GPT, GPT-2, "
-                        f"GPT-3); this is {source.family or 'an unknown family'}")
+    check(source, causal=True, cloze=False)
     model = transformers.AutoModelForCausalLM.from_pretrained(source.hf_dir).eval()
     return model, M.tokenizer(source)
 
@@ -109,9 +120,8 @@ def last_word(source: M.Source, path: str) -> dict:
     return {"accuracy": hits / n, "target_perplexity": math.exp(nll / pieces), "passages": n}
 
 
-def _mlm(source: M.Source):
-    import os
-
+def _mlm_dir(source: M.Source) -> str:
+    """The directory of `source`'s model with an MLM head."""
     import transformers
 
     hf_dir = source.hf_dir
@@ -125,6 +135,13 @@ def _mlm(source: M.Source):
     if config.is_encoder_decoder:
         raise TaskError(f"{source.path}: cloze scoring reads an MLM head at the masks; {config.model_type} is an "
                         "encoder-decoder (fine-tune it instead)")
+    return hf_dir
+
+
+def _mlm(source: M.Source):
+    import transformers
+
+    hf_dir = _mlm_dir(source)
     model = transformers.AutoModelForMaskedLM.from_pretrained(hf_dir, trust_remote_code=True).eval()
     return model, transformers.AutoTokenizer.from_pretrained(hf_dir)
 

@@ -4,9 +4,11 @@ scores, data parallel = one process, and a re-run that skips finished tasks."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,7 +105,8 @@ def _write(path, text):
     return path
 
 
-@pytest.mark.parametrize("case", ["tsv", "jsonl", "conll", "squad", "label", "yaml", "known"])
+@pytest.mark.parametrize("case", ["tsv", "jsonl", "conll", "squad", "label", "yaml", "known", "booleans", "nan",
+                                  "cloze"])
 def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
     d = tmp_path / case
     spec = {"kind": "classification", "train": "train.tsv", "dev": "dev.tsv", "text": ["sentence"], "label": "label"}
@@ -132,7 +135,22 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
     elif case == "label":
         _write(d / "train.tsv", good)
         _write(d / "dev.tsv", "sentence\tlabel\nx\tc\n")
-        want = ["dev.tsv: example 1 has label 'c'", "list it in `labels:`"]
+        want = ["dev.tsv:2: the example has label 'c'", "list it in `labels:`"]
+    elif case == "booleans":  # `labels: [no, yes]` unquoted
+        spec["labels"] = [False, True]
+        _write(d / "train.tsv", good)
+        _write(d / "dev.tsv", good)
+        want = ["task.yaml: labels [False, True] holds true/false", "quote them"]
+    elif case == "nan":
+        spec["kind"] = "regression"
+        _write(d / "train.tsv", "sentence\tlabel\nfine text\t0.5\nmore text\tnan\n")
+        _write(d / "dev.tsv", good)
+        want = ["train.tsv:3: label='nan' is not a finite number"]
+    elif case == "cloze":
+        spec["cloze"] = {"pattern": "{topic}: {text} {mask}", "verbalizer": {"a": "x", "b": "y"}}
+        _write(d / "train.tsv", good)
+        _write(d / "dev.tsv", good)
+        want = ["cloze.pattern '{topic}: {text} {mask}' names a field other than {text}", "KeyError: 'topic'"]
     elif case == "yaml":
         spec = {"kind": "classify", "train": "train.tsv", "dev": "dev.tsv"}
         _write(d / "train.tsv", good)
@@ -455,6 +473,21 @@ def test_eval_resumes_and_data_parallel_equals_one_process(exports, task_dir, tm
         epochs=1, seeds=(1, 2), lrs=(1e-3,), batch_size=8, max_len=48, max_train=24, save_dir="yes", progress=False))
     assert again["tasks"]["next"]["median"] == a["median"]
     assert f"downstream: next: the result in {tmp_path / 'one' / 'tasks' / 'next.json'} (same" in capsys.readouterr().err
+    opts = FT.Options(epochs=1, seeds=(1, 2), lrs=(1e-3,), batch_size=8, max_len=48, max_train=24, progress=False)
+    shutil.rmtree(tmp_path / "one" / "models")  # --save-model where the finished task's model is not saved: run again
+    with pytest.raises(AssertionError, match="fine-tuned again"):
+        E.evaluate(exports["bert-tiny"], str(tmp_path / "one"), [str(small)], dataclasses.replace(opts, save_dir="y"))
+    dev = (small / "dev.jsonl").read_text().splitlines(True)
+    (small / "dev.jsonl").write_text("".join(dev[:-1]))  # the task's examples changed: it runs again
+    with pytest.raises(AssertionError, match="fine-tuned again"):
+        E.evaluate(exports["bert-tiny"], str(tmp_path / "one"), [str(small)], opts)
+    # what would fail after the fine-tuning fails before it, in one line
+    (tmp_path / "text.txt").write_text("Some text to score.\n")
+    for tasks, text, says in (([str(small), str(task_dir / "next")], None, "are both named 'next' (results are kept"),
+                              ([str(small)], str(tmp_path / "none.txt"), "none.txt is not a file; give a text file"),
+                              ([str(small)], str(tmp_path / "text.txt"), "need a causal language model")):
+        with pytest.raises(TaskError, match=re.escape(says)):
+            E.evaluate(exports["bert-tiny"], str(tmp_path / "one"), tasks, opts, text=text)
 
 
 # ---- ptm compare ----------------------------------------------------------------------------------------------------
@@ -546,3 +579,32 @@ def test_compare_with_a_mistyped_set_is_one_line(train_data, task_dir, tmp_path)
         cli.main(["compare", "bert-tiny", "--data", train_data, "--task", str(task_dir / "next"), "--budget",
                   "tokens=2e4", "--out", str(tmp_path / "cmp"), "--set", "data.seqlen=64"])
     assert stop.value.code.startswith("downstream: error: --set data.seqlen=64: unknown key 'data.seqlen'")
+
+
+def test_a_pretraining_ends_with_the_compare_that_started_it(tmp_path):
+    """`ptm compare` killed outright (SIGKILL): the pretraining it started ends too, instead of writing on beside
+    the one a re-run starts in the same cell."""
+    import signal
+    import time
+
+    pid_file = tmp_path / "trainer.pid"
+    trainer = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    parent = subprocess.Popen([sys.executable, "-c", "import sys; from downstream.compare import _train; "
+                               f"_train('bert-tiny', [], [sys.executable, '-c', {trainer!r}], {str(tmp_path)!r})"],
+                              cwd=ROOT)
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the pretraining outlived the compare that started it")
