@@ -635,6 +635,7 @@ def build(opts: BuildOptions) -> dict | None:
                         "keeps none: pass --structure sentences or more")
     if opts.entities and not T.has(structure, "full"):
         raise PrepError(f"--entities records entity spans, which only --structure full keeps (not {structure})")
+    _entities(opts.entities, opts.text)  # (a missing or unreadable file: said now, not after the tokenizer's training)
     files = expand_inputs(opts.inputs, opts.format, opts.out)
 
     def start() -> dict | None:

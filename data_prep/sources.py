@@ -6,6 +6,7 @@ name the file and line.
 """
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
 import io
@@ -112,11 +113,17 @@ def expand_inputs(inputs: list[str], forced_format: str | None, out: str | None 
 
 
 def _open_binary(path: str):
+    """The file's bytes (decompressed), after a UTF-8 byte-order mark if it starts with one (Windows tools write
+    one; it is no text)."""
     if path.endswith(".gz"):
-        return gzip.open(path, "rb")
-    if path.endswith(".zst"):
-        return io.BufferedReader(_Zstd(path))
-    return open(path, "rb")
+        f = gzip.open(path, "rb")
+    elif path.endswith(".zst"):
+        f = io.BufferedReader(_Zstd(path))
+    else:
+        f = open(path, "rb")
+    if f.peek(3)[:3] == codecs.BOM_UTF8:
+        f.read(3)
+    return f
 
 
 class _Zstd(io.RawIOBase):

@@ -322,6 +322,9 @@ def test_input_errors_are_one_clear_line(small, sp_model, tmp_path):
         (tmp_path / name).write_bytes(whole[:len(whole) // 2])
         assert f"cannot read {tmp_path / name} as jsonl: " in _error("build", tmp_path / name, "--out", out,
                                                                      "--tokenizer", sp_model)
+    assert "entity dictionary not found" in _error("build", good, "--out", tmp_path / "ent", "--entities",
+                                                   tmp_path / "none.txt")
+    assert not (tmp_path / "ent" / "tokenizer").exists()  # said before a tokenizer is trained
     said = run_cli("data_prep", "build", good, "--out", out, "--sentinels", "-3", check=False)
     assert said.returncode == 2 and "argument --sentinels: '-3' is not a count" in said.stderr.splitlines()[-1]
     (tmp_path / "weird.xyz").write_text("x")

@@ -32,6 +32,11 @@ def _write(kind, docs, d):
             f.write(open(write_jsonl(d / "tmp.jsonl", [{"text": t} for t in docs]), encoding="utf-8").read())
         os.remove(d / "tmp.jsonl")
         return [d / "docs.jsonl.gz"], {}
+    if kind == "jsonl-bom":  # a UTF-8 byte-order mark first, as Windows tools write
+        raw = open(write_jsonl(d / "tmp.jsonl", [{"text": t} for t in docs]), "rb").read()
+        (d / "docs.jsonl").write_bytes(b"\xef\xbb\xbf" + raw)
+        os.remove(d / "tmp.jsonl")
+        return [d / "docs.jsonl"], {}
     if kind == "jsonl.zst":  # two frames, as pzstd and `zstd -T` write
         raw = open(write_jsonl(d / "tmp.jsonl", [{"text": t} for t in docs]), "rb").read()
         half = raw.index(b"\n", len(raw) // 2) + 1
@@ -70,8 +75,8 @@ def _write(kind, docs, d):
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["jsonl.gz", "jsonl.zst", "parquet", "parquet-named-otherwise", "arrow-file",
-                                  "arrow-stream", "text-files", "text-blank-line", "text-line"])
+@pytest.mark.parametrize("kind", ["jsonl.gz", "jsonl-bom", "jsonl.zst", "parquet", "parquet-named-otherwise",
+                                  "arrow-file", "arrow-stream", "text-files", "text-blank-line", "text-line"])
 def test_every_format_gives_the_same_documents(kind, docs, reference, sp_model, tmp_path):
     (tmp_path / "in").mkdir()
     inputs, kw = _write(kind, docs, tmp_path / "in")
