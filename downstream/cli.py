@@ -63,7 +63,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--task", dest="tasks", action="append", default=[], metavar="DIR|NAME=DIR",
                    help="a task directory with task.yaml (`ptm tasks` writes the shipped ones), or a known layout "
                         "and its files, e.g. sst2=~/glue/SST-2, conll2003=~/conll, squad=~/squad (repeatable)")
-    e.add_argument("--out", help="results directory (default eval/NAME-OF-MODEL; a checkpoint's eval/RUN-step_N)")
+    e.add_argument("--out", help="results directory (default eval/NAME-OF-MODEL; a checkpoint's eval/RUN-step_N; "
+                                 "-scratch added with --no-pretraining, -FEATURES with --features)")
     e.add_argument("--no-pretraining", dest="pretrained", action="store_false",
                    help="the same architecture randomly initialised: the baseline that shows what pretraining bought")
     e.add_argument("--cloze", action="store_true",

@@ -102,6 +102,8 @@ class Task:
 def load(arg: str) -> Task:
     """A task from `DIR` (holding task.yaml) or `NAME=DIR` (a `KNOWN` layout, task.yaml in DIR overriding it)."""
     name, _, directory = arg.rpartition("=")
+    if os.path.isdir(os.path.expanduser(arg)):  # a directory whose path holds "=" (lr=1e-4/next) is one
+        name, directory = "", arg
     directory = os.path.expanduser(directory)
     spec_file = os.path.join(directory, "task.yaml")
     spec = dict(KNOWN[name]) if name in KNOWN else {}

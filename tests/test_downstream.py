@@ -178,6 +178,13 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
         assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == f"downstream: error: {msg}"
 
 
+def test_a_task_directory_whose_path_holds_an_equals_sign(task_dir, tmp_path):
+    """`--task runs/lr=1e-4/next` is that directory, not the known layout `runs/lr` of the files in `1e-4/next`."""
+    shutil.copytree(task_dir / "next", tmp_path / "lr=1e-4" / "next")
+    task = T.load(str(tmp_path / "lr=1e-4" / "next"))
+    assert (task.name, len(task.dev)) == ("next", len(T.load(str(task_dir / "next")).dev))
+
+
 def test_eval_of_what_is_no_model_is_one_line_and_writes_nothing(task_dir, tmp_path, capsys):
     from downstream import cli
 
