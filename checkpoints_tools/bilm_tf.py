@@ -183,6 +183,7 @@ def read_model(elmo_dir: str, vocab_size: int = 0) -> tuple[ModelConfig, dict, l
 def from_elmo(elmo_dir: str, out: str) -> tuple[str, list[str]]:
     """A ptm checkpoint (step 0) from options.json + weights.hdf5 (+ vocab.txt); returns it and what was initialised."""
     from checkpoints_tools.hf import _params
+    from checkpoints_tools.reshard import fresh
 
     for name in ("options.json", "weights.hdf5", "vocab.txt"):
         if not os.path.isfile(os.path.join(elmo_dir, name)):
@@ -191,19 +192,20 @@ def from_elmo(elmo_dir: str, out: str) -> tuple[str, list[str]]:
     with open(os.path.join(elmo_dir, "vocab.txt"), encoding="utf-8", errors="replace") as f:
         words = sum(1 for _ in f)
     cfg, state, missing = read_model(elmo_dir, words)
-    os.makedirs(os.path.join(out, "tokenizer"), exist_ok=True)
-    C.save_model(out, state)
-    for name in TOKENIZER_FILES:
-        path = os.path.join(elmo_dir, name)
-        if os.path.isfile(path):
-            shutil.copy(path, os.path.join(out, "tokenizer", name))
-    meta = os.path.join(out, "tokenizer", "ptm_tokenizer.json")
-    if not os.path.isfile(meta):
-        from data_prep.tokenizer import load_tokenizer
-        from ptm.files import write_json
+    with fresh(out) as tmp:
+        os.makedirs(os.path.join(tmp, "tokenizer"))
+        C.save_model(tmp, state)
+        for name in TOKENIZER_FILES:
+            path = os.path.join(elmo_dir, name)
+            if os.path.isfile(path):
+                shutil.copy(path, os.path.join(tmp, "tokenizer", name))
+        meta = os.path.join(tmp, "tokenizer", "ptm_tokenizer.json")
+        if not os.path.isfile(meta):
+            from data_prep.tokenizer import load_tokenizer
+            from ptm.files import write_json
 
-        write_json(meta, {"kind": "words", "files": ["vocab.txt"], "lowercase": False})
-        write_json(meta, load_tokenizer(os.path.join(out, "tokenizer")).meta())
-    C.write_meta(out, model=cfg, params=_params(cfg, state), extra={"source": os.path.abspath(elmo_dir),
-                                                                     "initialised": missing})
+            write_json(meta, {"kind": "words", "files": ["vocab.txt"], "lowercase": False})
+            write_json(meta, load_tokenizer(os.path.join(tmp, "tokenizer")).meta())
+        C.write_meta(tmp, model=cfg, params=_params(cfg, state), extra={"source": os.path.abspath(elmo_dir),
+                                                                         "initialised": missing})
     return out, missing

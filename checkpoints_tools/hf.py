@@ -154,7 +154,7 @@ def _write_hf(family: families.Adapter, cfg: ModelConfig, config, state: dict, c
                                 f"unexpected {result.unexpected_keys[:5]}")
     save_pretrained(model, out, max_shard_size=max_shard_size)
     for path in family.files():  # e.g. a modeling file that config.json's auto_map names
-        shutil.copy(path, out)
+        shutil.copyfile(path, os.path.join(out, os.path.basename(path)))
 
 
 def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:

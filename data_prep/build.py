@@ -365,11 +365,11 @@ def _new_stats() -> dict:
 
 
 def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, fingerprint: str,
-                    opts: BuildOptions) -> dict:
+                    opts: BuildOptions, entities: list[str]) -> dict:
     out = opts.out
     journal = _resume(out, p, fingerprint, files)
     if journal["done"]:
-        _log(f"partition {p}: already complete ({len(journal['shards'])} shards)")
+        _log(f"partition {p}: already complete ({sum(1 for e in journal['shards'] if e['file'])} shards)")
         return journal
     done = journal["shards"]
     cursor = done[-1]["cursor"] if done else 0
@@ -386,7 +386,6 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
 
     keep_freed_memory()  # the main process's shards too; forked workers inherit it
     writer = ShardWriter(out, f"part{p:05d}", tok.vocab_size, opts.shard_size, first_index=sum(1 for e in done if e["file"]))
-    entities = _entities(opts.entities, opts.text)
     threads = max(1, (os.cpu_count() or 1) // max(opts.workers, 1))
     chunks = read_chunks(files, first_index, fmt=opts.format, fields=opts.fields, doc_boundary=opts.doc_boundary,
                          skip=cursor)
@@ -635,7 +634,7 @@ def build(opts: BuildOptions) -> dict | None:
                         "keeps none: pass --structure sentences or more")
     if opts.entities and not T.has(structure, "full"):
         raise PrepError(f"--entities records entity spans, which only --structure full keeps (not {structure})")
-    _entities(opts.entities, opts.text)  # (a missing or unreadable file: said now, not after the tokenizer's training)
+    entities = _entities(opts.entities, opts.text)  # (a file missing or not UTF-8: said before the tokenizer trains)
     files = expand_inputs(opts.inputs, opts.format, opts.out)
 
     def start() -> dict | None:
@@ -647,11 +646,14 @@ def build(opts: BuildOptions) -> dict | None:
                 with open(manifest_path) as f:
                     old = json.load(f)
                 options = json.loads(json.dumps(opts.content_options(), default=str))
-                sources = {s["path"]: s["bytes"] for s in old.get("sources", [])}  # the files, however named
+                sources = [(s["path"], s["bytes"]) for s in old.get("sources", [])]  # the files, however named
                 changed = _changes(old.get("options", {}), options, with_inputs=not sources)
-                now = {os.path.abspath(f): os.path.getsize(f) for f in files}
-                changed += [f"{f}: {sources.get(f, 'not an input')} -> {now.get(f, 'not an input')} bytes"
-                            for f in sorted(set(sources) | set(now)) if sources.get(f) != now.get(f)][:3]
+                now = [(os.path.abspath(f), os.path.getsize(f)) for f in files]
+                if sources and sources != now:
+                    was, new = dict(sources), dict(now)
+                    changed += [f"{f}: {was.get(f, 'not an input')} -> {new.get(f, 'not an input')} bytes"
+                                for f in sorted(set(was) | set(new)) if was.get(f) != new.get(f)][:3] or [
+                        "the inputs' order"]
                 if not changed:
                     _log(f"{opts.out} is already built with these options; nothing to do")
                     _finished(opts.out)
@@ -675,7 +677,7 @@ def build(opts: BuildOptions) -> dict | None:
     todo = range(opts.num_partitions) if opts.partition is None else [opts.partition]
     for p in todo:
         first, part_files = parts[p]
-        _together(comm, lambda: build_partition(part_files, first, p, tok, fingerprint, opts))
+        _together(comm, lambda: build_partition(part_files, first, p, tok, fingerprint, opts, entities))
     if comm is not None:
         manifest = _together(comm, lambda: finalize(opts.out, opts=opts, files=files), everywhere=False)
         return manifest if comm.rank == 0 else None
@@ -767,10 +769,13 @@ def _dedup_across_partitions(out: str, journals: list[dict]) -> int:
                     seen.add(h)
                 if not keep.all():
                     batch = batch.filter(pa.array(keep))
-                    write_table_atomic(path, batch, batch.schema)
-                if batch.num_rows != entry["num_documents"]:
-                    dropped += entry["num_documents"] - batch.num_rows
-                    entry.update(shard_entry(path, batch))
+                    now = write_table_atomic(path, batch, batch.schema)
+                elif batch.num_rows != entry["num_documents"]:  # rewritten by a run cut short
+                    now = shard_entry(path, batch)
+                else:
+                    continue
+            dropped += entry["num_documents"] - batch.num_rows
+            entry.update(now)
     return dropped
 
 

@@ -133,28 +133,33 @@ class _Zstd(io.RawIOBase):
     def __init__(self, path: str):
         import zstandard
 
-        self._new, self._file = zstandard.ZstdDecompressor().decompressobj, open(path, "rb")
-        self._frame, self._inside, self._out = self._new(), False, b""
+        self._new, self._file, self._error = zstandard.ZstdDecompressor().decompressobj, open(path, "rb"), \
+            zstandard.ZstdError
+        self._frame, self._inside, self._out, self._at = self._new(), False, b"", 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while not self._out:
+        while self._at == len(self._out):
             raw = self._file.read(1 << 17)
             if not raw:
                 if self._inside:
                     raise EOFError("the file ends inside a zstd frame (truncated)")
                 return 0
             out = []
-            while raw:
-                out.append(self._frame.decompress(raw))
-                self._inside, raw = not self._frame.eof, b""
-                if self._frame.eof:
-                    raw, self._frame = self._frame.unused_data, self._new()
-            self._out = b"".join(out)
-        n = min(len(buffer), len(self._out))
-        buffer[:n], self._out = self._out[:n], self._out[n:]
+            try:
+                while raw:
+                    out.append(self._frame.decompress(raw))
+                    self._inside, raw = not self._frame.eof, b""
+                    if self._frame.eof:
+                        raw, self._frame = self._frame.unused_data, self._new()
+            except self._error as e:  # not zstd, or damaged
+                raise OSError(f"not a valid zstd file ({e})") from None
+            self._out, self._at = memoryview(b"".join(out)), 0
+        n = min(len(buffer), len(self._out) - self._at)
+        buffer[:n] = self._out[self._at:self._at + n]
+        self._at += n
         return n
 
     def close(self) -> None:

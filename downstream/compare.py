@@ -110,16 +110,23 @@ def calibrate(preset: str, sets: list[str], out: str, launcher: list[str]) -> fl
         return float(json.load(f)["tokens_per_s"])
 
 
-def _ends_with_parent() -> None:
-    """In a pretraining's process, before it runs: SIGTERM when `ptm compare` dies (Linux's PR_SET_PDEATHSIG; torchrun
-    passes it on to its workers), so a compare killed outright leaves no trainer writing its cell."""
+def _ends_with_parent():
+    """What a pretraining's process runs before it starts (preexec_fn): SIGTERM when `ptm compare` dies (Linux's
+    PR_SET_PDEATHSIG; torchrun passes it on to its workers), so a compare killed outright leaves no trainer writing its
+    cell. The function is looked up here, in the parent: the child, forked from a process with threads, only calls."""
     import ctypes
     import signal
 
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
     except (OSError, AttributeError):  # not Linux: the trainer outlives a killed compare
-        pass
+        return None
+
+    def in_child() -> None:
+        prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before: no signal will come
+            os._exit(1)
+    return in_child
 
 
 def _train(preset: str, sets: list[str], launcher: list[str], out: str) -> None:
@@ -127,7 +134,7 @@ def _train(preset: str, sets: list[str], launcher: list[str], out: str) -> None:
     os.makedirs(out, exist_ok=True)
     cmd = [*launcher, "-m", "pretrain", "train", "--config", preset, "--set", *sets]
     with open(os.path.join(out, "train.log"), "a") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ends_with_parent)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ends_with_parent())
     if proc.returncode:
         raise TaskError(f"pretraining {preset} failed (exit {proc.returncode}); see {out}/train.log")
 
@@ -169,10 +176,11 @@ def compare(presets: list[str], data: str, task_args: list[str], kind: str, budg
 
     if kind not in BUDGETS:
         raise TaskError(f"--budget {kind}=...: choose {' | '.join(BUDGETS)}")
-    for arg in task_args:
-        T.load(arg)  # bad task files fail before any training
+    T.load_all(task_args)  # bad task files fail before any training
     if not os.path.isfile(os.path.join(data, "manifest.json")):  # (nor is OUT made)
         raise TaskError(f"--data {data}: not a ptm dataset (no manifest.json); build one with `ptm prep build`")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise TaskError(f"--out {out} is a file; pass a directory for the comparison")
     os.makedirs(out, exist_ok=True)
     launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                      f"--nproc_per_node={nproc}"]

@@ -31,13 +31,7 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
 
     if os.path.exists(out) and not os.path.isdir(out):
         raise TaskError(f"--out {out} is a file; pass a directory for the results")
-    tasks = [T.load(arg) for arg in task_args]  # bad task files fail before any work
-    named = {}
-    for arg, task in zip(task_args, tasks):
-        if task.name in named:
-            raise TaskError(f"--task {named[task.name]} and --task {arg} are both named {task.name!r} (results are "
-                            "kept by name); give one of them another `name:` in its task.yaml")
-        named[task.name] = arg
+    tasks = T.load_all(task_args)  # bad task files fail before any work
     for path in (text, last_word):
         if path:
             Z.read_texts(path)
@@ -66,8 +60,8 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
         unsaved = opts.save_dir and not source.elmo and not os.path.isfile(os.path.join(models, "config.json"))
         saved = _broadcast(_done(path, key) if rank == 0 and not unsaved else None)  # (ranks: rank 0's reading)
         if saved is not None and rank == 0:
-            print(f"downstream: {task.name}: the result in {path} (same model, weights and options; delete it to run "
-                  "again)", file=sys.stderr)
+            print(f"downstream: {task.name}: the result in {path} (same model, weights, options and examples; delete "
+                  "it to run again)", file=sys.stderr)
         if saved is None:
             run_opts = dataclasses.replace(opts, save_dir=models if opts.save_dir else "")
             saved = {"key": key, "result": FT.finetune(source, task, run_opts)}

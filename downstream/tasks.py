@@ -101,9 +101,9 @@ class Task:
 
 def load(arg: str) -> Task:
     """A task from `DIR` (holding task.yaml) or `NAME=DIR` (a `KNOWN` layout, task.yaml in DIR overriding it)."""
-    name, _, directory = arg.rpartition("=")
-    if os.path.isdir(os.path.expanduser(arg)):  # a directory whose path holds "=" (lr=1e-4/next) is one
-        name, directory = "", arg
+    name, _, directory = arg.partition("=")
+    if name not in KNOWN and (os.path.isdir(os.path.expanduser(arg)) or os.sep in name):
+        name, directory = "", arg  # a directory, whose path may hold "=" (runs/lr=1e-4/next)
     directory = os.path.expanduser(directory)
     spec_file = os.path.join(directory, "task.yaml")
     spec = dict(KNOWN[name]) if name in KNOWN else {}
@@ -127,6 +127,17 @@ def load(arg: str) -> Task:
         raise TaskError(f"--task {arg}: {spec_file} does not exist; write one (kind, train, dev, text, label) or "
                         f"pass a known task as NAME=DIR ({', '.join(KNOWN)})")
     return from_spec(spec, directory, name or os.path.basename(os.path.normpath(directory)), spec_file)
+
+
+def load_all(args: list[str]) -> list[Task]:
+    """The tasks of --task arguments, each named once (results are kept by name)."""
+    tasks, named = [load(arg) for arg in args], {}
+    for arg, task in zip(args, tasks):
+        if task.name in named:
+            raise TaskError(f"--task {named[task.name]} and --task {arg} are both named {task.name!r} (results are "
+                            "kept by name); give one of them another `name:` in its task.yaml")
+        named[task.name] = arg
+    return tasks
 
 
 def from_spec(spec: dict, directory: str, default_name: str, where: str) -> Task:

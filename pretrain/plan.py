@@ -35,7 +35,7 @@ SHA256_GBPS = 1.0  # each writer hashes its files after writing them (meta.json 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--config",
                     help="YAML file, or a preset name from configs/ (bert-large, gpt2-xl, ernie-base, ...); "
-                                     "required unless --check")
+                         "required unless --check")
     ap.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                     help="override config keys, e.g. --set zero.stage=3 train.micro_batch_size=32 parallel.tp=2")
     ap.add_argument("--gpus", type=whole("a count (1, 2, ...)"), metavar="N",
@@ -105,8 +105,6 @@ def run(args: argparse.Namespace) -> int:
     """The report for parsed `plan` arguments; returns the exit status."""
     try:
         efficiency = speed.efficiency(args.efficiency)
-        if args.launch_us is not None and args.launch_us <= 0:
-            raise ConfigError(f"--launch-us {args.launch_us:g}: a time per launch is positive (microseconds)")
         if args.check:
             print(speed.check(args.check, args.gpu, args.interconnect, efficiency,
                               _count if args.count_launches else None, args.launch_us))

@@ -624,6 +624,8 @@ def measured(run_dir: str, since: int = 0) -> dict:
     from pretrain.report import ReportError, log_rows
 
     path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path} is missing: --check needs a ptm run's out_dir with at least one logged step")
     try:
         rows = [r for r in log_rows(path) if r["step"] > since]
     except ReportError as e:
@@ -654,9 +656,10 @@ def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Eff
     with open(launch_path) as f:
         launch = json.load(f)
     cfg = load(os.path.join(run_dir, "config.yaml"))
-    if launch.get("cwd"):  # a relative data.path, from where the run started
+    if launch.get("cwd"):  # relative paths of the data, from where the run started
         paths = [os.path.join(launch["cwd"], p) for p in cfg.data.paths]
         cfg.data.path = paths[0] if isinstance(cfg.data.path, str) else paths
+        cfg.data.similar_words = cfg.data.similar_words and os.path.join(launch["cwd"], cfg.data.similar_words)
     if gpu_name:
         hw = gpu(gpu_name, interconnect, launch["gpus_per_node"])
     else:

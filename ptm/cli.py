@@ -26,7 +26,7 @@ TOOLS = {
 def whole(what: str, least: int = 1):
     """An argparse type: a whole number, `least` or more; its error says the value "is not {what}"."""
     def parse(value: str) -> int:
-        if not value.strip().isdigit() or int(value) < least:
+        if not value.strip().isdecimal() or int(value) < least:
             raise argparse.ArgumentTypeError(f"{value!r} is not {what}")
         return int(value)
     return parse

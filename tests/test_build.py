@@ -128,7 +128,8 @@ def test_finalize_cut_short_then_run_again(three_files, sp_model, reference, tmp
     assert verify(str(out)) == [f"{out}: .partial/ present: a build is still writing here, or its end was cut short "
                                 "(re-run the build or `finalize` to finish it)"]
     monkeypatch.undo()
-    assert B.finalize(str(out)) == m and verify(str(out)) == []
+    again = B.finalize(str(out))
+    assert {**again, "created": m["created"]} == m and verify(str(out)) == []
     assert contents(out) == reference["contents"]
     assert m["stats"]["duplicates"] == reference["manifest"]["stats"]["duplicates"]
 
@@ -275,6 +276,13 @@ def test_rebuild_is_a_no_op_and_other_options_need_overwrite(small, sp_model, tm
     assert other.returncode == 2 and "(min_chars 1 -> 400); pass --overwrite" in other.stderr, other.stderr
     run_cli(*args, "--min-chars", "400", "--overwrite")
     assert json.load(open(out / "manifest.json"))["stats"]["filtered_short"] > 0
+
+
+def test_finished_build_rerun_with_the_inputs_reordered_is_refused(three_files, sp_model, tmp_path):
+    """The inputs' order is the documents' order (and decides which duplicate stays): not the same build."""
+    quick_build(three_files[:2], tmp_path / "ds", tokenizer=sp_model)
+    with pytest.raises(PrepError, match=re.escape("other options or inputs (the inputs' order); pass --overwrite")):
+        quick_build(three_files[1::-1], tmp_path / "ds", tokenizer=sp_model)
 
 
 def test_output_inside_an_input_directory_is_not_read(small, sp_model, tmp_path):
