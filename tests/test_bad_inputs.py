@@ -146,6 +146,12 @@ def _pretrain(argv):
     main(argv)
 
 
+def _downstream(argv):
+    from downstream.cli import main
+
+    main(argv)
+
+
 def _prep(argv):
     from data_prep.cli import main
 
@@ -264,6 +270,21 @@ CASES = {
     "build a missing input": (_prep, lambda w: [os.path.join(w.root, "nothing.txt"), "build",
                                                 os.path.join(w.root, "nothing.txt"), "--out", w.out],
                               ["input not found", "check the path"]),
+    "build with an entity file that is not text": (_prep, lambda w: [w.random_file, "build", w.text, "--out", w.out,
+                                                                     "--entities", w.random_file],
+                                                   ["is not UTF-8", "convert it to UTF-8"]),
+    "train a tokenizer into a file": (_prep, lambda w: [w.random_file, "train-tokenizer", w.text, "--out",
+                                                        w.random_file], ["is a file", "choose another --out"]),
+    "plan for a GPU of no memory": (_pretrain, lambda w: ["'0'", "plan", "--config", "bert-tiny", "--gpu-memory", "0"],
+                                    ["is not a size in GiB"]),
+    "eval into a file": (_downstream, lambda w: [w.random_file, "eval", w.hf, "--task", w.empty, "--out",
+                                                 w.random_file], ["is a file", "a directory for the results"]),
+    "compare at a budget of no end": (_downstream, lambda w: ["flops=inf", "compare", "bert-tiny", "--data", w.empty,
+                                                              "--task", w.empty, "--budget", "flops=inf", "--out",
+                                                              w.out], ["a finite number above 0"]),
+    "tasks of a directory without the corpus": (_downstream, lambda w: [w.empty, "tasks", "--out", w.out, "--corpus",
+                                                                        w.empty], ["has no en.jsonl",
+                                                                                   "ptm prep corpus --out"]),
 }
 
 

@@ -366,6 +366,13 @@ def test_bad_records_skipped_are_counted_and_listed(sp_model, tmp_path):
     assert m["stats"]["skipped"] == {"invalid UTF-8": 2, "malformed JSON": 1, "non-string field": 1}
     rejects = (tmp_path / "ds" / "rejects.txt").read_text().splitlines()
     assert [r.split(": ")[0] for r in rejects] == [f"{src}:2", f"{src}:3", f"{src}:5", f"{txt}:3"]
+    import data_prep.build as B  # a list held to its cap says how many it leaves out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(B, "MAX_REJECTS_PER_SHARD", 2)
+        quick_build([src, txt], tmp_path / "capped", tokenizer=sp_model, on_error="skip")
+    assert (tmp_path / "capped" / "rejects.txt").read_text().splitlines()[2:] == [
+        "... and 2 more, not listed (at most 2 a shard)"]
 
 
 def test_bad_record_fails_before_training_a_tokenizer(small, tmp_path):

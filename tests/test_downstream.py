@@ -106,7 +106,7 @@ def _write(path, text):
 
 
 @pytest.mark.parametrize("case", ["tsv", "jsonl", "conll", "squad", "label", "yaml", "known", "booleans", "nan",
-                                  "cloze"])
+                                  "cloze", "null", "text"])
 def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
     d = tmp_path / case
     spec = {"kind": "classification", "train": "train.tsv", "dev": "dev.tsv", "text": ["sentence"], "label": "label"}
@@ -151,6 +151,16 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
         _write(d / "train.tsv", good)
         _write(d / "dev.tsv", good)
         want = ["cloze.pattern '{topic}: {text} {mask}' names a field other than {text}", "KeyError: 'topic'"]
+    elif case == "null":
+        spec.update(train="train.jsonl", dev="dev.jsonl")
+        _write(d / "train.jsonl", '{"sentence": "a", "label": "x"}\n{"sentence": "b", "label": null}\n')
+        _write(d / "dev.jsonl", '{"sentence": "a", "label": "x"}\n')
+        want = ["train.jsonl:2: label is null", "give every example its label"]
+    elif case == "text":
+        spec["text"] = 5
+        _write(d / "train.tsv", good)
+        _write(d / "dev.tsv", good)
+        want = ["text=5 in task.yaml", "name the field(s) holding the text"]
     elif case == "yaml":
         spec = {"kind": "classify", "train": "train.tsv", "dev": "dev.tsv"}
         _write(d / "train.tsv", good)
@@ -183,6 +193,15 @@ def test_a_task_directory_whose_path_holds_an_equals_sign(task_dir, tmp_path):
     shutil.copytree(task_dir / "next", tmp_path / "lr=1e-4" / "next")
     task = T.load(str(tmp_path / "lr=1e-4" / "next"))
     assert (task.name, len(task.dev)) == ("next", len(T.load(str(task_dir / "next")).dev))
+
+
+def test_one_metric_is_named_without_a_list(task_dir, tmp_path):
+    import yaml
+
+    shutil.copytree(task_dir / "next", tmp_path / "next")
+    spec = yaml.safe_load((tmp_path / "next" / "task.yaml").read_text())
+    (tmp_path / "next" / "task.yaml").write_text(yaml.safe_dump({**spec, "metrics": "mcc"}))
+    assert T.load(str(tmp_path / "next")).metrics == ["mcc"]
 
 
 def test_eval_of_what_is_no_model_is_one_line_and_writes_nothing(task_dir, tmp_path, capsys):

@@ -44,6 +44,8 @@ def test_bert_to_hf_loads_in_transformers_with_its_tokenizer(sp_model, tmp_path)
     refused = call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", tmp_path / "notes", check=False)
     assert refused.returncode == 2 and "holds files but no config.json" in refused.stderr
     assert os.listdir(tmp_path / "notes") == ["todo.txt"]
+    for f in (tmp_path / "run" / "checkpoints").glob("step_*/tokenizer/*"):
+        f.chmod(0o600)  # a checkpoint's files of a mode of their own: the export's files take the umask's
     call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)  # one file; then shards replace it
     assert (out / "model.safetensors").is_file()
     call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out,  # a run dir: its latest checkpoint
@@ -53,7 +55,7 @@ def test_bert_to_hf_loads_in_transformers_with_its_tokenizer(sp_model, tmp_path)
     # weights and checkpoint shards as readable as the files beside them (safetensors 0.8 writes 0600)
     mode = lambda path: path.stat().st_mode & 0o777  # noqa: E731
     shards = list((tmp_path / "run").glob("checkpoints/step_*/shards/*.safetensors"))
-    assert shards and {mode(p) for p in [*out.glob("*.safetensors"), *shards]} == {mode(out / "config.json")}
+    assert shards and {mode(p) for p in [*out.iterdir(), *shards]} == {mode(out / "config.json")}
     hf = transformers.AutoModelForPreTraining.from_pretrained(out).eval()
     assert type(hf).__name__ == "BertForPreTraining"
     tok = transformers.AutoTokenizer.from_pretrained(out)
