@@ -74,7 +74,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--last-word", metavar="FILE", help="LAMBADA-style last-word accuracy of a causal model on these "
                                                        "passages (one per line, or JSONL with \"text\")")
     e.add_argument("--save-model", action="store_true",
-                   help="save each task's best fine-tuned model to OUT/models/TASK (transformers loads it)")
+                   help="save each task's fine-tuned model to OUT/models/TASK (transformers loads it): the best "
+                        "seed's at the learning rate reported")
     e.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     _finetune_options(e)
     c = sub.add_parser("compare", help="families pretrained on one dataset at an equal budget, each beside its "

@@ -266,9 +266,9 @@ def finetune(source: M.Source, task: Task, opts: Options) -> dict:
     """Every (learning rate, seed) of the grid on one task; the chosen rate's median and spread."""
     lrs = opts.task_model_lrs if source.elmo or opts.features else opts.lrs
     main = task.metrics[0]
-    grid, best, head = {}, None, None
+    grid, kept, head = {}, {}, None
     for lr in lrs:
-        runs = []
+        runs, best = [], None
         for seed in opts.seeds:
             metrics, curve, model, inputs = run_one(source, task, lr, seed, opts)
             head = head or M.head_name(model)
@@ -279,7 +279,9 @@ def finetune(source: M.Source, task: Task, opts: Options) -> dict:
                 del model
         values = [r["metrics"][main] for r in runs]
         grid[f"{lr:g}"] = {"median": statistics.median(values), "runs": runs}
+        kept[f"{lr:g}"] = best  # (--save-model: each rate's best seed, until the rate is chosen)
     chosen = max(grid, key=lambda k: grid[k]["median"])
+    best = kept[chosen]
     values = [r["metrics"][main] for r in grid[chosen]["runs"]]
     out = {"kind": task.kind, "metric": main, "lr": float(chosen), "median": statistics.median(values),
            "min": min(values), "max": max(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -193,6 +194,30 @@ def test_a_task_directory_whose_path_holds_an_equals_sign(task_dir, tmp_path):
     shutil.copytree(task_dir / "next", tmp_path / "lr=1e-4" / "next")
     task = T.load(str(tmp_path / "lr=1e-4" / "next"))
     assert (task.name, len(task.dev)) == ("next", len(T.load(str(task_dir / "next")).dev))
+
+
+def test_save_model_keeps_the_reported_rates_best_seed(monkeypatch):
+    """--save-model saves the best seed at the learning rate the result reports (best median), not the best single
+    run of the grid, which may be of another rate."""
+    scores = {(1e-3, 1): 0.9, (1e-3, 2): 0.1, (1e-4, 1): 0.6, (1e-4, 2): 0.7}  # medians 0.5 and 0.65
+    saved = []
+
+    class Model:
+        def __init__(self, lr, seed):
+            self.run = (lr, seed)
+
+        def save(self, directory, tok):
+            saved.append(self.run)
+
+    def run_one(source, task, lr, seed, opts):
+        return {"accuracy": scores[lr, seed]}, {"loss": [], "dev": []}, Model(lr, seed), types.SimpleNamespace(tok=0)
+
+    monkeypatch.setattr(FT, "run_one", run_one)
+    monkeypatch.setattr(FT.M, "head_name", lambda model: "head")
+    task = T.Task("t", "classification", [T.Example(texts=("a",), label="x")], [], ["x"], ["accuracy"])
+    out = FT.finetune(types.SimpleNamespace(elmo=False), task, FT.Options(lrs=(1e-3, 1e-4), seeds=(1, 2),
+                                                                           save_dir="models"))
+    assert (out["lr"], out["median"], saved) == (1e-4, pytest.approx(0.65), [(1e-4, 2)])
 
 
 def test_one_metric_is_named_without_a_list(task_dir, tmp_path):
