@@ -645,15 +645,7 @@ def build(opts: BuildOptions) -> dict | None:
             if not opts.overwrite:
                 with open(manifest_path) as f:
                     old = json.load(f)
-                options = json.loads(json.dumps(opts.content_options(), default=str))
-                sources = [(s["path"], s["bytes"]) for s in old.get("sources", [])]  # the files, however named
-                changed = _changes(old.get("options", {}), options, with_inputs=not sources)
-                now = [(os.path.abspath(f), os.path.getsize(f)) for f in files]
-                if sources and sources != now:
-                    was, new = dict(sources), dict(now)
-                    changed += [f"{f}: {was.get(f, 'not an input')} -> {new.get(f, 'not an input')} bytes"
-                                for f in sorted(set(was) | set(new)) if was.get(f) != new.get(f)][:3] or [
-                        "the inputs' order"]
+                changed = _built_otherwise(old, opts, files)
                 if not changed:
                     _log(f"{opts.out} is already built with these options; nothing to do")
                     _finished(opts.out)
@@ -713,6 +705,20 @@ def _journalled_shards(out: str) -> int:
         with open(path) as f:
             n += sum(1 for e in json.load(f)["shards"] if e["file"])
     return n
+
+
+def _built_otherwise(manifest: dict, opts: BuildOptions, files: list[str]) -> list[str]:
+    """How a finished dataset (its manifest) differs from a build of `opts` from `files`: its options, then its input
+    files by path and size, in order (the documents' order), however they were named."""
+    options = json.loads(json.dumps(opts.content_options(), default=str))
+    was = [(s["path"], s["bytes"]) for s in manifest.get("sources", [])]
+    changed = _changes(manifest.get("options", {}), options, with_inputs=not was)
+    now = [(os.path.abspath(f), os.path.getsize(f)) for f in files]
+    if was and was != now:
+        a, b = dict(was), dict(now)
+        changed += [f"{f}: {a.get(f, 'not an input')} -> {b.get(f, 'not an input')} bytes"
+                    for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)][:3] or ["the inputs' order"]
+    return changed
 
 
 def _changes(was: dict, options: dict, with_inputs: bool = False) -> list[str]:
