@@ -128,7 +128,8 @@ def test_torchrun_command_line_tp2_zero2_lamb(train_data, tmp_path):
     meta = C.read_meta(C.resolve(str(tmp_path)))
     assert (meta["tp"], meta["dp"], meta["zero_stage"]) == (2, 2, 2)
     launch = json.load(open(tmp_path / "launch.json"))  # for `ptm plan --check`: torchrun's processes per node
-    assert launch == {"device": "cpu", "world_size": 4, "tp": 2, "dp": 2, "gpus_per_node": 4, "threads_per_rank": 1}
+    assert launch == {"device": "cpu", "world_size": 4, "tp": 2, "dp": 2, "gpus_per_node": 4, "threads_per_rank": 1,
+                      "first_step": 0, "cwd": ROOT}
 
 
 def test_deepspeed_launcher_zero3(train_data, tmp_path):
