@@ -30,14 +30,12 @@ def install_dir(tmp: str, out: str) -> None:
     """Put the directory `tmp`, written whole, at `out`, replacing whatever directory was there (none of its files
     stay beside the new ones): the old one steps aside, the new one takes its name, then the old one goes. A reader
     sees the old directory or the whole new one (for a moment, neither); a crash leaves one of them whole."""
-    old = None
+    old = f"{out}.old"
+    shutil.rmtree(old, ignore_errors=True)  # (what a crash between the renames left: `tmp` is whole meanwhile)
     if os.path.lexists(out):
-        old = f"{out}.old"
-        shutil.rmtree(old, ignore_errors=True)  # (what a crash between the renames left)
         os.replace(out, old)
     os.replace(tmp, out)
-    if old:
-        shutil.rmtree(old)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def fsync_dir(path: str) -> None:
