@@ -3,6 +3,7 @@ HF class, key maps, config translation, what the class computes) is its adapter 
 runs any adapter."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -146,15 +147,34 @@ def _write_hf(family: families.Adapter, cfg: ModelConfig, config, state: dict, c
     weights = family.to_hf(state, cfg.num_layers, cfg.num_heads, cfg.vocab_size)
     for key, value in meta.get("hf_token_ids", {}).items():  # imported models keep their own special ids
         setattr(config, key, value)
-    model = family.hf_model_class(cls)(config)
-    result = model.load_state_dict(weights, strict=False)
-    missing = [k for k in result.missing_keys if not k.endswith(("position_ids", ".attn.bias", ".attn.masked_bias"))]
-    if missing or result.unexpected_keys:
-        raise C.CheckpointError(f"{ckpt} does not fit {cls}: missing {missing[:5]}, "
-                                f"unexpected {result.unexpected_keys[:5]}")
+    # transformers builds the model on the meta device and takes these tensors as its weights: no second copy,
+    # no random initialisation (a model built first and loaded into held two)
+    with _quiet_load():
+        model, result = family.hf_model_class(cls).from_pretrained(None, config=config, state_dict=weights,
+                                                                    dtype=torch.float32, output_loading_info=True)
+    missing, unexpected = sorted(result["missing_keys"]), sorted(result["unexpected_keys"])
+    if missing or unexpected or result["mismatched_keys"]:
+        raise C.CheckpointError(f"{ckpt} does not fit {cls}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+                                f"other shapes {sorted(result['mismatched_keys'])[:5]}")
     save_pretrained(model, out, max_shard_size=max_shard_size)
     for path in family.files():  # e.g. a modeling file that config.json's auto_map names
         shutil.copyfile(path, os.path.join(out, os.path.basename(path)))
+
+
+@contextlib.contextmanager
+def _quiet_load():
+    """No progress bar or load report of transformers' own while it loads weights ptm checks itself."""
+    from transformers.utils import logging
+
+    bars, level = logging.is_progress_bar_enabled(), logging.get_verbosity()
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
 
 
 def from_hf(hf_dir: str, out: str) -> tuple[str, list[str]]:

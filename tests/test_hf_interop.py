@@ -75,6 +75,32 @@ def test_bert_to_hf_loads_in_transformers_with_its_tokenizer(sp_model, tmp_path)
     assert len(answers) == 5 and all("token_str" in a for a in answers)
 
 
+def test_to_hf_gives_its_weights_to_transformers_without_initialising_a_model(sp_model, tmp_path):
+    """The export builds no initialised model to copy the weights into (one more model copy, and a random
+    initialisation, at every export): transformers builds it on the meta device and takes ptm's tensors. No random
+    draw runs on a real tensor; the weights saved are the checkpoint's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from checkpoints_tools.hf import to_hf
+
+    class Draws(TorchDispatchMode):
+        seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out, name = func(*args, **(kwargs or {})), func._overloadpacket.__name__
+            if name in ("normal_", "uniform_", "trunc_normal_") and args[0].device.type != "meta":
+                self.seen.append((name, tuple(args[0].shape)))
+            return out
+
+    model, cfg = _checkpoint(tmp_path, "bert", sp_model)
+    with Draws():
+        to_hf(str(tmp_path / "run"), str(tmp_path / "hf"))
+    assert Draws.seen == []
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf")
+    torch.testing.assert_close(hf.bert.encoder.layer[1].output.dense.weight,
+                               model.state_dict()["blocks.1.mlp.fc2.weight"], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "gpt"])
 def test_gpt2_and_gpt_to_hf_generate(arch, gpt2_vocab, tmp_path):
     tok_dir = tmp_path / "tok"
