@@ -11,6 +11,7 @@ A re-run checks the journalled shards by hash, keeps the good prefix and continu
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import gc
@@ -653,8 +654,15 @@ def build(opts: BuildOptions) -> dict | None:
                 raise PrepError(f"{opts.out} already holds a finished dataset built from other options or inputs "
                                 f"({'; '.join(changed)}); pass --overwrite or choose another --out")
             _clear(opts.out)
+        made = [d for d in (opts.out, os.path.join(opts.out, PARTIAL)) if not os.path.isdir(d)]
         _check_output(opts)
-        tok = prepare_tokenizer(files, dataclasses.replace(opts, num_partitions=1) if comm else opts)
+        try:
+            tok = prepare_tokenizer(files, dataclasses.replace(opts, num_partitions=1) if comm else opts)
+        except BaseException:  # no tokenizer, nothing built: the directories this start made go, if still empty
+            for d in reversed(made):
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+            raise
         record_build(opts, files, _fingerprint(opts, files, tok.sha256()))
         return None
 

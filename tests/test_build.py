@@ -348,6 +348,11 @@ def test_input_errors_are_one_clear_line(small, sp_model, tmp_path):
         said = proc.stderr.strip().splitlines()[-1]  # (after the line that says what it trains)
         assert proc.returncode == 2 and re.fullmatch("data_prep: error: " + line, said), proc.stderr
         assert 256 < int(re.fullmatch("data_prep: error: " + line, said)[1]) < 5000
+    (tmp_path / "mine").mkdir()  # a build that could make no tokenizer leaves no directory of its own behind
+    for where in ("none", "mine"):
+        proc = run_cli("data_prep", "build", text, "--out", tmp_path / where, "--vocab-size", 20, check=False)
+        assert proc.returncode == 2 and proc.stderr.strip().endswith("raise it")
+    assert not (tmp_path / "none").exists() and os.listdir(tmp_path / "mine") == []
 
 
 def test_bad_records_skipped_are_counted_and_listed(sp_model, tmp_path):
