@@ -21,7 +21,7 @@ import sys
 from data_prep import PrepError
 from pretrain import speed
 from pretrain.config import AUTO, Config, ConfigError, load
-from pretrain.cost import checkpointed, flops_per_sample
+from pretrain.cost import Launches, checkpointed, estimate_launches, flops_per_sample
 from pretrain.memory import COMPONENTS, GIB, HEADROOM, Plan, estimate, with_micro_batch
 from ptm.cli import positive, whole
 
@@ -111,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if not args.config:
             raise ConfigError("give --config CONFIG (or --check RUN_DIR)")
+        unused = [o for o, given in (("--interconnect", args.interconnect is not None), ("--launch-us", args.launch_us),
+                                     ("--count-launches", args.count_launches)) if given]
+        if unused and not args.gpu:
+            raise ConfigError(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} for the speed prediction, "
+                              "which --gpu asks for: add --gpu NAME (h100, a100-80gb, ...)")
         cfg = load(args.config, args.overrides)
         if args.calibrate:
             print(_calibrate(args.config, cfg))
@@ -136,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         predicted = speed.report(cfg, hw, world, efficiency, launches, at) if hw else ""  # a refused layout stops here
         print(_header(args.config, cfg, plan, vocab_source, world, picked and memory))
         if args.compare and hw:
-            print(ranking(cfg, hw, world, efficiency, memory))
+            print(ranking(cfg, hw, world, efficiency, memory, launches))
         elif args.compare:
             stages = {f"ZeRO-{s}": _variant(cfg, {"zero.stage": s, "zero.offload": cfg.zero.offload and s > 0})
                       for s in range(4)}
@@ -313,9 +318,21 @@ REASONS = {  # why a layout's part is bigger than the fastest layout's (the layo
 }
 
 
-def ranking(cfg: Config, hw: speed.Hardware, world: int, eff: speed.Efficiency, memory_gib: float | None, top: int = 12) -> str:
+def _relayout(counted, cfg: Config, variant: Config):
+    """Launches counted for `cfg`, moved to another layout of it by what the estimate says the layout changes (a
+    recomputed forward: more); None when not counted."""
+    if counted is None:
+        return None
+    now, then = estimate_launches(variant), estimate_launches(cfg)
+    return Launches(*(getattr(counted, f.name) + getattr(now, f.name) - getattr(then, f.name)
+                      for f in dataclasses.fields(Launches)))
+
+
+def ranking(cfg: Config, hw: speed.Hardware, world: int, eff: speed.Efficiency, memory_gib: float | None,
+            launches=None, top: int = 12) -> str:
     """`ptm plan --gpu --compare`: the layouts that fit (tp within a node, ZeRO stage, micro batch, activation
-    checkpointing), fastest first, each with the part that makes it slower than the fastest."""
+    checkpointing), fastest first, each with the part that makes it slower than the fastest. `launches`: the
+    step's kernel launches as counted (pretrain/launches.py; default: estimated per layout)."""
     found, unfit = [], 0
     micro = {2 ** i for i in range(12)} | {cfg.train.micro_batch_size}
     for tp in (t for t in (1, 2, 4, 8) if t <= hw.gpus_per_node and world % t == 0):
@@ -326,7 +343,8 @@ def ranking(cfg: Config, hw: speed.Hardware, world: int, eff: speed.Efficiency, 
                                        "model.activation_checkpointing": ckpt,
                                        "zero.offload": cfg.zero.offload and stage > 0})
                     try:
-                        plan, p = estimate(v, world, memory_gib), speed.predict(v, hw, world, eff)
+                        plan = estimate(v, world, memory_gib)
+                        p = speed.predict(v, hw, world, eff, launches=_relayout(launches, cfg, v))
                     except ConfigError:  # tp does not divide the heads, the batch does not split, ...
                         continue
                     if plan.fits is False:
@@ -336,7 +354,8 @@ def ranking(cfg: Config, hw: speed.Hardware, world: int, eff: speed.Efficiency, 
     if not found:
         return f"no layout of {world} GPUs fits in {memory_gib:g} GiB per GPU ({unfit} tried)"
     found.sort(key=lambda item: (item[0], item[2].total))
-    best = found[0][3].parts()
+    first = found[0][3]
+    best = first.parts()
     lines = [f"layouts on {speed.hardware_line(hw, world, eff)}, fastest first ({len(found)} fit"
              + (f", {unfit} do not fit in {memory_gib:g} GiB" if memory_gib else "") + "):",
              f"  {'#':>3} {'tp':>3} {'ZeRO':>4} {'micro':>6} {'ckpt':>5} {'GiB/GPU':>8} {'step':>12} {'samples/s':>11} "
@@ -346,10 +365,12 @@ def ranking(cfg: Config, hw: speed.Hardware, world: int, eff: speed.Efficiency, 
             why = "fastest"
         elif p.step <= found[0][0] * (1 + 1e-9):
             why = "as fast"
-        else:
-            part, extra = max(((k, s - best[k]) for k, s in p.parts().items()), key=lambda kv: kv[1])
+        elif p.host > p.device:  # the host's launches bound this step, not a part of the device's time
+            why = f"+{speed.ms(p.step - first.step)} host-bound ({p.launches:,} kernel launches, #1 {first.launches:,})"
+        else:  # the step's difference, named by the device part that grew most
+            part = max(p.parts(), key=lambda k: p.parts()[k] - best[k])
             hint = REASONS[part](v, found[0][1])
-            why = f"+{speed.ms(extra)} {part}" + (f" ({hint})" if hint else "")
+            why = f"+{speed.ms(p.step - first.step)} {part}" + (f" ({hint})" if hint else "")
         lines.append(f"  {rank:>3} {v.parallel.tp:>3} {v.zero.stage:>4} {v.train.micro_batch_size:>6} "
                      f"{'yes' if v.model.activation_checkpointing else 'no':>5} {plan.total / 2 ** 30:>8.2f} "
                      f"{speed.ms(p.step):>12} {p.samples_per_s:>11,.1f} {100 * p.mfu:>5.1f}%  {why}")

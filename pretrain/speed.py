@@ -134,19 +134,30 @@ def _catalog() -> dict:
         return yaml.safe_load(f)
 
 
-def network(spec: str) -> Network:
-    """An --interconnect spec: COUNTxNAME (8xhdr, 4xedr, 2x100gbe) or COUNTxGBIT (8x200)."""
+def network(spec: str, what: str = "--interconnect") -> Network:
+    """An --interconnect spec: COUNTxNAME (8xhdr, 4xedr, 2x100gbe) or COUNTxGBIT (8x200); `what` names where it
+    was given in errors."""
     nets = _catalog()["networks"]
-    count, _, kind = spec.lower().partition("x")
+    count, _, kind = str(spec).lower().partition("x")
     if not kind or not count.isdigit() or int(count) < 1:
-        raise HardwareError(f"--interconnect {spec!r} is not NICSxNAME or NICSxGBIT (e.g. 8xhdr, 4x100)")
+        raise HardwareError(f"{what} {spec!r} is not NICSxNAME or NICSxGBIT (e.g. 8xhdr, 4x100)")
     if kind in nets:
         return Network(int(count), nets[kind]["gbit"], nets[kind]["latency_us"] * 1e-6, spec)
     try:
-        return Network(int(count), float(kind), nets["hdr"]["latency_us"] * 1e-6, spec)
+        gbit = float(kind)
     except ValueError:
-        raise HardwareError(f"--interconnect {spec!r}: unknown network {kind!r}; known: {', '.join(nets)}, or a "
+        raise HardwareError(f"{what} {spec!r}: unknown network {kind!r}; known: {', '.join(nets)}, or a "
                             "rate in Gb/s (8x200)") from None
+    if not 0 < gbit < math.inf:
+        raise HardwareError(f"{what} {spec!r}: a NIC's rate is a positive number of Gb/s (8x200)")
+    return Network(int(count), gbit, nets["hdr"]["latency_us"] * 1e-6, spec)
+
+
+def _positive(name: str, field: str, value, whole: bool = False) -> None:
+    """A GPU entry's number: positive and finite (a count: whole)."""
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or not 0 < value < math.inf:
+        raise HardwareError(f"GPU {name}: {field}: {value!r} is not a positive {'whole ' * whole}number; see "
+                            f"{HARDWARE_FILE} for the fields")
 
 
 def _hardware(name: str, entry: dict, interconnect: str | None) -> Hardware:
@@ -154,8 +165,20 @@ def _hardware(name: str, entry: dict, interconnect: str | None) -> Hardware:
     missing = sorted(wanted - set(entry))
     if missing:
         raise HardwareError(f"GPU {name}: missing {', '.join(missing)}; see {HARDWARE_FILE} for the fields")
+    if not isinstance(entry["peak_tflops"], dict) or not entry["peak_tflops"]:
+        raise HardwareError(f"GPU {name}: peak_tflops is a mapping of precision to dense TFLOP/s "
+                            "({bf16: 989, fp16: 989, fp32: 67})")
+    for precision, tflops in entry["peak_tflops"].items():
+        _positive(name, f"peak_tflops.{precision}", tflops)
+    for field in ("memory_gib", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "host_memory_gbps", "matmul", "launch_us"):
+        if field in entry:
+            _positive(name, field, entry[field])
+    _positive(name, "gpus_per_node", entry["gpus_per_node"], whole=True)
+    if entry.get("matmul", 0) > 1:
+        raise HardwareError(f"GPU {name}: matmul: {entry['matmul']} is a fraction of the peak, in (0, 1]")
     values = {k: entry[k] for k in wanted}
-    values["network"] = network(interconnect or entry["network"])
+    values["network"] = network(interconnect) if interconnect is not None else \
+        network(entry["network"], f"GPU {name}: network:")
     generations, generation = _catalog()["generations"], entry.get("generation")
     if "matmul" not in entry and generation not in generations:
         raise HardwareError(f"GPU {name}: generation {generation!r} is not one of {', '.join(generations)}; give its "
@@ -200,8 +223,11 @@ def _gpu(name: str, interconnect: str | None) -> Hardware:
     if name.endswith((".yaml", ".yml")):
         if not os.path.isfile(name):
             raise HardwareError(f"--gpu {name}: no such file; give a catalog name or a YAML file of one GPU")
-        with open(name) as f:
-            entry = yaml.safe_load(f)
+        try:
+            with open(name) as f:
+                entry = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise HardwareError(f"--gpu {name}: not valid YAML ({' '.join(str(e).split())}); fix the file") from None
         if not isinstance(entry, dict):
             raise HardwareError(f"--gpu {name}: not a mapping of a GPU's fields (see {HARDWARE_FILE})")
         return _hardware(os.path.basename(name).rsplit(".", 1)[0], entry, interconnect)
@@ -597,7 +623,7 @@ def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()
         lines.append(f"scaling with the same global batch, {same} (per-GPU throughput against 1 node):")
         lines.append(f"  {'nodes':>5} {'GPUs':>6} {'micro x acc':>12} {'samples/s':>12} {'MFU':>7} {'efficiency':>11} "
                      f"{'time to train':>16}")
-        base = None
+        base, over = None, False
         for k in sorted({2 ** i for i in range(nodes.bit_length()) if 2 ** i <= nodes} | {nodes}):
             gpus = k * hw.gpus_per_node
             try:
@@ -610,6 +636,10 @@ def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()
             split = f"{q.samples_per_step // (q.dp * q.accumulation)} x {q.accumulation}"
             lines.append(f"  {k:>5} {gpus:>6} {split:>12} {q.samples_per_s:>12,.1f} {100 * q.mfu:>6.1f}% "
                          f"{100 * q.samples_per_s / gpus / base:>10.1f}% {_duration(cfg.train.steps * q.step):>16}")
+            over = over or q.samples_per_s / gpus > base * (1 + 1e-9)
+        if over:
+            lines.append("  (over 100%: on more GPUs each holds and updates a smaller ZeRO share of the states: a "
+                         "larger micro batch fits,\n   as auto picks it, and the optimizer step is shorter)")
     else:
         lines.append("give --nodes M for the scaling from 1 node to M")
     return "\n".join(lines)
@@ -668,7 +698,7 @@ def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Eff
             raise HardwareError(f"{run_dir} ran on {launch['device']!r}, which configs/hardware/gpus.yaml does not "
                                 "describe; pass --gpu NAME or --gpu FILE.yaml with its peaks and bandwidths")
         hw = replace(hw, gpus_per_node=launch["gpus_per_node"],
-                     network=network(interconnect) if interconnect else hw.network)
+                     network=network(interconnect) if interconnect is not None else hw.network)
     hw = replace(hw, launch_us=launch_us) if launch_us else hw
     world, got, eff = launch["world_size"], measured(run_dir, launch.get("first_step", 0)), eff.on(hw)
     counted = count(cfg)[0] if count else None
@@ -678,7 +708,9 @@ def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Eff
              p.step / got["step_time_s"])]
     if got["mfu"] is not None:
         rows.append(("MFU", f"{100 * p.mfu:.1f}%", f"{100 * got['mfu']:.1f}%", got["mfu"] / p.mfu))
-    lines = [f"{run_dir}: {launch['device']} x {world}, {_layout(p, cfg)}",
+    lines = [f"{run_dir}: {launch['device']} x {world}, {_layout(p, cfg)}"
+             + (f" (a CPU run: its measures are not {hw.name}'s, and the fits below do not apply to a GPU)"
+                if launch["device"] == "cpu" else ""),
              f"predicted on {hardware_line(hw, world, eff)}:", *_step_table(p),
              f"  {'':<14}{'predicted':>14}{'measured':>14}{'measured/predicted':>20}  ({got['steps']} steps)"]
     lines += [f"  {name:<14}{a:>14}{b:>14}{ratio:>20.3f}" for name, a, b, ratio in rows]

@@ -386,6 +386,41 @@ def test_compare_ranks_the_layouts_that_fit_by_predicted_time():
     assert _numbers(rows[0].split("ms")[0])[-1] == pytest.approx(1e3 * best.step, abs=0.06)
 
 
+def test_a_scaling_efficiency_over_100_percent_says_why():
+    """With auto's micro batch a larger one fits on more GPUs (a smaller ZeRO share each): a per-GPU efficiency over
+    100% follows, and the table says why; one at or below 100% says nothing."""
+    from pretrain.memory import with_micro_batch
+
+    for preset, sets, gpu, over in (("xlnet-large", ["precision=fp16"], "v100-32gb", True),
+                                    ("gpt2-medium", [], "a100-80gb", False)):
+        cfg, hw = load(preset, sets), speed.gpu(gpu)
+        at = lambda gpus: with_micro_batch(cfg, gpus, hw.memory_gib)  # noqa: E731
+        out = speed.report(at(32), hw, 32, speed.Efficiency(), None, at)
+        rows = out[out.index("scaling with the same global batch"):].splitlines()[2:5]
+        assert (max(_numbers(r)[6] for r in rows) > 100) == over == ("(over 100%: on more GPUs each holds" in out)
+
+
+def test_compare_prices_counted_launches_and_says_when_the_host_bounds_a_layout():
+    """--compare --count-launches prices every layout with the launches counted (moved by what its layout changes),
+    as the report below it does for the config's own; a layout the host bounds is said to be slower for its launches,
+    by its step's difference, not a device part's."""
+    from pretrain import plan
+    from pretrain.cost import Launches
+
+    cfg, hw, eff = _bert("train.global_batch_size=256"), speed.gpu("h100"), speed.Efficiency()
+    counted = Launches(first=9000, per_micro_batch=9000, optimizer=300)  # a count far above the estimate
+    out = plan.ranking(cfg, hw, 8, eff, hw.memory_gib, counted, top=100)
+    rows = [r.split() for r in out.splitlines()[2:] if r.split()[0].isdigit()]
+    own = [r for r in rows if r[1:5] == [str(cfg.parallel.tp), str(cfg.zero.stage), str(cfg.train.micro_batch_size),
+                                         "yes" if cfg.model.activation_checkpointing else "no"]]
+    assert len(own) == 1 and float(own[0][6]) == pytest.approx(
+        1e3 * speed.predict(cfg, hw, 8, eff, launches=counted).step, abs=0.06)
+    ms = lambda text: float(text.replace(",", ""))  # noqa: E731
+    host = [r for r in rows if "host-bound" in r]
+    assert host and all(ms(r[r.index("host-bound") - 2]) == pytest.approx(ms(r[6]) - ms(rows[0][6]), abs=0.11)
+                        for r in host)
+
+
 def test_hardware_is_data_and_bad_hardware_is_one_line(tmp_path):
     entry = yaml.safe_load(open(speed.HARDWARE_FILE))["gpus"]["a100-80gb"]
     own = tmp_path / "my-gpu.yaml"
@@ -403,9 +438,30 @@ def test_hardware_is_data_and_bad_hardware_is_one_line(tmp_path):
     cases[("--gpu", str(tmp_path / "half.yaml"))] = "missing gpus_per_node, hbm_gbps"
     (tmp_path / "pascal.yaml").write_text(yaml.safe_dump({**entry, "generation": "pascal"}))
     cases[("--gpu", str(tmp_path / "pascal.yaml"))] = "generation 'pascal' is not one of volta, ampere, hopper; give"
+    cases[("--gpu", "h100", "--interconnect", "8x0")] = "a NIC's rate is a positive number of Gb/s"
+    cases[("--interconnect", "8xhdr", "--launch-us", "5")] = "--interconnect, --launch-us are for the speed prediction"
     for args, message in cases.items():
         proc = run_cli("pretrain", "plan", "--config", "bert-tiny", "--set", "model.vocab_size=100", *args, check=False)
         assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    fields = {"memory_gib": ("80GB", "memory_gib: '80GB' is not a positive number"),  # a file's values, each checked
+              "peak_tflops": (312, "peak_tflops is a mapping of precision to dense TFLOP/s"),
+              "hbm_gbps": (0, "hbm_gbps: 0 is not a positive number"),
+              "nvlink_gbps": (-450, "nvlink_gbps: -450 is not a positive number"),
+              "gpus_per_node": (2.5, "gpus_per_node: 2.5 is not a positive whole number"),
+              "network": ("fast", "network: 'fast' is not NICSxNAME"), "matmul": (3, "matmul: 3 is a fraction")}
+    for field, (value, message) in fields.items():
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**entry, field: value}))
+        with pytest.raises(speed.HardwareError, match=re.escape(message)):
+            speed.gpu(str(tmp_path / "bad.yaml"))
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**entry, "peak_tflops": {"bf16": float("nan")}}))
+    with pytest.raises(speed.HardwareError, match="peak_tflops.bf16: nan is not a positive number"):
+        speed.gpu(str(tmp_path / "bad.yaml"))
+    (tmp_path / "bad.yaml").write_text("a: [\n")
+    with pytest.raises(speed.HardwareError, match="not valid YAML"):
+        speed.gpu(str(tmp_path / "bad.yaml"))
+    for spec in ("8x-100", "8xnan", "8xinf"):
+        with pytest.raises(speed.HardwareError, match="a NIC's rate is a positive number"):
+            speed.gpu("h100", spec)
 
 
 @pytest.mark.distributed
@@ -439,7 +495,7 @@ def test_check_puts_the_prediction_next_to_a_real_run(train_data, tmp_path):
     line = next(x for x in out.splitlines() if x.strip().startswith("step time"))
     assert _numbers(line)[:3] == pytest.approx([1e3 * predicted.step, 1e3 * measured, measured / predicted.step],
                                                abs=0.06)
-    assert "(4 steps)" in out
+    assert "(4 steps)" in out and "(a CPU run: its measures are not slow's" in out
     fitted = float(re.search(r"--efficiency matmul=([\d.]+)", out).group(1))
     refit = speed.predict(load(str(run / "config.yaml")), device, 1, speed.Efficiency(matmul=fitted))
     assert refit.step == pytest.approx(measured, rel=0.01)
