@@ -278,7 +278,10 @@ def estimate_launches(cfg) -> Launches:
     """The launches of one step of `cfg` without counting them: LAYER_LAUNCHES per layer (a cross-attention layer's
     more, a recomputed layer's forward again) and the constants above, counted on BERT (tests/test_launches.py
     holds them to its count; docs/performance.md lists the other families' counts; pretrain/launches.py counts a
-    config's own)."""
+    config's own); a family whose model is no transformer estimates its own (`Cost.launches`)."""
+    own = _family(cfg.model).launches(cfg.model, cfg.data.seq_len)
+    if own is not None:
+        return Launches(*own)
     layers = sum((s.layers + s.recomputed / 3) * LAYER_LAUNCHES + (s.layers * CROSS_LAUNCHES if s.context else 0)
                  for s in stacks(cfg.model, cfg.data.seq_len, decoder_tokens(cfg), predicted_tokens(cfg)))
     per_micro_batch = round(layers + MICRO_BATCH_LAUNCHES)

@@ -112,3 +112,11 @@ def test_the_blocks_run_nothing_a_cuda_graph_capture_refuses(counted, monkeypatc
         hook.remove()
     assert counter.unsafe == {"_local_scalar_dense": 2, "index": 2, "index_put": 2}  # 2 layers: forward, backward
     assert counter.in_blocks == 0
+
+
+def test_elmos_lstm_steps_launch_as_its_estimate_says(words_data):
+    """ELMo is no transformer: its LSTMs step word by word, so its launches grow with the window, the layers, the
+    character filters and the highways as its family's estimate says (fitted on other sizes than this one's)."""
+    cfg = load("elmo-tiny", [f"data.path={words_data}", "data.seq_len=6", "model.highway_layers=2",
+                             "model.char_filters=[[1, 16], [2, 16], [3, 32]]"])
+    assert launches.count(cfg)[0] == cost.estimate_launches(cfg)

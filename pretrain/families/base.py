@@ -58,6 +58,11 @@ class Cost:
         """(layers, output) activation bytes per GPU of such a model (see `modules`)."""
         return None
 
+    def launches(self, m, seq_len: int) -> tuple[int, int, int] | None:
+        """Kernel launches of a step of such a model (see `modules`) at TP=1: (first micro-batch, each further one,
+        the step's end), as pretrain/cost.py's `Launches`; None: counted as transformer layers."""
+        return None
+
     def carried_bytes(self, cfg, dp: int) -> int:
         """Memory per GPU the model carries from one step to the next (a recurrent model's memory of its streams)."""
         return 0

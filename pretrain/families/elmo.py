@@ -71,6 +71,17 @@ class ElmoCost(Cost):
                 + width * p + 2 * m.num_layers * (8 * p * c + c * p))
         return 6.0 * ((seq_len + 1) * word + 2 * seq_len * p * m.padded_vocab)
 
+    def launches(self, m, seq_len):
+        """A micro-batch's launches: 159, 12 per character filter, 28 per highway, and per LSTM layer 16 plus 98 per
+        word of the window (seq_len + 1: the LSTMs step word by word, both directions, forward and backward); the
+        first micro-batch 2 per filter, 4 per highway and 8 per layer fewer, less 17 (it assigns its gradients); the
+        step's end 119, 8 per filter, 16 per highway, 32 per layer (counted: pretrain/launches.py on elmo-original and
+        narrowed elmo-tiny; tests/test_launches.py holds them to a count)."""
+        filters, highways, layers = len(m.char_filters), m.highway_layers, m.num_layers
+        micro_batch = 159 + 12 * filters + 28 * highways + layers * (16 + 98 * (seq_len + 1))
+        return (micro_batch + 17 - 2 * filters - 4 * highways - 8 * layers, micro_batch,
+                119 + 8 * filters + 16 * highways + 32 * layers)
+
     def activation_bytes(self, cfg, micro_batch):
         """Per word the character embeddings and convolution outputs, each highway's three F-wide tensors, the
         projection; per word, direction and layer an LSTM step's gates before and after their activations (8C), its
