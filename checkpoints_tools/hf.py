@@ -14,7 +14,7 @@ from checkpoints_tools.reshard import fresh
 from pretrain import checkpoint as C
 from pretrain import families
 from pretrain.families.base import sentencepiece_to_fast
-from pretrain.models.config import ModelConfig
+from pretrain.models.config import ModelConfig, positions_needed
 from ptm.files import install_dir, save_pretrained
 
 
@@ -36,12 +36,14 @@ def hf_config(cfg: ModelConfig, special: dict):
 TEMPLATES = ("bert", "roberta", "none")  # the special-token templates an adapter's `tokenizer` names
 
 
-def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int, own=None) -> None:
+def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int, own=None,
+                     ends: tuple = (None, None)) -> None:
     """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json) with the
     family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's),
     or for a sentencepiece model the family's own where it has one (`own(model_file, meta)`, the adapter's
-    `sentencepiece_tokenizer`: T5's sentinels, XLNet's left padding); the original files are copied too, so `from-hf`
-    brings the same tokenizer back."""
+    `sentencepiece_tokenizer`: T5's sentinels, XLNet's left padding); `ends`: the ids of the model's bos and eos
+    tokens (its HF config's), which a sentencepiece model's tokenizer names; the original files are copied too, so
+    `from-hf` brings the same tokenizer back."""
     import transformers
 
     if template not in TEMPLATES:
@@ -61,6 +63,9 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
         hf = transformers.PreTrainedTokenizerFast(tokenizer_object=sentencepiece_to_fast(files[0], template),
                                                   unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
                                                   sep_token="[SEP]", mask_token="[MASK]", model_input_names=inputs)
+        for name, token_id in zip(("bos_token", "eos_token"), ends):
+            if token_id is not None:
+                setattr(hf, name, hf.convert_ids_to_tokens(token_id))
     if nfkc:  # data_prep normalised the text with NFKC before tokenizing; the exported tokenizer does too
         from tokenizers import normalizers
 
@@ -132,12 +137,19 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
         for (sub, model_cfg, cls), config, weights in zip(models, configs, states):
             where = os.path.join(tmp, sub) if sub else tmp
             _write_hf(family, model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
-            export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), cfg.max_position_embeddings,
-                             own=family.sentencepiece_tokenizer)
+            export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), _longest(cfg),
+                             own=family.sentencepiece_tokenizer,
+                             ends=(getattr(config, "bos_token_id", None), getattr(config, "eos_token_id", None)))
         install_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _longest(cfg: ModelConfig) -> int:
+    """The most tokens the model takes: its position table's rows past those that sequences start after (RoBERTa's
+    padding id, BART's offset)."""
+    return cfg.max_position_embeddings - (positions_needed(cfg, 0) if cfg.positional.table else 0)
 
 
 def _write_hf(family: families.Adapter, cfg: ModelConfig, config, state: dict, cls: str, out: str, meta: dict,

@@ -263,6 +263,7 @@ def test_roberta_to_hf_fills_masks_and_from_hf_takes_a_base_model(roberta_vocab,
     enc = tok([text, "Short one."], padding=True, return_tensors="pt")
     ids, _, _, _ = load_tokenizer(roberta_vocab).encode([text])
     assert enc["input_ids"][0].tolist() == [0, *ids.tolist(), 2] and (enc["input_ids"][1] == 1).any()
+    assert tok.model_max_length == hf.config.max_position_embeddings - 2  # positions start past the padding id
     with torch.no_grad():
         torch.testing.assert_close(model(enc["input_ids"], enc["attention_mask"])["logits"][..., :cfg.vocab_size],
                                    hf(**enc).logits, rtol=0, atol=1e-5)
@@ -534,6 +535,12 @@ def test_bart_to_hf_generates_and_comes_back(sp_model, tmp_path):
     assert special["mask"] in enc["input_ids"][0].tolist()
     start = hf.config.decoder_start_token_id
     assert start == hf.config.eos_token_id == special["eod"] and hf.config.pad_token_id == special["pad"]
+    assert (tok.bos_token_id, tok.eos_token_id) == (hf.config.bos_token_id, hf.config.eos_token_id)
+    assert tok.model_max_length == hf.config.max_position_embeddings == cfg.max_position_embeddings - 2  # its offset
+    longest = tok(" ".join(["word"] * 400), truncation=True, return_tensors="pt")["input_ids"]
+    assert longest.shape[1] == tok.model_max_length
+    with torch.no_grad():
+        hf(input_ids=longest, decoder_input_ids=longest)  # every position the tokenizer gives has a row
     decoder = torch.full((2, 1), start)
     with torch.no_grad():
         mine = model(enc["input_ids"], enc["attention_mask"], decoder)["logits"][..., :cfg.vocab_size]
