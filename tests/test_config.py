@@ -240,6 +240,19 @@ def test_validation_errors(overrides, dp, expected):
     assert any(expected in line for line in lines), lines
 
 
+@pytest.mark.parametrize("preset, overrides, expected", [
+    ("xlnet-tiny", ["model.causal=true"], "model.position_encoding=transformer_xl, model.causal=True; set "
+                                          "model.causal=false"),
+    ("t5-tiny", ["model.decoder_layers=0"], "model.decoder_layers=0; set model.decoder_layers to 1 or more"),
+    ("elmo-tiny", ["model.char_filters=[]"], "model.char_filters=[] must be [width, filters] pairs"),
+])
+def test_a_family_own_presets_are_not_told_to_become_that_family(preset, overrides, expected):
+    """The fix an objective's check gives, where the model already is the objective's family: the key that is off,
+    not `set model.arch=` the arch it has."""
+    lines = problems([*overrides, "data.path=unused"], preset=preset)
+    assert any(expected in line for line in lines) and not any("set model.arch=" in line for line in lines), lines
+
+
 @pytest.mark.parametrize("overrides, expected", [
     (["model.arch=bert"], "data.objective=ernie needs model.arch=ernie"),
     (["ernie.stages=[]"], "data.objective=ernie needs ernie.stages"),

@@ -37,9 +37,10 @@ def check(cfg, need, objective) -> None:
                                  f"model.arch={m.arch}'s; remove it")
         return
     need(bool(m.char_filters) and all(len(f) == 2 and min(f) > 0 for f in m.char_filters),
-         f"model.char_filters={m.char_filters} must be [width, filters] pairs of positive numbers (published: "
-         f"{PUBLISHED_FILTERS})")
-    need(m.activation in ("relu", "tanh"), f"model.activation={m.activation}: ELMo's character CNN has relu or tanh")
+         f"model.char_filters={m.char_filters} must be [width, filters] pairs of positive numbers; give them "
+         f"(published: {PUBLISHED_FILTERS})")
+    need(m.activation in ("relu", "tanh"), f"model.activation={m.activation}: ELMo's character CNN has relu or tanh; "
+                                           "set model.activation=relu")
     need(cfg.data.objective == "bilm", f"data.objective={cfg.data.objective}: ELMo trains its biLM; set "
                                        f"data.objective=bilm")
     need(not m.activation_checkpointing, "model.activation_checkpointing recomputes transformer layers; ELMo has "

@@ -216,7 +216,8 @@ class Seq2Seq(Objective):
         super().check(cfg, need)
         m = cfg.model
         need(m.decoder_layers > 0, f"data.objective={self.name} trains an encoder-decoder but model.decoder_layers=0; "
-                                   f"set model.arch={self.arch} (or model.decoder_layers)")
+                                   + (f"set model.arch={self.arch} (or model.decoder_layers)" if m.arch != self.arch
+                                      else "set model.decoder_layers to 1 or more"))
         need(m.type_vocab_size == 0, f"model.type_vocab_size={m.type_vocab_size}: {self.name} samples have one "
                                      f"segment; set model.type_vocab_size=0")
         need(not cfg.data.unpadded, f"data.unpadded=true packs BERT and ERNIE samples, not {self.name}'s; remove it")

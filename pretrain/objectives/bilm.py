@@ -22,8 +22,9 @@ class BiLM(Objective):
 
     def check(self, cfg, need) -> None:
         super().check(cfg, need)
-        need(bool(cfg.model.char_filters), f"data.objective=bilm trains ELMo's biLM; model.arch={cfg.model.arch} "
-                                           f"has no character CNN: set model.arch=elmo")
+        need(bool(cfg.model.char_filters) or cfg.model.arch == "elmo",  # (ELMo's own check names its filters)
+             f"data.objective=bilm trains ELMo's biLM; model.arch={cfg.model.arch} has no character CNN: set "
+             "model.arch=elmo")
         need(not cfg.data.unpadded, "data.unpadded=true packs BERT and ERNIE samples, not ELMo's; remove it")
 
     def predicted_tokens(self, data) -> int:

@@ -52,9 +52,12 @@ class PermutationLM(Objective):
 
     def check(self, cfg, need) -> None:
         m = cfg.model
+        fix = "set model.arch=xlnet" if m.arch != "xlnet" else "set " + " and ".join(
+            f for f, wrong in (("model.position_encoding=transformer_xl", m.position_encoding != "transformer_xl"),
+                               ("model.causal=false", m.causal)) if wrong)
         need(m.position_encoding == "transformer_xl" and not m.causal,
              f"data.objective=plm trains XLNet's two-stream attention, but model.position_encoding="
-             f"{m.position_encoding}, model.causal={m.causal}; set model.arch=xlnet")
+             f"{m.position_encoding}, model.causal={m.causal}; {fix}")
         need(not cfg.data.unpadded, "data.unpadded=true packs BERT and ERNIE samples, not XLNet's; remove it")
 
     def predicted_tokens(self, data) -> int:
