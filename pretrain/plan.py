@@ -132,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
             hw = dataclasses.replace(hw, launch_us=args.launch_us)
         per_node = hw.gpus_per_node if hw else per_node or 8
         world = args.gpus or ((args.nodes or 1) * per_node if hw or args.nodes else 1)
+        if world % cfg.parallel.tp and not (args.gpus or args.nodes or hw):
+            raise ConfigError(f"parallel.tp={cfg.parallel.tp} needs more than the 1 GPU plan counts without --gpus; "
+                              f"give --gpus N (a multiple of {cfg.parallel.tp}) or --gpu NAME")
         memory = args.gpu_memory or (hw.memory_gib if hw else None)
         picked, asked = cfg.train.micro_batch_size == AUTO, cfg
         cfg = with_micro_batch(cfg, world, memory)  # as a run picks it on GPUs of this memory

@@ -225,6 +225,10 @@ def test_cli_fits_and_suggests():
     assert "--set train.micro_batch_size=" in big.stdout and "model.activation_checkpointing=true" in big.stdout
     bad = run_cli("pretrain", "plan", "--config", "bert-large", "--set", "zero.nope=1", check=False)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "unknown key 'zero.nope'" in bad.stderr
+    one = run_cli("pretrain", "plan", "--config", "gpt3-175b", check=False)  # tp 8 on the 1 GPU counted by default
+    assert one.returncode == 2 and one.stderr.strip() == ("plan: error: parallel.tp=8 needs more than the 1 GPU plan "
+                                                          "counts without --gpus; give --gpus N (a multiple of 8) or "
+                                                          "--gpu NAME")
 
 
 def test_cli_vocabulary_and_ptm_dispatch(tmp_path):
