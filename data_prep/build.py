@@ -697,9 +697,12 @@ def _clear(out: str) -> None:
             shutil.rmtree(path)
 
 
-def _read_build_record(out: str) -> dict:
+def _read_build_record(out: str) -> dict | None:
+    """The unfinished build's record; None when OUT is a finished dataset with none (nothing to finalize)."""
     path = os.path.join(out, PARTIAL, "build.json")
     if not os.path.isfile(path):
+        if os.path.isfile(os.path.join(out, MANIFEST)):
+            return None
         raise PrepError(f"{out} has no unfinished build to finalize (missing {PARTIAL}/build.json); run "
                         "`python -m data_prep build ... --out` first")
     with open(path) as f:
@@ -721,6 +724,11 @@ def _built_otherwise(manifest: dict, opts: BuildOptions, files: list[str]) -> li
     options = json.loads(json.dumps(opts.content_options(), default=str))
     was = [(s["path"], s["bytes"]) for s in manifest.get("sources", [])]
     changed = _changes(manifest.get("options", {}), options, with_inputs=not was)
+    if opts.tokenizer and manifest.get("options", {}).get("tokenizer") != opts.tokenizer:  # the same one elsewhere?
+        given = load_tokenizer(opts.tokenizer)
+        given = given.with_sentinels(opts.sentinels) if opts.sentinels else given
+        if given.sha256() == manifest.get("tokenizer", {}).get("sha256"):
+            changed = [c for c in changed if not c.startswith("tokenizer ")]
     now = [(os.path.abspath(f), os.path.getsize(f)) for f in files]
     if was and was != now:
         a, b = dict(was), dict(now)
@@ -799,8 +807,13 @@ def _finished(out: str) -> None:
 
 
 def finalize(out: str, opts: BuildOptions | None = None, files: list[str] | None = None) -> dict:
-    """Check every partition finished, de-duplicate across partitions, write manifest.json last."""
+    """Check every partition finished, de-duplicate across partitions, write manifest.json last; on a finished
+    dataset with no unfinished build (a re-run chain), its manifest, untouched."""
     rec = _read_build_record(out)
+    if rec is None:
+        _log(f"{out} is already built and has no unfinished build; nothing to finalize")
+        with open(os.path.join(out, MANIFEST)) as f:
+            return json.load(f)
     if opts is None:
         num_partitions, files, content = rec["num_partitions"], rec["files"], rec["options"]
     else:

@@ -278,6 +278,24 @@ def test_rebuild_is_a_no_op_and_other_options_need_overwrite(small, sp_model, tm
     assert json.load(open(out / "manifest.json"))["stats"]["filtered_short"] > 0
 
 
+def test_a_finished_partitioned_build_rerun_finalizes_as_a_no_op(three_files, sp_model, tmp_path, capsys):
+    """A re-run chain (`ptm launch slurm` after a failed training): the partitions find the dataset built, and
+    finalize, with no unfinished build left, says so and returns the manifest; the same tokenizer given at another
+    path (the dataset's own copy) is the same build."""
+    import data_prep.build as B
+
+    out = tmp_path / "ds"
+    for p in (0, 1):
+        quick_build(three_files, out, tokenizer=sp_model, num_partitions=2, partition=p)
+    m = B.finalize(str(out))
+    for tokenizer in (sp_model, str(out / "tokenizer")):
+        for p in (0, 1):
+            assert quick_build(three_files, out, tokenizer=tokenizer, num_partitions=2, partition=p) == m
+        assert B.finalize(str(out)) == m
+    assert "already built and has no unfinished build; nothing to finalize" in capsys.readouterr().err
+    assert json.load(open(out / "manifest.json")) == m
+
+
 def test_finished_build_rerun_with_the_inputs_reordered_is_refused(three_files, sp_model, tmp_path):
     """The inputs' order is the documents' order (and decides which duplicate stays): not the same build."""
     quick_build(three_files[:2], tmp_path / "ds", tokenizer=sp_model)
