@@ -239,3 +239,47 @@ def test_the_heartbeat_threads_end_with_stop():
     assert beat.verdict(beat.answered) == "rank 1 on node7 has not been heard from for 61 s"
     assert re.fullmatch(r"the rendezvous store at \S+, kept by rank 0, has not answered for 61 s",
                         beat.verdict(beat.answered + 61))
+
+
+@pytest.fixture
+def fake_slurm(tmp_path):
+    """sbatch, scontrol and scancel as shell scripts on PATH, for the Slurm scripts' and `ptm launch slurm`'s own
+    logic: sbatch logs its arguments to calls.log and prints job ids 41, 42, ... (or fails naming an argument that
+    contains `bad`); `scontrol show job -o N` says `state-N` (default COMPLETED); `scontrol show hostnames` says
+    `hostnames`; scancel logs. Returns (env, directory)."""
+    d = tmp_path / "fake-slurm"
+    d.mkdir()
+    scripts = {
+        "sbatch": f"""echo "sbatch $*" >> {d}/calls.log
+case " $* " in *bad*) echo "sbatch: error: invalid option ($*)" >&2; exit 1;; esac
+n=$(grep -c '^sbatch' {d}/calls.log); echo $((40 + n))""",
+        "scontrol": f"""echo "scontrol $*" >> {d}/calls.log
+case $2 in
+  job) echo "JobId=$4 JobState=$(cat {d}/state-$4 2>/dev/null || echo COMPLETED) Reason=None" ;;
+  hostnames) cat {d}/hostnames ;;
+  *) exit 1 ;;
+esac""",
+        "scancel": f'echo "scancel $*" >> {d}/calls.log'}
+    for name, body in scripts.items():
+        (d / name).write_text("#!/usr/bin/env bash\n" + body + "\n")
+        (d / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{d}:{os.environ['PATH']}", "PTM_PYTHON": sys.executable}, d
+
+
+@pytest.mark.parametrize("failed, says", [
+    ("42", "array job 41 failed (finalize job 42 cancelled); see {out}/slurm-prep-41_*.out"),
+    (None, None)])
+def test_prep_sh_wait_fails_when_the_finalize_job_did_not_complete(fake_slurm, tmp_path, failed, says):
+    """`sbatch --wait` returns 0 for a job cancelled because its dependency failed: `prep.sh --wait` judges the
+    finalize job's state, and names the failed array job and its logs."""
+    env, d = fake_slurm
+    if failed:
+        (d / f"state-{failed}").write_text("CANCELLED")
+    out = tmp_path / "outp"
+    proc = subprocess.run(["bash", os.path.join(ROOT, "slurm", "prep.sh"), "--wait", "2", str(out), "missing.jsonl",
+                           "--tokenizer", "T"], capture_output=True, text=True, env=env)
+    assert "--wait" in (d / "calls.log").read_text()
+    if failed:
+        assert proc.returncode == 1 and proc.stderr.strip().endswith(says.format(out=out)), proc.stderr
+    else:
+        assert proc.returncode == 0 and f"dataset {out} finalized" in proc.stdout, proc.stderr
