@@ -36,7 +36,11 @@ def parser() -> argparse.ArgumentParser:
                                    "tokenizer job (unless --tokenizer), the data_prep array (slurm/prep.sbatch, one "
                                    "partition per task) and its finalize job, training (slurm/pretrain.sbatch, which "
                                    "requeues itself on a time-limit warning) and the HF export (slurm/convert.sbatch). "
-                                   "Site settings (PTM_PYTHON, modules) are read from the environment by the scripts.")
+                                   "Site settings (PTM_PYTHON, modules) are read from the environment by the scripts. "
+                                   "Logs: TOKENIZER-JOBID.out beside the trained tokenizer, DATA/slurm-prep-JOBID_TASK"
+                                   ".out, DATA/slurm-finalize-JOBID.out, OUT_DIR/slurm-train-JOBID.out and "
+                                   "OUT_DIR/slurm-convert-JOBID.out; with --wait a failed chain names its first "
+                                   "failed job and its log.")
     c.add_argument("inputs", nargs="+", help="raw text inputs for data_prep build (files, directories, globs)")
     c.add_argument("--data", required=True, help="dataset directory to build (training reads it)")
     c.add_argument("--config", required=True, help="training config (YAML file or preset)")
@@ -82,11 +86,16 @@ def master(environ=os.environ) -> tuple[str, str]:
 
 def submit_chain(a) -> int:
     """Submit the prep -> train -> convert chain; returns the exit status (the last job's with --wait)."""
+    import glob
     import shlex
     import subprocess
 
     from pretrain.config import load
 
+    missing = [f"input {i}" for i in a.inputs if not (os.path.exists(i) or glob.glob(i))]
+    missing += [f"--tokenizer {a.tokenizer}"] if a.tokenizer and not os.path.exists(a.tokenizer) else []
+    if missing:
+        raise RendezvousError(f"{missing[0]} not found; nothing was submitted")
     slurm = shipped("slurm", "slurm")
     common = shlex.split(a.sbatch_args)
     out_dir = os.path.abspath(load(a.config, a.overrides).out_dir)
@@ -103,8 +112,12 @@ def submit_chain(a) -> int:
         return job.stdout.strip().split(";")[0]
 
     jobs, tokenizer = {}, a.tokenizer
+    logs = {"prep": os.path.join(data, "slurm-prep-{}_*.out"), "finalize": os.path.join(data, "slurm-finalize-{}.out"),
+            "train": os.path.join(out_dir, "slurm-train-{}.out"),
+            "convert": os.path.join(out_dir, "slurm-convert-{}.out")}
     if tokenizer is None:
         tokenizer = data.rstrip("/") + "-tokenizer"
+        logs["tokenizer"] = tokenizer + "-{}.out"
         jobs["tokenizer"] = sbatch("-J", "ptm-tokenizer", "-o", f"{tokenizer}-%j.out", "--wrap",
                                    shlex.join([py, "-m", "data_prep", "train-tokenizer", *a.inputs, "--out", tokenizer,
                                                "--vocab-size", str(a.vocab_size)]))
@@ -123,19 +136,35 @@ def submit_chain(a) -> int:
                              out_dir, after=jobs["train"])
     for name, job in jobs.items():
         print(f"{name}: job {job}", flush=True)
-    return wait_for(jobs["convert"]) if a.wait else 0
+    if not a.wait or wait_for(jobs["convert"]) == 0:
+        return 0
+    for name, job in jobs.items():  # the first that did not complete failed; the later ones were cancelled after it
+        states = job_states(job)
+        if set(states) != {"COMPLETED"}:
+            state = next(s for s in states if s != "COMPLETED")
+            print(f"launchers: the {name} job {job} ended {state}; see {logs[name].format(job)}", file=sys.stderr)
+            break
+    return 1
+
+
+def job_states(job: str, env=None) -> list[str]:
+    """A Slurm job's state, one per task of an array job; ["UNKNOWN"] for a job Slurm does not know (any more)."""
+    import re
+    import subprocess
+
+    info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env).stdout
+    return re.findall(r"JobState=(\S+)", info) or ["UNKNOWN"]
 
 
 def wait_for(job: str, poll_s: float = 2.0, env=None) -> int:
     """Wait until a Slurm job ends, through its requeues (`sbatch --wait` may return at one); 0 when it
     completed, 1 otherwise."""
-    import subprocess
     import time
 
     while True:
-        info = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, env=env).stdout
-        state = info.split("JobState=", 1)[1].split()[0] if "JobState=" in info else "UNKNOWN"
-        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"):
+        states = job_states(job, env)
+        if not {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"} & set(states):
+            state = next((s for s in states if s != "COMPLETED"), "COMPLETED")
             print(f"job {job}: {state}", flush=True)
             return 0 if state == "COMPLETED" else 1
         time.sleep(poll_s)

@@ -283,3 +283,31 @@ def test_prep_sh_wait_fails_when_the_finalize_job_did_not_complete(fake_slurm, t
         assert proc.returncode == 1 and proc.stderr.strip().endswith(says.format(out=out)), proc.stderr
     else:
         assert proc.returncode == 0 and f"dataset {out} finalized" in proc.stdout, proc.stderr
+
+
+def chain(env, tmp_path, *more, corpus=None):
+    """`python -m launchers slurm` against fake_slurm: the CompletedProcess."""
+    if corpus is None:
+        corpus = tmp_path / "corpus.jsonl"
+        corpus.write_text('{"text": "hello"}\n')
+    return subprocess.run([sys.executable, "-m", "launchers", "slurm", str(corpus), "--data", str(tmp_path / "D"),
+                           "--config", "bert-tiny", "--set", f"out_dir={tmp_path / 'run'}", *more],
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_chain_checks_its_inputs_and_names_its_first_failed_job(fake_slurm, tmp_path):
+    """A missing input or --tokenizer is one line before anything is submitted; with --wait, a chain whose prep array
+    failed (finalize, train and convert cancelled after it) names the prep job and its logs."""
+    env, d = fake_slurm
+    for more, what in [((), f"input {tmp_path / 'nothing.jsonl'}"),
+                       (("--tokenizer", "nowhere"), "--tokenizer nowhere")]:
+        proc = chain(env, tmp_path, *more, corpus=tmp_path / "nothing.jsonl" if not more else None)
+        assert proc.returncode == 2 and proc.stderr == f"launchers: error: {what} not found; nothing was submitted\n"
+        assert not (d / "calls.log").exists()
+    (d / "state-42").write_text("FAILED")
+    for job in (43, 44, 45):
+        (d / f"state-{job}").write_text("CANCELLED")
+    proc = chain(env, tmp_path, "--wait")
+    assert proc.returncode == 1 and "job 45: CANCELLED" in proc.stdout, proc.stderr
+    assert proc.stderr == f"launchers: the prep job 42 ended FAILED; see {tmp_path}/D/slurm-prep-42_*.out\n"
+    assert "JOBID.out" in run_cli("launchers", "slurm", "--help").stdout
