@@ -170,8 +170,19 @@ def wait_for(job: str, poll_s: float = 2.0, env=None) -> int:
         time.sleep(poll_s)
 
 
+def _sbatch_options_joined(argv: list[str]) -> list[str]:
+    """`--train-args --time=24:00:00` as `--train-args=--time=24:00:00`: argparse takes a value that starts with
+    `-` for an option and stops ("expected one argument")."""
+    out = []
+    for arg in argv:
+        if out and out[-1] in ("--train-args", "--sbatch-args"):
+            arg = f"{out.pop()}={arg}"
+        out.append(arg)
+    return out
+
+
 def main(argv=None) -> None:
-    a = parser().parse_args(argv)
+    a = parser().parse_args(_sbatch_options_joined(sys.argv[1:] if argv is None else list(argv)))
     try:
         if a.command == "env":
             print(json.dumps(describe(), indent=2))

@@ -311,3 +311,14 @@ def test_the_chain_checks_its_inputs_and_names_its_first_failed_job(fake_slurm, 
     assert proc.returncode == 1 and "job 45: CANCELLED" in proc.stdout, proc.stderr
     assert proc.stderr == f"launchers: the prep job 42 ended FAILED; see {tmp_path}/D/slurm-prep-42_*.out\n"
     assert "JOBID.out" in run_cli("launchers", "slurm", "--help").stdout
+
+
+def test_sbatch_options_are_taken_as_their_help_shows_them(fake_slurm, tmp_path):
+    """`--train-args "--time=24:00:00"` (a value starting with `-`, which argparse takes for an option) and
+    `--sbatch-args --account=A` reach sbatch."""
+    env, d = fake_slurm
+    proc = chain(env, tmp_path, "--train-args", "--time=24:00:00", "--sbatch-args", "--account=A --qos=long")
+    assert proc.returncode == 0, proc.stderr
+    calls = [c for c in (d / "calls.log").read_text().splitlines() if c.startswith("sbatch")]
+    assert len(calls) == 5 and all("--account=A --qos=long" in c for c in calls)
+    assert [c for c in calls if "--time=24:00:00" in c] == [calls[3]] and "pretrain.sbatch" in calls[3]
