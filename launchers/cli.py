@@ -88,18 +88,30 @@ def submit_chain(a) -> int:
     """Submit the prep -> train -> convert chain; returns the exit status (the last job's with --wait)."""
     import glob
     import shlex
+    import shutil
     import subprocess
 
-    from pretrain.config import load
+    from pretrain.config import ConfigError, load
 
     missing = [f"input {i}" for i in a.inputs if not (os.path.exists(i) or glob.glob(i))]
     missing += [f"--tokenizer {a.tokenizer}"] if a.tokenizer and not os.path.exists(a.tokenizer) else []
     if missing:
         raise RendezvousError(f"{missing[0]} not found; nothing was submitted")
-    slurm = shipped("slurm", "slurm")
-    common = shlex.split(a.sbatch_args)
-    out_dir = os.path.abspath(load(a.config, a.overrides).out_dir)
+    try:
+        out_dir = os.path.abspath(load(a.config, a.overrides).out_dir)
+    except ConfigError as e:
+        raise RendezvousError(str(e)) from None
     data = os.path.abspath(a.data)
+    for what, path in (("--data", data), ("the config's out_dir", out_dir)):
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise RendezvousError(f"{what} {path} is a file, not a directory; choose another")
+    if shutil.which("sbatch") is None:
+        raise RendezvousError("sbatch not found on PATH: submit from a host with Slurm's commands (a login node)")
+    try:
+        common, train_args = shlex.split(a.sbatch_args), shlex.split(a.train_args)
+    except ValueError as e:
+        raise RendezvousError(f"--sbatch-args {a.sbatch_args!r} / --train-args {a.train_args!r}: {e}") from None
+    slurm = shipped("slurm", "slurm")
     os.makedirs(data, exist_ok=True)
     py = os.environ.get("PTM_PYTHON", sys.executable)
 
@@ -129,7 +141,7 @@ def submit_chain(a) -> int:
     os.makedirs(out_dir, exist_ok=True)
     gpus = [f"--gpus-per-node={a.gpus_per_node}"] if a.gpus_per_node else []
     jobs["train"] = sbatch(f"--nodes={a.nodes}", f"--ntasks-per-node={a.ntasks_per_node}", *gpus,
-                           "-o", os.path.join(out_dir, "slurm-train-%j.out"), *shlex.split(a.train_args),
+                           "-o", os.path.join(out_dir, "slurm-train-%j.out"), *train_args,
                            os.path.join(slurm, "pretrain.sbatch"), a.config, "--set", *a.overrides, f"data.path={data}",
                            f"out_dir={out_dir}", after=jobs["finalize"])
     jobs["convert"] = sbatch("-o", os.path.join(out_dir, "slurm-convert-%j.out"), os.path.join(slurm, "convert.sbatch"),

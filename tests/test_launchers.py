@@ -322,3 +322,21 @@ def test_sbatch_options_are_taken_as_their_help_shows_them(fake_slurm, tmp_path)
     calls = [c for c in (d / "calls.log").read_text().splitlines() if c.startswith("sbatch")]
     assert len(calls) == 5 and all("--account=A --qos=long" in c for c in calls)
     assert [c for c in calls if "--time=24:00:00" in c] == [calls[3]] and "pretrain.sbatch" in calls[3]
+
+
+@pytest.mark.parametrize("more, path, says", [
+    (("--config", "nonexist"), True, "config file nonexist not found in "),
+    (("--set", "bogus=1"), True, "--set bogus=1: unknown key 'bogus'"),
+    (("--data", "{tmp}/afile"), True, "--data {tmp}/afile is a file, not a directory; choose another"),
+    (("--sbatch-args", "'--account=A"), True, "--sbatch-args \"'--account=A\" / --train-args '': No closing"),
+    ((), False, "sbatch not found on PATH: submit from a host with Slurm's commands (a login node)")])
+def test_bad_chain_arguments_are_one_line(fake_slurm, tmp_path, more, path, says):
+    """A config or override that does not load, --data an existing file, unbalanced quotes, no sbatch: one line,
+    exit 2, nothing submitted."""
+    env, d = fake_slurm
+    (tmp_path / "afile").write_text("")
+    env = env if path else {**env, "PATH": os.path.dirname(sys.executable) + ":/usr/bin/env-only-nothing"}
+    proc = chain(env, tmp_path, *(m.format(tmp=tmp_path) for m in more))
+    assert proc.returncode == 2 and proc.stderr.startswith("launchers: error: ") and proc.stderr.count("\n") == 1, \
+        proc.stderr
+    assert says.format(tmp=tmp_path) in proc.stderr and not (d / "calls.log").exists()
