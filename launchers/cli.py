@@ -115,15 +115,22 @@ def submit_chain(a) -> int:
     os.makedirs(data, exist_ok=True)
     py = os.environ.get("PTM_PYTHON", sys.executable)
 
+    jobs, tokenizer = {}, a.tokenizer
+
     def sbatch(*args: str, after: str | None = None) -> str:
+        """Submit one job; when sbatch fails, the jobs already submitted are cancelled (and named)."""
         cmd = ["sbatch", "--parsable", *common, *(["--dependency", f"afterok:{after}", "--kill-on-invalid-dep=yes"]
                                                    if after else []), *args]
         job = subprocess.run(cmd, capture_output=True, text=True)
         if job.returncode:
-            raise RendezvousError(f"sbatch failed ({job.stderr.strip()}): {shlex.join(cmd)}")
+            cancelled = ""
+            if jobs:
+                subprocess.run(["scancel", *jobs.values()], capture_output=True)
+                named = ", ".join(f"{name} {j}" for name, j in jobs.items())
+                cancelled = f"; cancelled the jobs submitted before it ({named})"
+            raise RendezvousError(f"sbatch failed ({' '.join(job.stderr.split())}): {shlex.join(cmd)}{cancelled}")
         return job.stdout.strip().split(";")[0]
 
-    jobs, tokenizer = {}, a.tokenizer
     logs = {"prep": os.path.join(data, "slurm-prep-{}_*.out"), "finalize": os.path.join(data, "slurm-finalize-{}.out"),
             "train": os.path.join(out_dir, "slurm-train-{}.out"),
             "convert": os.path.join(out_dir, "slurm-convert-{}.out")}

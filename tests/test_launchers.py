@@ -340,3 +340,14 @@ def test_bad_chain_arguments_are_one_line(fake_slurm, tmp_path, more, path, says
     assert proc.returncode == 2 and proc.stderr.startswith("launchers: error: ") and proc.stderr.count("\n") == 1, \
         proc.stderr
     assert says.format(tmp=tmp_path) in proc.stderr and not (d / "calls.log").exists()
+
+
+def test_a_failed_sbatch_mid_chain_cancels_the_jobs_before_it(fake_slurm, tmp_path):
+    """sbatch refusing the training job (`--train-args=--time=bad`): the tokenizer, prep and finalize jobs already
+    queued are cancelled and named in the one line."""
+    env, d = fake_slurm
+    proc = chain(env, tmp_path, "--train-args=--time=bad")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "sbatch failed (sbatch: error: " in proc.stderr
+    assert proc.stderr.endswith("; cancelled the jobs submitted before it (tokenizer 41, prep 42, finalize 43)\n"), \
+        proc.stderr
+    assert (d / "calls.log").read_text().splitlines()[-1] == "scancel 41 42 43"
