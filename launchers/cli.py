@@ -7,7 +7,8 @@ import json
 import os
 import sys
 
-from launchers.rendezvous import RendezvousError, describe, hostnames, job_port, node_address, tasks_per_node
+from launchers.rendezvous import (RendezvousError, describe, hostnames, job_port, node_address, tasks_per_node,
+                                  uniform_tasks_per_node)
 from ptm import shipped
 from ptm.cli import whole
 
@@ -24,7 +25,8 @@ def parser() -> argparse.ArgumentParser:
                                "cluster: `srun python -m launchers env`, `mpirun ... python -m launchers env`.")
     h = sub.add_parser("hostfile", help="write a deepspeed hostfile from the current Slurm allocation",
                        description="Inside a Slurm job: one line `HOST slots=N` per allocated node, N from "
-                                   "--slots or SLURM_NTASKS_PER_NODE / SLURM_GPUS_ON_NODE.")
+                                   "--slots, else the job's tasks per node (SLURM_TASKS_PER_NODE, the same on every "
+                                   "node), else SLURM_GPUS_ON_NODE, else 1.")
     h.add_argument("--out", required=True, help="file to write (e.g. $SLURM_SUBMIT_DIR/hostfile)")
     h.add_argument("--slots", type=whole("a count (1, 2, ...)"),
                    help="processes per node (default: the job's tasks or GPUs per node)")
@@ -68,11 +70,16 @@ def write_hostfile(out: str, slots: int | None = None, environ=os.environ) -> li
         raise RendezvousError("SLURM_JOB_NODELIST is not set: run `ptm launch hostfile` inside a Slurm job")
     hosts = hostnames(nodelist)
     if slots is None:
-        counts = tasks_per_node(environ["SLURM_TASKS_PER_NODE"]) if "SLURM_TASKS_PER_NODE" in environ else []
+        spec = environ.get("SLURM_TASKS_PER_NODE")
+        counts = tasks_per_node(spec) if spec else []
+        uniform_tasks_per_node(counts, "Slurm allocated", "SLURM_TASKS_PER_NODE", spec)
         slots = counts[0] if counts else int(environ.get("SLURM_GPUS_ON_NODE", 1))
     lines = [f"{host} slots={slots}" for host in hosts]
-    with open(out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    try:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    except OSError as e:
+        raise RendezvousError(f"cannot write the hostfile {out} ({e.strerror}); choose another --out") from None
     return lines
 
 

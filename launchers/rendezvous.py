@@ -124,13 +124,18 @@ def tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
+def uniform_tasks_per_node(counts: list[int], who: str, variable: str, spec: str | None) -> None:
+    """Every node runs the same number of tasks, or one line saying how they differ and the fix."""
+    if len(set(counts)) > 1:
+        raise RendezvousError(f"{who} {counts} tasks on its {len(counts)} nodes ({variable}={spec}); every node needs "
+                              "the same number: submit with --ntasks-per-node")
+
+
 def _srun(environ) -> Rendezvous:
     world, nodes = _int(environ, "SLURM_STEP_NUM_TASKS"), _int(environ, "SLURM_STEP_NUM_NODES", "1")
     per_node = tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE", environ.get("SLURM_TASKS_PER_NODE", str(world))))
-    if len(set(per_node)) > 1:
-        raise RendezvousError(f"srun started {per_node} tasks on its {len(per_node)} nodes (SLURM_STEP_TASKS_PER_NODE="
-                              f"{environ.get('SLURM_STEP_TASKS_PER_NODE')}); every node needs the same number: submit "
-                              "with --ntasks-per-node")
+    uniform_tasks_per_node(per_node, "srun started", "SLURM_STEP_TASKS_PER_NODE",
+                           environ.get("SLURM_STEP_TASKS_PER_NODE"))
     if "MASTER_ADDR" in environ:
         addr = environ["MASTER_ADDR"]
     else:
@@ -153,8 +158,9 @@ def hostnames(nodelist: str) -> list[str]:
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError) as e:
-        raise RendezvousError(f"cannot expand the Slurm node list {nodelist!r} with scontrol ({e}); set MASTER_ADDR to "
-                              "the first node's address") from None
+        said = " ".join((getattr(e, "stderr", None) or "").split())  # scontrol's own reason, when it gave one
+        raise RendezvousError(f"cannot expand the Slurm node list {nodelist!r} with scontrol ({said or e}); set "
+                              "MASTER_ADDR to the first node's address") from None
     return out.stdout.split()
 
 

@@ -246,7 +246,7 @@ def fake_slurm(tmp_path):
     """sbatch, scontrol and scancel as shell scripts on PATH, for the Slurm scripts' and `ptm launch slurm`'s own
     logic: sbatch logs its arguments to calls.log and prints job ids 41, 42, ... (or fails naming an argument that
     contains `bad`); `scontrol show job -o N` says `state-N` (default COMPLETED); `scontrol show hostnames` says
-    `hostnames`; scancel logs. Returns (env, directory)."""
+    `hostnames`; scancel, srun and mpirun log. Returns (env, directory)."""
     d = tmp_path / "fake-slurm"
     d.mkdir()
     scripts = {
@@ -256,10 +256,13 @@ n=$(grep -c '^sbatch' {d}/calls.log); echo $((40 + n))""",
         "scontrol": f"""echo "scontrol $*" >> {d}/calls.log
 case $2 in
   job) echo "JobId=$4 JobState=$(cat {d}/state-$4 2>/dev/null || echo COMPLETED) Reason=None" ;;
-  hostnames) cat {d}/hostnames ;;
+  hostnames) case $3 in *bad*) echo "scontrol: error: Unable to create hostlist from $3" >&2; exit 1;; esac
+             cat {d}/hostnames ;;
   *) exit 1 ;;
 esac""",
-        "scancel": f'echo "scancel $*" >> {d}/calls.log'}
+        "scancel": f'echo "scancel $*" >> {d}/calls.log',
+        "srun": f'echo "srun $*" >> {d}/calls.log',
+        "mpirun": f'echo "mpirun $*" >> {d}/calls.log'}
     for name, body in scripts.items():
         (d / name).write_text("#!/usr/bin/env bash\n" + body + "\n")
         (d / name).chmod(0o755)
@@ -351,3 +354,45 @@ def test_a_failed_sbatch_mid_chain_cancels_the_jobs_before_it(fake_slurm, tmp_pa
     assert proc.stderr.endswith("; cancelled the jobs submitted before it (tokenizer 41, prep 42, finalize 43)\n"), \
         proc.stderr
     assert (d / "calls.log").read_text().splitlines()[-1] == "scancel 41 42 43"
+
+
+UNEVEN = "every node needs the same number: submit with --ntasks-per-node"
+
+
+def test_a_hostfile_needs_the_same_tasks_on_every_node_and_says_what_it_cannot_do(fake_slurm, tmp_path):
+    """SLURM_TASKS_PER_NODE=3,1 (`sbatch -n4 -N2`): not `slots=3` for both nodes but srun's one line; an unwritable
+    --out and a failing scontrol are one line too, scontrol's own reason kept."""
+    env, d = fake_slurm
+    (d / "hostnames").write_text("n1\nn2\n")
+    env = {**env, "SLURM_JOB_NODELIST": "n[1-2]"}
+
+    def hostfile(out, **more):
+        return subprocess.run([sys.executable, "-m", "launchers", "hostfile", "--out", str(out)], cwd=ROOT,
+                              capture_output=True, text=True, env={**env, **more})
+
+    assert hostfile(tmp_path / "H", SLURM_TASKS_PER_NODE="2(x2)").returncode == 0
+    assert (tmp_path / "H").read_text() == "n1 slots=2\nn2 slots=2\n"
+    for out, more, says in [
+            (tmp_path / "H", {"SLURM_TASKS_PER_NODE": "3,1"}, "Slurm allocated [3, 1] tasks on its 2 nodes "
+                                                              f"(SLURM_TASKS_PER_NODE=3,1); {UNEVEN}"),
+            ("/nonexistent/H", {}, "cannot write the hostfile /nonexistent/H (No such file or directory); choose "
+                                   "another --out"),
+            (tmp_path / "H", {"SLURM_JOB_NODELIST": "bad[1-"},
+             "with scontrol (scontrol: error: Unable to create hostlist from bad[1-); set MASTER_ADDR")]:
+        proc = hostfile(out, **more)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert "SLURM_NTASKS_PER_NODE" not in run_cli("launchers", "hostfile", "--help").stdout
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_pretrain_sbatch_refuses_uneven_tasks_per_node_under_every_launcher(fake_slurm, launcher):
+    """`sbatch -n3 -N2 slurm/pretrain.sbatch`: one line and exit 2 before any launcher starts (mpirun took "2,1" for
+    its ppr, and the threads came out of `cpus / 2,1`)."""
+    env, d = fake_slurm
+    (d / "hostnames").write_text("n1\nn2\n")
+    proc = subprocess.run(["bash", os.path.join(ROOT, "slurm", "pretrain.sbatch"), "bert-tiny"], capture_output=True,
+                          text=True, env={**env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+                                          "SLURM_TASKS_PER_NODE": "2,1", "PTM_LAUNCHER": launcher}, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == "ptm: error: Slurm allocated different numbers of tasks to the " \
+        f"nodes (SLURM_TASKS_PER_NODE=2,1); {UNEVEN}\n", proc.stderr
+    assert not (d / "calls.log").exists() or launcher not in (d / "calls.log").read_text()
