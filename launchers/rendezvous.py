@@ -48,6 +48,10 @@ def detect(environ=os.environ) -> Rendezvous | None:
     """The launcher that started this process and what it says; None for a single process that none started."""
     if "RANK" in environ and "WORLD_SIZE" in environ:
         return _torch(environ)
+    for have, lack in (("RANK", "WORLD_SIZE"), ("WORLD_SIZE", "RANK")):
+        if have in environ:
+            raise RendezvousError(f"{have}={environ[have]} is set but {lack} is not: set both (torchrun and the "
+                                  "deepspeed launcher do) or neither")
     if environ.get("OMPI_COMM_WORLD_SIZE"):
         return _mpi(environ, "mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
@@ -89,18 +93,35 @@ def _int(environ, name: str, default: str | None = None) -> int:
         raise RendezvousError(f"{name}={value!r} is not a whole number; check how the job was launched") from None
 
 
+def _count(environ, name: str, default: str | None = None) -> int:
+    """A number of processes or nodes: 1 or more."""
+    value = _int(environ, name, default)
+    if value < 1:
+        raise RendezvousError(f"{name}={value} must be 1 or more; check how the job was launched")
+    return value
+
+
+def _rank(environ, name: str, size_name: str, size: int) -> int:
+    """A rank: 0 up to `size` (from `size_name`) less one."""
+    value = _int(environ, name)
+    if not 0 <= value < size:
+        raise RendezvousError(f"{name}={value} is outside 0..{size - 1} ({size_name}={size}); check how the job was "
+                              "launched")
+    return value
+
+
 def _torch(environ) -> Rendezvous:
     """torchrun sets LOCAL_WORLD_SIZE and GROUP_RANK; the deepspeed launcher LOCAL_SIZE, CROSS_RANK, CROSS_SIZE."""
-    size = _int(environ, "WORLD_SIZE")
-    local_size = _int(environ, "LOCAL_WORLD_SIZE", environ.get("LOCAL_SIZE", str(size)))
+    size = _count(environ, "WORLD_SIZE")
+    local_size = _count(environ, "LOCAL_WORLD_SIZE", environ.get("LOCAL_SIZE", str(size)))
     node_rank = _int(environ, "NODE_RANK", environ.get("GROUP_RANK", environ.get("CROSS_RANK", "0")))
-    return Rendezvous("torchrun/deepspeed", _int(environ, "RANK"), _int(environ, "LOCAL_RANK", "0"), size,
-                      local_size, -(-size // max(local_size, 1)), node_rank,
+    return Rendezvous("torchrun/deepspeed", _rank(environ, "RANK", "WORLD_SIZE", size),
+                      _int(environ, "LOCAL_RANK", "0"), size, local_size, -(-size // local_size), node_rank,
                       environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT", DEFAULT_PORT))
 
 
 def _mpi(environ, name: str, rank: str, size: str, local_rank: str, local_size: str) -> Rendezvous:
-    world, local = _int(environ, size), _int(environ, local_size, environ[size])
+    world, local = _count(environ, size), _count(environ, local_size, environ[size])
     if world % local:
         raise RendezvousError(f"{name}: {local_size}={local} does not divide {size}={world}: the nodes run different "
                               "numbers of processes; start the same number per node (e.g. mpirun --map-by ppr:N:node)")
@@ -108,7 +129,7 @@ def _mpi(environ, name: str, rank: str, size: str, local_rank: str, local_size: 
     if nodes > 1 and "MASTER_ADDR" not in environ:
         raise RendezvousError(f"started by {name} with {world} processes on {nodes} nodes, but MASTER_ADDR is not "
                               "set; run mpirun -x MASTER_ADDR=<first host> -x MASTER_PORT=<port> ...")
-    r = _int(environ, rank)
+    r = _rank(environ, rank, size, world)
     return Rendezvous(name, r, _int(environ, local_rank, "0"), world, local, nodes, r // local,
                       environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT", DEFAULT_PORT))
 
@@ -132,7 +153,7 @@ def uniform_tasks_per_node(counts: list[int], who: str, variable: str, spec: str
 
 
 def _srun(environ) -> Rendezvous:
-    world, nodes = _int(environ, "SLURM_STEP_NUM_TASKS"), _int(environ, "SLURM_STEP_NUM_NODES", "1")
+    world, nodes = _count(environ, "SLURM_STEP_NUM_TASKS"), _count(environ, "SLURM_STEP_NUM_NODES", "1")
     per_node = tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE", environ.get("SLURM_TASKS_PER_NODE", str(world))))
     uniform_tasks_per_node(per_node, "srun started", "SLURM_STEP_TASKS_PER_NODE",
                            environ.get("SLURM_STEP_TASKS_PER_NODE"))
@@ -144,8 +165,9 @@ def _srun(environ) -> Rendezvous:
             raise RendezvousError("srun did not set SLURM_STEP_NODELIST; set MASTER_ADDR to the first node's address")
         addr = node_address(hostnames(nodelist)[0])
     port = environ.get("MASTER_PORT") or str(job_port(environ))
-    return Rendezvous("srun", _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_LOCALID", "0"), world,
-                      per_node[0], nodes, _int(environ, "SLURM_NODEID", "0"), addr, port)
+    return Rendezvous("srun", _rank(environ, "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", world),
+                      _int(environ, "SLURM_LOCALID", "0"), world, per_node[0], nodes,
+                      _int(environ, "SLURM_NODEID", "0"), addr, port)
 
 
 def job_port(environ=os.environ) -> int:

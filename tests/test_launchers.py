@@ -37,6 +37,15 @@ def test_torch_variables_win_and_open_mpi_and_mpich_map_to_them():
     ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2",
       "SLURM_STEP_TASKS_PER_NODE": "3,1", "MASTER_ADDR": "n1"}, "every node needs the same number"),
     ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' is not a whole number"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but RANK is not: set both"),
+    ({"RANK": "1"}, "RANK=1 is set but WORLD_SIZE is not: set both"),
+    ({"RANK": "5", "WORLD_SIZE": "4"}, "RANK=5 is outside 0..3 (WORLD_SIZE=4)"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0 must be 1 or more"),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "0"},
+     "OMPI_COMM_WORLD_LOCAL_SIZE=0 must be 1 or more"),
+    ({"PMI_RANK": "-1", "PMI_SIZE": "2"}, "PMI_RANK=-1 is outside 0..1 (PMI_SIZE=2)"),
+    ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "4", "SLURM_STEP_NUM_TASKS": "4", "MASTER_ADDR": "n1"},
+     "SLURM_PROCID=4 is outside 0..3 (SLURM_STEP_NUM_TASKS=4)"),
 ])
 def test_inconsistent_environments_are_one_line(env, expected):
     with pytest.raises(RendezvousError) as e:
