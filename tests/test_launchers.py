@@ -111,6 +111,22 @@ def test_an_unreachable_master_ends_the_rank_after_the_timeout_naming_it(train_d
     assert f"pretrain: error: rank 1 on {socket.gethostname()} lost contact" in proc.stderr
 
 
+def test_a_master_port_in_use_is_one_line_not_a_lost_contact(train_data, tmp_path):
+    """Rank 0 cannot listen on MASTER_PORT (another process holds it): one line naming the port, the host and the
+    fix, exit 2, at once."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "bert-tiny", "--set",
+                               f"data.path={train_data}", "parallel.timeout_s=30", f"out_dir={tmp_path}"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == f"pretrain: error: MASTER_PORT {port} is in use on " \
+        f"{socket.gethostname()}: set MASTER_PORT to a free port (mpirun -x MASTER_PORT=..., torchrun --master_port " \
+        "...)\n", proc.stderr[-2000:]
+
+
 BUSY_THEN_TRAIN = """import os, sys, time
 from pretrain.config import load
 from pretrain.train import Trainer

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import warnings
 from datetime import timedelta
 
@@ -76,6 +77,19 @@ def launched_world_size() -> int:
     return int(os.environ["WORLD_SIZE"]) if rendezvous.export() else 1
 
 
+def _rendezvous(timeout: timedelta):
+    """torch's env:// rendezvous (store, rank, world); a master port taken by another process is one line (rank 0
+    cannot listen on it), not a lost contact."""
+    try:
+        return next(dist.rendezvous("env://", timeout=timeout))
+    except dist.DistNetworkError as e:
+        if "EADDRINUSE" not in str(e):
+            raise
+        raise rendezvous.RendezvousError(
+            f"MASTER_PORT {os.environ.get('MASTER_PORT')} is in use on {socket.gethostname()}: set MASTER_PORT to a "
+            "free port (mpirun -x MASTER_PORT=..., torchrun --master_port ...)") from None
+
+
 def init_processes(timeout_s: int = 600, collective_timeout_s: float | None = None) -> int:
     """The process group, from the launcher's environment (torchrun, deepspeed, mpirun, srun) or a
     one-process group without a launcher; returns the world size. Reaching the master gives up after
@@ -94,7 +108,7 @@ def init_processes(timeout_s: int = 600, collective_timeout_s: float | None = No
         else:  # megatron-core's advice on a CUDA setting (for TP's overlap on GPUs): noise without CUDA
             warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS")
         if kind:
-            store, rank, world = next(dist.rendezvous("env://", timeout=options["timeout"]))
+            store, rank, world = _rendezvous(options["timeout"])
             dev.check_unshared(store, rank, world)
             dist.init_process_group(dev.backend(), store=dist.PrefixStore("default_pg", store), rank=rank,
                                     world_size=world, **options)
