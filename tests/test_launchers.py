@@ -4,6 +4,7 @@ stalled rank and a stalled store end the run after parallel.timeout_s in one lin
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -421,3 +422,18 @@ def test_pretrain_sbatch_refuses_uneven_tasks_per_node_under_every_launcher(fake
     assert proc.returncode == 2 and proc.stderr == "ptm: error: Slurm allocated different numbers of tasks to the " \
         f"nodes (SLURM_TASKS_PER_NODE=2,1); {UNEVEN}\n", proc.stderr
     assert not (d / "calls.log").exists() or launcher not in (d / "calls.log").read_text()
+
+
+@pytest.mark.parametrize("script, args, says", [
+    ("pretrain.sbatch", ["bert-tiny"], "ptm: error: SLURM_JOB_ID is not set: submit slurm/pretrain.sbatch with sbatch"),
+    ("pretrain.sbatch", [], "usage: sbatch [--nodes N --ntasks-per-node G ...] slurm/pretrain.sbatch CONFIG"),
+    ("prep.sbatch", [], "usage: sbatch --array=0-N slurm/prep.sbatch OUT INPUT... --tokenizer TOK"),
+    ("convert.sbatch", [], "usage: sbatch slurm/convert.sbatch RUN_DIR [HF_OUT]")])
+def test_slurm_scripts_run_wrongly_say_how_to_run_them(tmp_path, script, args, says):
+    """Outside Slurm or without their arguments, one line naming the script (not Slurm's spool copy, which $0 is
+    under sbatch: run here from such a copy), exit 2."""
+    copy = tmp_path / "slurm_script"
+    shutil.copy(os.path.join(ROOT, "slurm", script), copy)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run(["bash", str(copy), *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith(says) and proc.stderr.count("\n") == 1, proc.stderr
