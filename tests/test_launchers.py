@@ -287,7 +287,7 @@ case $2 in
   *) exit 1 ;;
 esac""",
         "scancel": f'echo "scancel $*" >> {d}/calls.log',
-        "srun": f'echo "srun $*" >> {d}/calls.log',
+        "srun": f'echo "srun $* (MASTER_ADDR=${{MASTER_ADDR:-}})" >> {d}/calls.log',
         "mpirun": f'echo "mpirun $*" >> {d}/calls.log'}
     for name, body in scripts.items():
         (d / name).write_text("#!/usr/bin/env bash\n" + body + "\n")
@@ -437,3 +437,16 @@ def test_slurm_scripts_run_wrongly_say_how_to_run_them(tmp_path, script, args, s
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.run(["bash", str(copy), *args], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith(says) and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_under_srun_the_master_is_the_first_node_not_an_inherited_master_addr(fake_slurm):
+    """sbatch exports the submitting shell's MASTER_ADDR (say, from a torchrun run on a workstation) to the job: under
+    srun the tasks are told the allocation's first node, as under the deepspeed launcher and mpirun."""
+    env, d = fake_slurm
+    (d / "hostnames").write_text("localhost\n127.0.0.1\n")
+    proc = subprocess.run(["bash", os.path.join(ROOT, "slurm", "pretrain.sbatch"), "bert-tiny"], capture_output=True,
+                          text=True, env={**env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
+                                          "SLURM_TASKS_PER_NODE": "2(x2)", "MASTER_ADDR": "10.9.9.9"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [c for c in (d / "calls.log").read_text().splitlines() if c.startswith("srun")][-1].endswith(
+        "(MASTER_ADDR=localhost)")
