@@ -113,6 +113,10 @@ def main(argv=None) -> None:
         if _rank() == 0:
             print(f"pretrain: error: {e}", file=sys.stderr)
         sys.exit(3)
+    except KeyboardInterrupt:  # Ctrl-C: the loader's workers have ended (`Trainer.fit`); no traceback
+        print("pretrain: interrupted (SIGINT); re-run the same command to resume from the last checkpoint",
+              file=sys.stderr)
+        sys.exit(130)
     except Stopped as e:  # (rank 0 said why before the ranks' last collective)
         signals.ignore()
         signals.pause("exit")  # (tests: a rank slower to end)

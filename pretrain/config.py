@@ -266,6 +266,9 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
                 "data.path is empty; set data.path=DIR (a dataset built by `ptm prep`) or a list of them")
     errors.need(not os.path.exists(cfg.out_dir) or os.path.isdir(cfg.out_dir),
                 f"out_dir={cfg.out_dir} is a file; set out_dir to a directory (a new one, or a run's to resume it)")
+    latest = os.path.join(cfg.out_dir, "checkpoints", "latest")
+    errors.need(not os.path.lexists(latest) or os.path.isfile(latest),
+                f"{latest} is not a file (the name of the checkpoint to resume, which ptm writes there); remove it")
     return errors
 
 

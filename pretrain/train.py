@@ -21,7 +21,7 @@ from pretrain import device as dev
 from pretrain import kernels as K
 from pretrain.config import Config, ConfigError
 from pretrain.data.factory import build_sources
-from pretrain.data.loader import make_loader
+from pretrain.data.loader import end_workers, make_loader
 from pretrain.data.packing import real_tokens
 from pretrain.models.config import padded_vocab_size
 from pretrain.parallel import mcore
@@ -322,10 +322,11 @@ class Trainer:
     def fit(self) -> dict:
         """Train to train.steps. SIGUSR1 or SIGTERM (a warning before the time limit, scancel, preemption) makes
         every rank finish its step, checkpoint there and raise Preempted."""
-        previous, self.runlog = signals.watch(), None
+        previous, self.runlog, self.batches = signals.watch(), None, None
         try:
             return self._fit()
         finally:
+            end_workers(self.batches)  # (an exception's traceback would keep them running: `end_workers`)
             signals.restore(previous)
             signals.training = False
             if self.runlog is not None:  # (whatever stopped the run: TensorBoard's files flushed and closed)
@@ -342,7 +343,7 @@ class Trainer:
         log("kernels: " + K.describe(cfg, self.parallel.kernels, self.parallel.fused_lm_loss, self.optimizer,
                                      self.device, self.objective.attention_mask))
         phase = self.objective.phase_index(self.step)
-        micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
+        micro = self.batches = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
         signals.pause("workers")  # (tests: the data-loader workers run)
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         t0, last_eval, history, held = time.time(), {}, [], None
@@ -360,7 +361,7 @@ class Trainer:
                                             "job to resume"))
             if self.objective.phase_index(self.step) != phase:  # e.g. ERNIE 2.0's next stage: its tasks join
                 phase = self.objective.phase_index(self.step)
-                micro = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
+                micro = self.batches = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
                 log(f"step {self.step + 1}: stage {phase + 1}: "
                     + self.objective.describe(self.objective.phase(self.step)))
             start = time.time()

@@ -11,11 +11,16 @@ import shutil
 
 def write_bytes(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # (e.g. `path` is a directory: nothing is left beside it)
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def write_text(path: str, text: str) -> None:

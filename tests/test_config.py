@@ -445,3 +445,20 @@ def test_an_out_dir_that_is_a_file_and_a_compiled_elmo_are_refused_in_one_line(t
     with pytest.raises(ConfigError) as e:
         load("elmo-tiny", ["kernels=compile", "data.path=data"]).validate()
     assert str(e.value) == "kernels=compile compiles transformer blocks; ELMo has none: set kernels=auto"
+
+
+def test_a_latest_that_is_a_directory_is_refused_and_a_failed_pointer_write_leaves_nothing(tmp_path):
+    """A run whose checkpoints/latest is a directory (once: an IsADirectoryError at its first checkpoint, after
+    training, with a latest.tmpPID file left beside it): refused in one line before anything starts; and the pointer's
+    write, failing, leaves no temporary file."""
+    from pretrain.checkpoint import mark_latest
+
+    latest = tmp_path / "checkpoints" / "latest"
+    latest.mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        load("bert-tiny", [f"out_dir={tmp_path}", "data.path=data"]).validate()
+    assert str(e.value) == f"{latest} is not a file (the name of the checkpoint to resume, which ptm writes there); " \
+                           "remove it"
+    with pytest.raises(IsADirectoryError):
+        mark_latest(str(tmp_path), "step_00000005")
+    assert os.listdir(tmp_path / "checkpoints") == ["latest"]

@@ -1,6 +1,7 @@
 """Training: resume is exact, bad configs fail early, GPT-2 and the ERNIE 2.0 schedule train.
 (Sample determinism, rank disjointness and masking are tested in tests/test_data_*.py.)"""
 import json
+import time
 
 import pytest
 import torch
@@ -187,3 +188,54 @@ def test_ernie2_semantic_task_from_labelled_pairs(dataset, corpus, sp_model, tmp
     assert (body == labelled.special_ids["sep"]).sum() == 1  # [CLS] query [SEP] title [SEP]
     summary = train(cfg)
     assert "valid_ir_relevance_acc" in summary and "valid_mlm_acc" in summary
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "failure"])
+def test_sigint_or_a_failure_mid_run_ends_the_process_and_its_loader_workers(dataset, tmp_path, how):
+    """SIGINT to the training process alone (Ctrl-C) ends it with one line and exit 130; an unexpected failure (here
+    a test pause's child that dies) with its traceback and exit 1; both while data-loader workers run, which ignore
+    SIGTERM (pretrain/data/loader.py) and once kept the process waiting for them at its exit, forever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from conftest import ROOT
+    from runs import kill_when
+
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--config", "bert-tiny", "--set",
+                             f"data.path={dataset}", f"out_dir={tmp_path / 'run'}", "data.num_workers=2",
+                             "data.seq_len=32", "model.max_position_embeddings=32", "train.global_batch_size=8",
+                             "train.micro_batch_size=8", "train.steps=50", "optimizer.warmup_steps=1",
+                             "train.eval_interval=0", "checkpoint.interval=0", "data.valid_fraction=0.02"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PTM_TEST_PAUSE": f"workers:{pause}"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (a shell's `&`)
+    try:
+        deadline = time.time() + 300
+        while not (pause / "workers.0").exists():
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        children = psutil.Process(proc.pid).children()
+        waiter = [c for c in children if "go.workers" in " ".join(c.cmdline())]
+        workers = [c for c in children if c not in waiter]
+        assert len(waiter) == 1 and len(workers) >= 2
+        if how == "SIGINT":
+            proc.send_signal(signal.SIGINT)
+        else:
+            waiter[0].kill()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            kill_when(proc, lambda: True)
+    lines = [line for line in err.splitlines() if "arning" not in line]
+    if how == "SIGINT":
+        assert proc.returncode == 130 and lines[-1].startswith("pretrain: interrupted (SIGINT)"), err[-3000:]
+        assert "Traceback" not in err
+    else:
+        assert proc.returncode == 1 and "Traceback" in err and "CalledProcessError" in lines[-1], err[-3000:]
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]

@@ -90,8 +90,17 @@ def make_loader(source, micro_batch_size: int, *, rank: int = 0, world_size: int
                       generator=torch.Generator(), worker_init_fn=_ignore_stop_signals)
 
 
+def end_workers(batches) -> None:
+    """End the worker processes of a loader's iterator now (no-op without workers). Whatever ends a run must: they
+    ignore SIGTERM (`_ignore_stop_signals`), which is how multiprocessing ends them at exit before it waits for them,
+    so an iterator that a traceback keeps alive past that point kept the process waiting forever."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
 def _ignore_stop_signals(worker_id: int) -> None:
     """Workers leave SIGTERM/SIGUSR1 (scancel, Slurm's warning) to the training process, which checkpoints before
-    it exits; they end with it."""
+    it exits; they end with it (`end_workers`)."""
     for s in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(s, signal.SIG_IGN)
