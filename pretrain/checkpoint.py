@@ -424,14 +424,24 @@ class Checkpoints:
         return None
 
     def _set_aside(self, damaged: list[str], good: str) -> None:
-        """Rename damaged checkpoints to damaged-NAME (kept for inspection, never resumed or pruned) and point
-        `latest` at the one resumed."""
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            for name in damaged:
-                os.replace(os.path.join(self.root, name), os.path.join(self.root, f"damaged-{name}"))
-            mark_latest(self.out_dir, good)
-        if dist.is_initialized():
-            dist.barrier()
+        """Rename damaged checkpoints to damaged-NAME (kept for inspection, never resumed or pruned; damaged-NAME.1,
+        .2, ... when a step damaged before was trained again and damaged again) and point `latest` at the one resumed.
+        Rank 0 renames; a failure is every rank's error (none waits for rank 0 alone)."""
+        def rename() -> str | None:
+            try:
+                for name in damaged:
+                    aside, n = os.path.join(self.root, f"damaged-{name}"), 0
+                    while os.path.lexists(aside + (f".{n}" if n else "")):
+                        n += 1
+                    os.rename(os.path.join(self.root, name), aside + (f".{n}" if n else ""))
+                mark_latest(self.out_dir, good)
+            except OSError as e:
+                return f"cannot set damaged checkpoints aside in {self.root} ({e}); move them out of it by hand"
+            return None
+
+        problem = _rank0s(rename)
+        if problem:
+            raise CheckpointError(problem)
 
     def _verify(self, ckpt: str) -> str | None:
         """`verify` with the hashing shared among the ranks; every rank gets the same answer. Whether the files

@@ -388,7 +388,8 @@ def damage(ckpt, how: str) -> str:
 @pytest.mark.parametrize("how", ["truncated", "corrupted", "missing", "unreadable meta"])
 def test_a_damaged_latest_falls_back_to_the_newest_complete_checkpoint(train_data, tmp_path, how):
     """`latest` names a damaged step_4: the restart warns with the file and the reason, sets it aside, resumes
-    step_2 and trains on; a checkpoint tool reading the damaged one names the file in one line."""
+    step_2 and trains on; a checkpoint tool reading the damaged one names the file in one line. Damaged again, the
+    step_4 trained again is set aside under the next free name."""
     from pretrain.train import train
 
     run = lambda *more: config(bert(train_data, "checkpoint.interval=2", f"out_dir={tmp_path}", *more))  # noqa: E731
@@ -404,6 +405,12 @@ def test_a_damaged_latest_falls_back_to_the_newest_complete_checkpoint(train_dat
     assert "step_00000004 is damaged" in warning and name in warning and "resuming from" in warning
     assert summary(tmp_path)["resumed_from"]["step"] == 2
     assert (tmp_path / "checkpoints" / "damaged-step_00000004").is_dir() and latest_step(tmp_path) == 6
+    for step in (4, 6):  # step_4, trained again, is damaged again: damaged-step_00000004 is taken
+        damage(tmp_path / "checkpoints" / f"step_{step:08d}", how)
+    assert C.Checkpoints(str(tmp_path), 0).newest_complete() == str(tmp_path / "checkpoints" / "step_00000002")
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["damaged-step_00000004", "damaged-step_00000004.1",
+                                                            "damaged-step_00000006", "latest", "step_00000002"]
+    assert latest_step(tmp_path) == 2
 
 
 def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(train_data, tmp_path):
