@@ -116,6 +116,8 @@ def override(raw: dict, item: str, schema) -> None:
         if typing.get_origin(hint) is dict and i == len(parts) - 2:
             return _put(_child(node, name), parts[-1], _parse(text, typing.get_args(hint)[1], item, key))
         if typing.get_origin(hint) is list and parts[i + 1].isdigit():  # an element: stages.0.steps=...
+            if name not in node:  # an element of the default: optimizer.betas.1=0.98
+                node[name] = _default(cls, name)
             items, k, hint = node.get(name), int(parts[i + 1]), typing.get_args(hint)[0]
             if not isinstance(items, list) or k >= len(items):
                 size = len(items) if isinstance(items, list) else 0
@@ -132,6 +134,15 @@ def override(raw: dict, item: str, schema) -> None:
         if not dataclasses.is_dataclass(hint):
             raise ConfigError(f"--set {item}: {'.'.join(parts[:i + 1])} is a value ({type_name(hint)}), not a section")
         cls, node, i = hint, _child(node, name), i + 1
+
+
+def _default(cls, name: str):
+    """Field `name`'s default in `cls`, as a raw value (sections as mappings); None when it has none."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    if not isinstance(value, list):
+        return None if value is dataclasses.MISSING else value
+    return [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
 
 
 def _child(node: dict, name: str) -> dict:

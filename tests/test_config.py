@@ -86,7 +86,8 @@ def test_set_coerces_to_the_field_type(child, item, key, value):
 
 def test_set_reaches_into_a_list_element():
     """`ernie.stages.0.steps=2`: one field of one element (the stages' sum must meet train.steps, so that a shorter
-    run needs no whole-list override); an element that does not exist names the list's size and the fix."""
+    run needs no whole-list override), also of a list no file sets (the field's default); an element that does not
+    exist names the list's size and the fix."""
     cfg = load("ernie-tiny", ["ernie.stages.0.steps=2", "ernie.stages.1.tasks.capitalization=3", "train.steps=6"])
     cfg.validate()
     base = load("ernie-tiny").ernie.stages
@@ -97,6 +98,7 @@ def test_set_reaches_into_a_list_element():
         load("ernie-tiny", ["ernie.stages.5.steps=1"])
     with pytest.raises(ConfigError, match=r"unknown key 'ernie.stages.0.step'"):
         load("ernie-tiny", ["ernie.stages.0.step=1"])
+    assert load("bert-tiny", ["optimizer.betas.1=0.98"]).optimizer.betas == [0.9, 0.98]  # an element of the default
 
 
 def test_set_merges_a_section_and_applies_in_order(child):
