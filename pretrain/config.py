@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import tempfile
 import typing
 from dataclasses import dataclass, field
 
@@ -266,10 +267,26 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
                 "data.path is empty; set data.path=DIR (a dataset built by `ptm prep`) or a list of them")
     errors.need(not os.path.exists(cfg.out_dir) or os.path.isdir(cfg.out_dir),
                 f"out_dir={cfg.out_dir} is a file; set out_dir to a directory (a new one, or a run's to resume it)")
+    if not os.path.lexists(cfg.out_dir):
+        errors.need(*_creatable(cfg.out_dir))
     latest = os.path.join(cfg.out_dir, "checkpoints", "latest")
     errors.need(not os.path.lexists(latest) or os.path.isfile(latest),
                 f"{latest} is not a file (the name of the checkpoint to resume, which ptm writes there); remove it")
     return errors
+
+
+def _creatable(out_dir: str) -> tuple[bool, str]:
+    """Whether `out_dir` can be made (its nearest existing ancestor is a directory that takes a new one: tried), and
+    the line that says why not."""
+    above = os.path.dirname(os.path.abspath(out_dir))
+    while not os.path.lexists(above):
+        above = os.path.dirname(above)
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".ptm-", dir=above))
+        return True, ""
+    except OSError as e:
+        why = "not a directory" if not os.path.isdir(above) else f"not writable ({e.strerror})"
+        return False, f"out_dir={out_dir} cannot be created: {above} is {why}; set out_dir under a writable directory"
 
 
 def _relation_errors(cfg: Config, dp: int) -> list[str]:
