@@ -186,6 +186,7 @@ class Trainer:
         at ZeRO 0-3: docs/performance.md)."""
         self.engine.train()
         phase, step = self.objective.phase(self.step), self.step + 1
+        lr = self.scheduler.get_last_lr()[0]  # this step's (the engine's step moves the scheduler on to the next's)
         heartbeat.progress(f"step {step}: loading its micro-batches")
         batches = [self._to_device(next(micro_batches)) for _ in range(self.accumulation)]
         heartbeat.progress(f"step {step}: counting its loss elements over the data-parallel ranks")
@@ -213,7 +214,7 @@ class Trainer:
         # on the device even where DeepSpeed computes it elsewhere (ZeRO-Offload: on the host)
         self._norm = norm.detach().to(self.device, torch.float64, copy=True) / scale if torch.is_tensor(norm) else (
             None if norm is None else float(norm) / scale)
-        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics["lr"] = lr
         metrics.update(self.objective.phase_metrics(self.step - 1))
         if self.cfg.precision == "fp16":
             metrics.update(loss_scale=loss_scale(self.engine.optimizer), skipped_steps=self.engine.skipped_steps)

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import read_jsonl, run_cli
 from helpers import quick_build
 from data_prep.dataset import Corpus
 from pretrain.config import load
@@ -64,8 +64,10 @@ def test_bad_configs_fail_before_training(dataset, tmp_path):
 
 def test_gpt2_tiny_trains_and_reports_perplexity(dataset, tmp_path, capfd):
     """...with train.micro_batch_size=auto: the run picks the micro batch the memory estimate fits on this machine
-    (here the whole batch: a CPU's memory), logs it and records it in its config.yaml."""
+    (here the whole batch: a CPU's memory), logs it and records it in its config.yaml; metrics.jsonl logs the
+    learning rate each step used."""
     from pretrain import device, memory
+    from pretrain.optim import Schedule
     from pretrain.train import train
 
     cfg = load("gpt2-tiny", [f"data.path={dataset}", f"out_dir={tmp_path}", "train.steps=4", "data.num_workers=0",
@@ -74,6 +76,8 @@ def test_gpt2_tiny_trains_and_reports_perplexity(dataset, tmp_path, capfd):
     summary = train(cfg)
     assert summary["steps"] == 4 and summary["valid_ppl"] > 1
     assert json.load(open(tmp_path / "summary.json"))["steps"] == 4
+    schedule = Schedule.from_config(cfg.optimizer, 4)  # each row's lr is the one its step used: 0 first (warmup)
+    assert [r["lr"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == pytest.approx([schedule(s) for s in range(4)])
     picked = load(str(tmp_path / "config.yaml")).train.micro_batch_size
     assert picked == memory.auto_micro_batch(cfg, 1, device.capacity_gib()) == 4
     assert "train.micro_batch_size=auto: 4 (1 accumulation step of 4 sequences per rank" in capfd.readouterr().err
