@@ -65,6 +65,8 @@ class Corpus:
 
     def __init__(self, path: str):
         manifest = os.path.join(path, "manifest.json")
+        if not os.path.exists(path):
+            raise PrepError(f"{path} does not exist; set it to a dataset built by `python -m data_prep build`")
         if not os.path.isfile(manifest):
             raise PrepError(f"{path} is not a finished ptm dataset (no manifest.json); build it with "
                             "`python -m data_prep build`, or re-run an interrupted build to complete it")

@@ -58,7 +58,7 @@ def test_bad_configs_fail_before_training(dataset, tmp_path):
     assert proc.returncode == 2 and "does not match the dataset's tokenizer" in proc.stderr
     proc = run_cli("pretrain", "train", "--config", "bert-tiny", "--set", f"data.path={tmp_path}/none",
                    f"out_dir={tmp_path}", check=False)
-    assert proc.returncode == 2 and "no manifest.json" in proc.stderr
+    assert proc.returncode == 2 and f"{tmp_path}/none does not exist" in proc.stderr
     assert not (tmp_path / "checkpoints").exists()
 
 
