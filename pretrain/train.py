@@ -349,6 +349,9 @@ class Trainer:
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         t0, last_eval, history, held = time.time(), {}, [], None
         signals.training = True  # a stop signal from here is acted on at a step boundary (before: SIGTERM ends it)
+        if self.step > cfg.train.steps:
+            log(f"the checkpoint of step {self.step} ({self.run.resume}) is past train.steps={cfg.train.steps}: "
+                "nothing to train")
         while self.step < cfg.train.steps:
             heartbeat.progress(f"step {self.step + 1}: the stop-signal check")
             if self._stop_agreed():

@@ -24,11 +24,11 @@ def _cfg(dataset, *overrides, preset="bert-tiny"):
                          "data.valid_fraction=0.02", *overrides])
 
 
-def test_resume_is_exact(dataset, tmp_path):
+def test_resume_is_exact(dataset, tmp_path, capfd):
     """A run stopped after step 3 (as if killed after its checkpoint) and restarted ends bit-identical to a
     run that never stopped: weights, optimizer moments, data position, validation loss."""
     from pretrain import checkpoint as C
-    from pretrain.train import Trainer
+    from pretrain.train import Trainer, train
 
     def cfg(out, *more):
         return _cfg(dataset, f"out_dir={out}", "train.steps=6", "checkpoint.interval=0", *more)
@@ -46,6 +46,10 @@ def test_resume_is_exact(dataset, tmp_path):
         assert all(torch.equal(ckpt[0].full(kind, n), ckpt[1].full(kind, n)) for n in ckpt[0].params)
     assert ckpt[0].meta["consumed_samples"] == ckpt[1].meta["consumed_samples"] == 48
     assert straight["valid_mlm_loss"] == resumed["valid_mlm_loss"]
+    past = train(cfg(tmp_path / "a", "train.steps=4"))  # a re-run with fewer steps than its checkpoint: said
+    assert past["trained_steps"] == 0 and past["steps"] == 6
+    assert (f"pretrain: the checkpoint of step 6 ({tmp_path}/a/checkpoints/step_00000006) is past train.steps=4: "
+            "nothing to train") in capfd.readouterr().err
 
 
 def test_bad_configs_fail_before_training(dataset, tmp_path):
