@@ -5,7 +5,8 @@
     cfg = build(schema, raw)                  # values coerced to the fields' types
 
 A file may start from another one with `base: other.yaml` (relative to the file; a bare name is a preset, found by
-`resolve`): mappings merge key by key, lists and scalars replace. Unknown keys are errors naming the valid ones.
+`resolve`): sections merge key by key; lists, scalars and mapping-valued keys (e.g. unilm.mix) replace. Unknown
+keys are errors naming the valid ones.
 """
 from __future__ import annotations
 
@@ -72,20 +73,23 @@ def read(path: str, schema, presets_dir: str, chain: tuple[str, ...] = (), moved
     if not isinstance(base, str):
         raise ConfigError(f"{path}: base must be a file name, got {base!r}")
     return merge(read(resolve(base, os.path.dirname(path), presets_dir), schema, presets_dir, (*chain, real), moved),
-                 raw)
+                 raw, schema)
 
 
-def merge(base: dict, top: dict) -> dict:
+def merge(base: dict, top: dict, schema=None) -> dict:
+    """`top` over `base`: sections merge key by key (`_put`); `schema` (a section's class) tells them apart."""
     out = dict(base)
+    fields = hints(schema) if schema is not None else {}
     for key, value in top.items():
-        _put(out, key, value)
+        _put(out, key, value, fields.get(key))
     return out
 
 
-def _put(node: dict, key: str, value) -> None:
-    """node[key] = value, merging mappings key by key."""
-    both = isinstance(value, dict) and isinstance(node.get(key), dict)
-    node[key] = merge(node[key], value) if both else value
+def _put(node: dict, key: str, value, hint=None) -> None:
+    """node[key] = value, merging a section's mapping key by key; a mapping-valued key (`hint` a dict type, e.g.
+    unilm.mix) given whole replaces: its entries are a set of shares, not defaults to keep."""
+    both = isinstance(value, dict) and isinstance(node.get(key), dict) and typing.get_origin(hint) is not dict
+    node[key] = merge(node[key], value, hint if dataclasses.is_dataclass(hint) else None) if both else value
 
 
 def dotted(raw: dict, schema, prefix: str = ""):
@@ -112,9 +116,10 @@ def override(raw: dict, item: str, schema) -> None:
             raise ConfigError(f"--set {item}: {_unknown('.'.join(parts[:i]), name, cls)}")
         hint = fields[name]
         if i == len(parts) - 1:
-            return _put(node, name, _parse(text, hint, item, key))
+            return _put(node, name, _parse(text, hint, item, key), hint)
         if typing.get_origin(hint) is dict and i == len(parts) - 2:
-            return _put(_child(node, name), parts[-1], _parse(text, typing.get_args(hint)[1], item, key))
+            value_hint = typing.get_args(hint)[1]
+            return _put(_child(node, name), parts[-1], _parse(text, value_hint, item, key), value_hint)
         if typing.get_origin(hint) is list and parts[i + 1].isdigit():  # an element: stages.0.steps=...
             if name not in node:  # an element of the default: optimizer.betas.1=0.98
                 node[name] = _default(cls, name)

@@ -473,3 +473,20 @@ def test_a_latest_that_is_a_directory_is_refused_and_a_failed_pointer_write_leav
     with pytest.raises(IsADirectoryError):
         mark_latest(str(tmp_path), "step_00000005")
     assert os.listdir(tmp_path / "checkpoints") == ["latest"]
+
+
+def test_a_mapping_valued_key_given_whole_replaces_and_unknown_mix_modes_are_named(tmp_path):
+    """`unilm.mix={seq2seq: 1}` (in --set or in a file over its base) is that mix, not merged into the preset's (which
+    gave seq2seq 1/7 of the samples); one share is set with unilm.mix.seq2seq=1; sections still merge key by key; a mode
+    that does not exist is named."""
+    preset = {"bidirectional": 2.0, "left_to_right": 1.0, "right_to_left": 1.0, "seq2seq": 2.0}
+    assert load("unilm-tiny").unilm.mix == preset
+    assert load("unilm-tiny", ["unilm.mix={seq2seq: 1}"]).unilm.mix == {"seq2seq": 1.0}
+    assert load("unilm-tiny", ["unilm.mix.seq2seq=1"]).unilm.mix == {**preset, "seq2seq": 1.0}
+    child = write(tmp_path / "child.yaml", "base: unilm-tiny\nunilm:\n  mix: {seq2seq: 1}\nmodel:\n  num_layers: 3\n")
+    cfg = load(str(child))
+    assert cfg.unilm.mix == {"seq2seq": 1.0} and cfg.model.num_layers == 3
+    assert cfg.model.hidden_size == load("unilm-tiny").model.hidden_size
+    with pytest.raises(ConfigError) as e:
+        load("unilm-tiny", ["unilm.mix={foo: 1, seq2seq: 1}", "data.path=data"]).validate()
+    assert str(e.value) == "unilm.mix has unknown modes foo; use bidirectional, left_to_right, right_to_left, seq2seq"

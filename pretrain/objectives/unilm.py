@@ -37,7 +37,9 @@ class UnilmConfig:
 
 def check_section(cfg, need, objective) -> None:
     mix = cfg.unilm.mix
-    need(set(mix) <= set(MODES) and mix and all(w >= 0 for w in mix.values()) and sum(mix.values()) > 0,
+    unknown = sorted(set(mix) - set(MODES))
+    need(not unknown, f"unilm.mix has unknown modes {', '.join(unknown)}; use {', '.join(MODES)}")
+    need(unknown or mix and all(w >= 0 for w in mix.values()) and sum(mix.values()) > 0,
          f"unilm.mix={mix} must give non-negative shares to some of {', '.join(MODES)}; e.g. "
          "unilm.mix={bidirectional: 2, left_to_right: 1, right_to_left: 1, seq2seq: 2}")
 
