@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import tempfile
 import typing
 from dataclasses import dataclass, field
 
@@ -276,17 +275,14 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
 
 
 def _creatable(out_dir: str) -> tuple[bool, str]:
-    """Whether `out_dir` can be made (its nearest existing ancestor is a directory that takes a new one: tried), and
-    the line that says why not."""
+    """Whether `out_dir` can be made (its nearest existing ancestor is a directory this user may write; `ptm plan`
+    validates every layout it ranks, so nothing is tried), and the line that says why not."""
     above = os.path.dirname(os.path.abspath(out_dir))
     while not os.path.lexists(above):
         above = os.path.dirname(above)
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".ptm-", dir=above))
-        return True, ""
-    except OSError as e:
-        why = "not a directory" if not os.path.isdir(above) else f"not writable ({e.strerror})"
-        return False, f"out_dir={out_dir} cannot be created: {above} is {why}; set out_dir under a writable directory"
+    why = "not a directory" if not os.path.isdir(above) else "not writable" if not os.access(
+        above, os.W_OK | os.X_OK) else ""
+    return not why, f"out_dir={out_dir} cannot be created: {above} is {why}; set out_dir under a writable directory"
 
 
 def _relation_errors(cfg: Config, dp: int) -> list[str]:

@@ -439,20 +439,23 @@ def test_a_config_written_before_the_plugin_sections_loads(tmp_path):
 
 def test_an_out_dir_that_is_a_file_and_a_compiled_elmo_are_refused_in_one_line(tmp_path):
     """`out_dir` naming a file (a FileExistsError traceback from the run log before) or a path that cannot be made
-    (under a file, under /proc: a FileNotFoundError traceback once DeepSpeed ran), and kernels=compile for ELMo
-    (which has no transformer blocks to compile): one line each, with the fix."""
+    (under a file or a directory this user cannot write: a FileNotFoundError traceback once DeepSpeed ran), and
+    kernels=compile for ELMo (which has no transformer blocks to compile): one line each, with the fix."""
     path = write(tmp_path / "notes.txt", "")
     with pytest.raises(ConfigError) as e:
         load("bert-tiny", [f"out_dir={path}", "data.path=data"]).validate()
     assert str(e.value) == f"out_dir={path} is a file; set out_dir to a directory (a new one, or a run's to resume it)"
-    for out, above, why in ((f"{path}/sub/run", path, "not a directory"),  # (a FileNotFoundError traceback from the
-                            ("/proc/nope", "/proc", "not writable (No such file or directory)")):  # run log, late)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    cases = [(f"{path}/sub/run", path, "not a directory")]  # (a FileNotFoundError traceback from the run log, late)
+    cases += [(f"{locked}/run", locked, "not writable")] if not os.access(locked, os.W_OK) else []  # (root writes)
+    for out, above, why in cases:
         with pytest.raises(ConfigError) as e:
             load("bert-tiny", [f"out_dir={out}", "data.path=data"]).validate()
         assert str(e.value) == f"out_dir={out} cannot be created: {above} is {why}; set out_dir under a writable " \
                                "directory"
     load("bert-tiny", [f"out_dir={tmp_path}/new/run", "data.path=data"]).validate()
-    assert os.listdir(tmp_path) == ["notes.txt"]  # (only tried)
+    assert sorted(os.listdir(tmp_path)) == ["locked", "notes.txt"]  # (nothing made)
     with pytest.raises(ConfigError) as e:
         load("elmo-tiny", ["kernels=compile", "data.path=data"]).validate()
     assert str(e.value) == "kernels=compile compiles transformer blocks; ELMo has none: set kernels=auto"
