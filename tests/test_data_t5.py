@@ -182,3 +182,9 @@ def test_sentinels_added_to_a_finished_dataset_equal_a_build_with_them(train_dat
         assert not json.load(f)["tokenizer"].get("sentinels")  # the source is untouched
     with pytest.raises(PrepError, match="already has 100 sentinels"):
         add_sentinels(out, str(tmp_path / "again"))
+    from pretrain import objectives
+    from pretrain.config import load
+
+    t5_objective = objectives.get("span_corruption").configured(load("t5-tiny", [f"data.path={train_data}"]))
+    with pytest.raises(ValueError, match=f"add them without rebuilding: `python -m data_prep sentinels {train_data} "):
+        t5_objective.source(train_data, Corpus(train_data), None, None)  # (a dataset without: the command that adds)

@@ -41,8 +41,8 @@ class SpanCorruption(Seq2Seq):
         from pretrain.data.t5 import SpanCorruption as Samples
 
         if not corpus.sentinel_ids:
-            raise ValueError(f"{path} has no sentinels for span corruption; build it with `data_prep build "
-                             f"--sentinels 100` (or --tokenizer of a dataset that has them)")
+            raise ValueError(f"{path} has no sentinels for span corruption; add them without rebuilding: "
+                             f"`python -m data_prep sentinels {path} --out {path}-t5` (or build with --sentinels 100)")
         return Samples(path, self.cfg.data.seq_len, corpus.sentinel_ids, seed=self.cfg.seed, docs=docs,
                        cache_dir=cache_dir)
 
