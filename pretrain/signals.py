@@ -105,11 +105,11 @@ def pause(phase: str) -> None:
 
 
 def note_end(code: int) -> None:
-    """Record the exit status this rank ends with, having stopped on a signal, in $PTM_END_NOTE (set by
-    slurm/pretrain.sbatch: a file in a directory of the batch host, so ranks elsewhere find no directory and write
-    nothing). A launcher that sees one rank exit kills the ranks still ending (srun --kill-on-bad-exit) and reports
-    that kill, not the status the ranks agreed on; the script reads this note instead. Atomic; callable from any
-    thread."""
+    """Record the exit status this rank ends with, having stopped on a signal or refused its input (2), in
+    $PTM_END_NOTE (set by slurm/pretrain.sbatch: a file in a directory of the batch host, so ranks elsewhere find no
+    directory and write nothing). A launcher that sees one rank exit kills the ranks still ending (srun
+    --kill-on-bad-exit) and reports that kill, not the status the ranks agreed on; the script reads this note
+    instead. Atomic; callable from any thread."""
     from ptm.files import write_text  # (stdlib only)
 
     path = os.environ.get(END_ENV)

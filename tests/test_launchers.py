@@ -424,6 +424,20 @@ def test_pretrain_sbatch_refuses_uneven_tasks_per_node_under_every_launcher(fake
     assert not (d / "calls.log").exists() or launcher not in (d / "calls.log").read_text()
 
 
+def test_a_bad_input_is_the_jobs_exit_status_2_though_srun_reports_a_rank_it_killed(fake_slurm, tmp_path):
+    """One rank refuses the config and exits 2; srun (--kill-on-bad-exit) kills the ranks still ending and reports
+    that kill (143): the rank's note makes the job's status the 2 the README lists for bad input."""
+    env, d = fake_slurm
+    (d / "hostnames").write_text("localhost\n")
+    (d / "srun").write_text('#!/usr/bin/env bash\nwhile [ "${1#-}" != "$1" ]; do shift; done\n"$@"; exit 143\n')
+    proc = subprocess.run(["bash", os.path.join(ROOT, "slurm", "pretrain.sbatch"), "bert-tiny", "--set",
+                           "train.steps=0", f"out_dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                          env={**env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "localhost",
+                               "SLURM_TASKS_PER_NODE": "1"},
+                          timeout=300)
+    assert proc.returncode == 2 and "pretrain: error: train.steps=0 must be positive" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("script, args, says", [
     ("pretrain.sbatch", ["bert-tiny"], "ptm: error: SLURM_JOB_ID is not set: submit slurm/pretrain.sbatch with sbatch"),
     ("pretrain.sbatch", [], "usage: sbatch [--nodes N --ntasks-per-node G ...] slurm/pretrain.sbatch CONFIG"),
