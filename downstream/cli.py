@@ -201,4 +201,5 @@ def main(argv=None) -> None:
     try:
         sys.exit(run(argv))
     except (TaskError, CheckpointError, ConfigError) as e:  # a config's error: compare's --set
-        sys.exit(f"downstream: error: {e}")
+        print(f"downstream: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -70,7 +70,8 @@ def main(argv=None) -> None:
         try:
             print(f"wrote {report(a.run_dir, a.out)}")
         except (FileNotFoundError, ReportError) as e:
-            sys.exit(f"pretrain: error: {e}")
+            print(f"pretrain: error: {e}", file=sys.stderr)
+            sys.exit(2)
         summary = os.path.join(a.run_dir, "summary.json")
         if os.path.isfile(summary):
             print(open(summary).read())
@@ -82,7 +83,8 @@ def main(argv=None) -> None:
         try:
             print(getattr(importlib.import_module(module), function)(a))
         except CheckpointError as e:
-            sys.exit("\n".join(f"pretrain: error: {line}" for line in str(e).splitlines()))
+            print("\n".join(f"pretrain: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
+            sys.exit(2)
         return
     from pretrain import signals
 

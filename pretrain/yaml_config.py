@@ -45,6 +45,20 @@ def did_you_mean(word: str, choices) -> str:
     return f" (did you mean {near[0]}?)" if near else ""
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last, silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key, _ in node.value:
+            name = self.construct_object(key, deep=deep)
+            if name in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {name!r} is given twice; keep one",
+                                                        key.start_mark)
+            seen.add(name)
+        return super().construct_mapping(node, deep)
+
+
 def read(path: str, schema, presets_dir: str, chain: tuple[str, ...] = (), moved: dict[str, str] | None = None) -> dict:
     """The file's keys merged over those of its `base` chain; each file is checked against `schema` on its own.
     `moved`: dotted keys that older versions wrote elsewhere (old -> new), read at their new place."""
@@ -53,9 +67,9 @@ def read(path: str, schema, presets_dir: str, chain: tuple[str, ...] = (), moved
         raise ConfigError(f"{path}: `base` loops back: {' -> '.join((*chain, real))}")
     with open(path, encoding="utf-8") as f:
         try:
-            raw = yaml.safe_load(f)
+            raw = yaml.load(f, _UniqueKeys)
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")

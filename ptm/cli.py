@@ -72,7 +72,8 @@ def main(argv=None) -> None:
         sys.exit(0)
     known = commands()
     if argv[0] not in known:
-        sys.exit(f"ptm: unknown command {argv[0]!r}; choose one of {', '.join(known)}")
+        print(f"ptm: error: unknown command {argv[0]!r}; choose one of {', '.join(known)}", file=sys.stderr)
+        sys.exit(2)
     module, *prefix = known[argv[0]][0].split()  # "pretrain plan": `python -m pretrain plan ARGS...`
     if importlib.util.find_spec(f"{module}.__main__") is None:
         sys.exit(f"ptm: `ptm {argv[0]}` ({module}) is not part of this version of ptm yet")

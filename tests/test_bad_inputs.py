@@ -130,7 +130,7 @@ def error_line(capsys, main, argv: list) -> str:
     code = ended.value.code
     said = capsys.readouterr().err + (f"{code}\n" if isinstance(code, str) else "")
     errors = [line for line in said.splitlines() if ": error: " in line]
-    assert code not in (0, None) and len(errors) == 1, said
+    assert code == 2 and len(errors) == 1, said
     return errors[0]
 
 

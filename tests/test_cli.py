@@ -30,7 +30,7 @@ def test_ptm_dispatches_to_data_prep():
     launch = subprocess.run([ptm, "launch", "env"], capture_output=True, text=True, cwd=ROOT)
     assert launch.returncode == 0 and '"launcher": null' in launch.stdout
     bad = subprocess.run([ptm, "frobnicate"], capture_output=True, text=True)
-    assert bad.returncode != 0 and "unknown command 'frobnicate'" in bad.stderr
+    assert bad.returncode == 2 and "ptm: error: unknown command 'frobnicate'" in bad.stderr
 
 
 def test_size_arguments():

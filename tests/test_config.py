@@ -50,6 +50,15 @@ def test_base_can_name_a_preset_and_presets_load_by_name(tmp_path):
         load("bert-tinny")
 
 
+def test_a_key_given_twice_in_a_file_is_an_error(tmp_path):
+    """YAML keeps the last of two equal keys silently; a config names the key and where it is given again."""
+    path = write(tmp_path / "twice.yaml", "train:\n  steps: 5\n  steps: 7\n")
+    with pytest.raises(ConfigError) as e:
+        load(str(path))
+    assert str(e.value) == f"{path}: not valid YAML: key 'steps' is given twice; keep one in \"{path}\", line 3, " \
+                           "column 3"
+
+
 def test_base_cycle_is_an_error(tmp_path):
     write(tmp_path / "a.yaml", "base: b.yaml\n")
     write(tmp_path / "b.yaml", "base: a.yaml\n")

@@ -108,7 +108,7 @@ def _write(path, text):
 
 @pytest.mark.parametrize("case", ["tsv", "jsonl", "conll", "squad", "label", "yaml", "known", "booleans", "nan",
                                   "cloze", "null", "text"])
-def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
+def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case, capsys):
     d = tmp_path / case
     spec = {"kind": "classification", "train": "train.tsv", "dev": "dev.tsv", "text": ["sentence"], "label": "label"}
     good = "sentence\tlabel\nfine text\ta\nmore text\tb\n"
@@ -182,11 +182,11 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case):
 
     with pytest.raises(SystemExit) as stop:
         cli.main(["eval", str(tmp_path / "no-model"), "--task", arg])
-    assert stop.value.code == f"downstream: error: {msg}"
+    assert stop.value.code == 2 and capsys.readouterr().err == f"downstream: error: {msg}\n"
     if case == "tsv":  # and so does the command
         proc = subprocess.run([sys.executable, "-m", "downstream", "eval", str(tmp_path / "no-model"), "--task", arg],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == f"downstream: error: {msg}"
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == f"downstream: error: {msg}"
 
 
 def test_a_task_directory_whose_path_holds_an_equals_sign(task_dir, tmp_path):
