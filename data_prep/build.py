@@ -655,8 +655,8 @@ def build(opts: BuildOptions) -> dict | None:
                                 f"({'; '.join(changed)}); pass --overwrite or choose another --out")
             _clear(opts.out)
         made = [d for d in (opts.out, os.path.join(opts.out, PARTIAL)) if not os.path.isdir(d)]
-        _check_output(opts)
         try:
+            _check_output(opts)
             tok = prepare_tokenizer(files, dataclasses.replace(opts, num_partitions=1) if comm else opts)
         except BaseException:  # no tokenizer, nothing built: the directories this start made go, if still empty
             for d in reversed(made):

@@ -195,11 +195,12 @@ def default_out(model: str, pretrained: bool, features: str | None) -> str:
 
 
 def main(argv=None) -> None:
+    from launchers.rendezvous import RendezvousError
     from pretrain.checkpoint import CheckpointError
     from pretrain.yaml_config import ConfigError
 
     try:
         sys.exit(run(argv))
-    except (TaskError, CheckpointError, ConfigError) as e:  # a config's error: compare's --set
+    except (TaskError, CheckpointError, ConfigError, RendezvousError) as e:  # a config's (compare's --set), a launch's
         print(f"downstream: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -3,6 +3,7 @@ Slurm allocation, and the prep -> train -> convert chain submitted to Slurm."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -93,25 +94,29 @@ def master(environ=os.environ) -> tuple[str, str]:
 
 def submit_chain(a) -> int:
     """Submit the prep -> train -> convert chain; returns the exit status (the last job's with --wait)."""
-    import glob
     import shlex
     import shutil
     import subprocess
 
+    from data_prep import PrepError
+    from data_prep.sources import expand_inputs
     from pretrain.config import ConfigError, load
 
-    missing = [f"input {i}" for i in a.inputs if not (os.path.exists(i) or glob.glob(i))]
-    missing += [f"--tokenizer {a.tokenizer}"] if a.tokenizer and not os.path.exists(a.tokenizer) else []
-    if missing:
-        raise RendezvousError(f"{missing[0]} not found; nothing was submitted")
-    try:
-        out_dir = os.path.abspath(load(a.config, a.overrides).out_dir)
-    except ConfigError as e:
-        raise RendezvousError(str(e)) from None
     data = os.path.abspath(a.data)
+    try:
+        expand_inputs(a.inputs, None, data)  # (what the prep jobs will read: said now, before any job)
+        out_dir = os.path.abspath(load(a.config, a.overrides).out_dir)
+    except (PrepError, ConfigError) as e:
+        raise RendezvousError(f"{e}; nothing was submitted") from None
+    if a.tokenizer and not os.path.exists(a.tokenizer):
+        raise RendezvousError(f"--tokenizer {a.tokenizer} not found; nothing was submitted")
     for what, path in (("--data", data), ("the config's out_dir", out_dir)):
         if os.path.exists(path) and not os.path.isdir(path):
             raise RendezvousError(f"{what} {path} is a file, not a directory; choose another")
+        try:
+            os.makedirs(path, exist_ok=True)  # (the jobs write their logs there)
+        except OSError as e:
+            raise RendezvousError(f"{what} {path} cannot be made ({e.strerror}); choose another") from None
     if shutil.which("sbatch") is None:
         raise RendezvousError("sbatch not found on PATH: submit from a host with Slurm's commands (a login node)")
     try:
@@ -119,7 +124,6 @@ def submit_chain(a) -> int:
     except ValueError as e:
         raise RendezvousError(f"--sbatch-args {a.sbatch_args!r} / --train-args {a.train_args!r}: {e}") from None
     slurm = shipped("slurm", "slurm")
-    os.makedirs(data, exist_ok=True)
     py = os.environ.get("PTM_PYTHON", sys.executable)
 
     jobs, tokenizer = {}, a.tokenizer
@@ -132,7 +136,8 @@ def submit_chain(a) -> int:
         if job.returncode:
             cancelled = ""
             if jobs:
-                subprocess.run(["scancel", *jobs.values()], capture_output=True)
+                with contextlib.suppress(OSError):  # (no scancel: they are named all the same)
+                    subprocess.run(["scancel", *jobs.values()], capture_output=True)
                 named = ", ".join(f"{name} {j}" for name, j in jobs.items())
                 cancelled = f"; cancelled the jobs submitted before it ({named})"
             raise RendezvousError(f"sbatch failed ({' '.join(job.stderr.split())}): {shlex.join(cmd)}{cancelled}")
@@ -152,7 +157,6 @@ def submit_chain(a) -> int:
                           after=jobs.get("tokenizer"))
     jobs["finalize"] = sbatch("-J", "ptm-prep-finalize", "-o", os.path.join(data, "slurm-finalize-%j.out"), "--wrap",
                               shlex.join([py, "-m", "data_prep", "finalize", data]), after=jobs["prep"])
-    os.makedirs(out_dir, exist_ok=True)
     gpus = [f"--gpus-per-node={a.gpus_per_node}"] if a.gpus_per_node else []
     jobs["train"] = sbatch(f"--nodes={a.nodes}", f"--ntasks-per-node={a.ntasks_per_node}", *gpus,
                            "-o", os.path.join(out_dir, "slurm-train-%j.out"), *train_args,
@@ -165,10 +169,10 @@ def submit_chain(a) -> int:
     if not a.wait or wait_for(jobs["convert"]) == 0:
         return 0
     for name, job in jobs.items():  # the first that did not complete failed; the later ones were cancelled after it
-        states = job_states(job)
-        if set(states) != {"COMPLETED"}:
-            state = next(s for s in states if s != "COMPLETED")
-            print(f"launchers: the {name} job {job} ended {state}; see {logs[name].format(job)}", file=sys.stderr)
+        states = set(job_states(job)) - {"COMPLETED", "UNKNOWN"}  # (UNKNOWN: ended long ago, Slurm forgot it)
+        if states:
+            print(f"launchers: the {name} job {job} ended {sorted(states)[0]}; see {logs[name].format(job)}",
+                  file=sys.stderr)
             break
     return 1
 

@@ -154,9 +154,9 @@ def uniform_tasks_per_node(counts: list[int], who: str, variable: str, spec: str
 
 def _srun(environ) -> Rendezvous:
     world, nodes = _count(environ, "SLURM_STEP_NUM_TASKS"), _count(environ, "SLURM_STEP_NUM_NODES", "1")
-    per_node = tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE", environ.get("SLURM_TASKS_PER_NODE", str(world))))
-    uniform_tasks_per_node(per_node, "srun started", "SLURM_STEP_TASKS_PER_NODE",
-                           environ.get("SLURM_STEP_TASKS_PER_NODE"))
+    variable = next((v for v in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") if v in environ), None)
+    per_node = tasks_per_node(environ[variable] if variable else str(world))
+    uniform_tasks_per_node(per_node, "srun started", variable, variable and environ[variable])
     if "MASTER_ADDR" in environ:
         addr = environ["MASTER_ADDR"]
     else:

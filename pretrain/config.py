@@ -197,9 +197,12 @@ class CoreConfig:
         return (self.fused_lm_loss != "off" and self.parallel.tp == 1 and self.precision != "fp16"
                 and objectives.get(self.data.objective).one_lm_head)
 
-    def validate(self, dp: int = 1) -> None:
-        """Raise ConfigError listing every problem (one line each, with the fix) for `dp` data-parallel ranks."""
+    def validate(self, dp: int = 1, paths: bool = True) -> None:
+        """Raise ConfigError listing every problem (one line each, with the fix) for `dp` data-parallel ranks;
+        `paths`: out_dir's too (not for `ptm plan`, which writes nothing)."""
         errors = _range_errors(self, dp)
+        if paths:
+            errors += _path_errors(self)
         if not errors:  # the relations below divide by values checked above
             errors = _relation_errors(self, dp)
         if errors:
@@ -264,6 +267,12 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(dp >= 1, f"data-parallel size {dp} must be positive; launch at least parallel.tp processes")
     errors.need(cfg.data.paths and all(cfg.data.paths),
                 "data.path is empty; set data.path=DIR (a dataset built by `ptm prep`) or a list of them")
+    return errors
+
+
+def _path_errors(cfg: Config) -> list[str]:
+    """out_dir: a directory, or one that can be made; its checkpoint pointer a file."""
+    errors = _Problems()
     errors.need(not os.path.exists(cfg.out_dir) or os.path.isdir(cfg.out_dir),
                 f"out_dir={cfg.out_dir} is a file; set out_dir to a directory (a new one, or a run's to resume it)")
     if not os.path.lexists(cfg.out_dir):

@@ -92,7 +92,7 @@ def data_parallel_size(cfg: Config, world_size: int) -> int:
     probe = copy.deepcopy(cfg)
     probe.data.path = probe.data.path or "unused"
     probe.train.global_batch_size = probe.train.micro_batch_size * (world_size // tp)
-    probe.validate(world_size // tp)
+    probe.validate(world_size // tp, paths=False)  # (a plan writes nothing: out_dir is the run's business)
     return world_size // tp
 
 

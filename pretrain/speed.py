@@ -638,8 +638,9 @@ def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()
                          f"{100 * q.samples_per_s / gpus / base:>10.1f}% {_duration(cfg.train.steps * q.step):>16}")
             over = over or q.samples_per_s / gpus > base * (1 + 1e-9)
         if over:
-            lines.append("  (over 100%: on more GPUs each holds and updates a smaller ZeRO share of the states: a "
-                         "larger micro batch fits,\n   as auto picks it, and the optimizer step is shorter)")
+            lines.append("  (over 100%: on more GPUs each holds and updates a smaller ZeRO share of the states: "
+                         + ("a larger micro batch fits,\n   as auto picks it, and " if at else "")
+                         + "the optimizer step is shorter)")
     else:
         lines.append("give --nodes M for the scaling from 1 node to M")
     return "\n".join(lines)

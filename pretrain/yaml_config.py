@@ -10,6 +10,7 @@ keys are errors naming the valid ones.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import os
@@ -51,7 +52,11 @@ class _UniqueKeys(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key, _ in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: what it brings, the keys beside it replace
+                continue
             name = self.construct_object(key, deep=deep)
+            if not isinstance(name, collections.abc.Hashable):  # (the loader's own error says so)
+                continue
             if name in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key {name!r} is given twice; keep one",
                                                         key.start_mark)

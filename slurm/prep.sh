@@ -19,6 +19,7 @@ mkdir -p "$out"
 # shellcheck disable=SC2086
 array=$(sbatch --parsable ${PTM_SBATCH_ARGS:-} --array=0-$((parts - 1)) -o "$out/slurm-prep-%A_%a.out" \
   "$here/prep.sbatch" "$out" "$@")
+array=${array%%;*}  # (--parsable: JOBID[;CLUSTER])
 echo "submitted array job $array ($parts partitions)"
 # shellcheck disable=SC2086
 final=$(sbatch --parsable ${PTM_SBATCH_ARGS:-} "${wait[@]}" --dependency="afterok:$array" --kill-on-invalid-dep=yes \

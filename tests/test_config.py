@@ -57,6 +57,10 @@ def test_a_key_given_twice_in_a_file_is_an_error(tmp_path):
         load(str(path))
     assert str(e.value) == f"{path}: not valid YAML: key 'steps' is given twice; keep one in \"{path}\", line 3, " \
                            "column 3"
+    merged = write(tmp_path / "merged.yaml", "model:\n  <<: {num_layers: 3, hidden_size: 64}\n  hidden_size: 32\n")
+    assert (load(merged).model.num_layers, load(merged).model.hidden_size) == (3, 32)  # YAML merge keys: as before
+    with pytest.raises(ConfigError, match="not valid YAML: while constructing a mapping .* found unhashable key"):
+        load(write(tmp_path / "list-key.yaml", "? [1, 2]\n: x\n"))
 
 
 def test_base_cycle_is_an_error(tmp_path):

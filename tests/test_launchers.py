@@ -271,23 +271,26 @@ def test_the_heartbeat_threads_end_with_stop():
 def fake_slurm(tmp_path):
     """sbatch, scontrol and scancel as shell scripts on PATH, for the Slurm scripts' and `ptm launch slurm`'s own
     logic: sbatch logs its arguments to calls.log and prints job ids 41, 42, ... (or fails naming an argument that
-    contains `bad`); `scontrol show job -o N` says `state-N` (default COMPLETED); `scontrol show hostnames` says
+    contains `=bad`); `scontrol show job -o N` says `state-N` (default COMPLETED; PURGED: a job Slurm has forgotten,
+    "Invalid job id"); `scontrol show hostnames` says
     `hostnames`; scancel, srun and mpirun log. Returns (env, directory)."""
     d = tmp_path / "fake-slurm"
     d.mkdir()
     scripts = {
         "sbatch": f"""echo "sbatch $*" >> {d}/calls.log
-case " $* " in *bad*) echo "sbatch: error: invalid option ($*)" >&2; exit 1;; esac
+case " $* " in *=bad*) echo "sbatch: error: invalid option ($*)" >&2; exit 1;; esac
 n=$(grep -c '^sbatch' {d}/calls.log); echo $((40 + n))""",
         "scontrol": f"""echo "scontrol $*" >> {d}/calls.log
 case $2 in
-  job) echo "JobId=$4 JobState=$(cat {d}/state-$4 2>/dev/null || echo COMPLETED) Reason=None" ;;
+  job) state=$(cat {d}/state-$4 2>/dev/null || echo COMPLETED)
+       [ "$state" != PURGED ] || {{ echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; }}
+       echo "JobId=$4 JobState=$state Reason=None" ;;
   hostnames) case $3 in *bad*) echo "scontrol: error: Unable to create hostlist from $3" >&2; exit 1;; esac
              cat {d}/hostnames ;;
   *) exit 1 ;;
 esac""",
         "scancel": f'echo "scancel $*" >> {d}/calls.log',
-        "srun": f'echo "srun $* (MASTER_ADDR=${{MASTER_ADDR:-}})" >> {d}/calls.log',
+        "srun": f'echo "srun $* (MASTER_ADDR=${{MASTER_ADDR:-}} MASTER_PORT=${{MASTER_PORT:-}})" >> {d}/calls.log',
         "mpirun": f'echo "mpirun $*" >> {d}/calls.log'}
     for name, body in scripts.items():
         (d / name).write_text("#!/usr/bin/env bash\n" + body + "\n")
@@ -328,11 +331,16 @@ def test_the_chain_checks_its_inputs_and_names_its_first_failed_job(fake_slurm, 
     """A missing input or --tokenizer is one line before anything is submitted; with --wait, a chain whose prep array
     failed (finalize, train and convert cancelled after it) names the prep job and its logs."""
     env, d = fake_slurm
-    for more, what in [((), f"input {tmp_path / 'nothing.jsonl'}"),
-                       (("--tokenizer", "nowhere"), "--tokenizer nowhere")]:
-        proc = chain(env, tmp_path, *more, corpus=tmp_path / "nothing.jsonl" if not more else None)
-        assert proc.returncode == 2 and proc.stderr == f"launchers: error: {what} not found; nothing was submitted\n"
+    (tmp_path / "empty").mkdir()
+    for more, corpus, what in [((), "nothing.jsonl", f"input not found: {tmp_path / 'nothing.jsonl'}; check the path "
+                                "(directories and globs are accepted)"),
+                               ((), "empty", f"input directory {tmp_path / 'empty'} holds no .txt/.jsonl/.parquet/"
+                                ".arrow files; point at the files or pass --format"),
+                               (("--tokenizer", "nowhere"), None, "--tokenizer nowhere not found")]:
+        proc = chain(env, tmp_path, *more, corpus=corpus and tmp_path / corpus)
+        assert proc.returncode == 2 and proc.stderr == f"launchers: error: {what}; nothing was submitted\n"
         assert not (d / "calls.log").exists()
+    (d / "state-41").write_text("PURGED")  # (the tokenizer job ended long before: Slurm no longer knows it)
     (d / "state-42").write_text("FAILED")
     for job in (43, 44, 45):
         (d / f"state-{job}").write_text("CANCELLED")
@@ -454,13 +462,15 @@ def test_slurm_scripts_run_wrongly_say_how_to_run_them(tmp_path, script, args, s
 
 
 def test_under_srun_the_master_is_the_first_node_not_an_inherited_master_addr(fake_slurm):
-    """sbatch exports the submitting shell's MASTER_ADDR (say, from a torchrun run on a workstation) to the job: under
-    srun the tasks are told the allocation's first node, as under the deepspeed launcher and mpirun."""
+    """sbatch exports the submitting shell's MASTER_ADDR and MASTER_PORT (say, from a torchrun run on a workstation)
+    to the job: under srun the tasks are told the allocation's first node and the job's port (20000 + job id), as
+    under the deepspeed launcher and mpirun (two jobs on a node would share a port inherited)."""
     env, d = fake_slurm
     (d / "hostnames").write_text("localhost\n127.0.0.1\n")
     proc = subprocess.run(["bash", os.path.join(ROOT, "slurm", "pretrain.sbatch"), "bert-tiny"], capture_output=True,
                           text=True, env={**env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
-                                          "SLURM_TASKS_PER_NODE": "2(x2)", "MASTER_ADDR": "10.9.9.9"}, timeout=120)
+                                          "SLURM_TASKS_PER_NODE": "2(x2)", "MASTER_ADDR": "10.9.9.9",
+                                          "MASTER_PORT": "29500"}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert [c for c in (d / "calls.log").read_text().splitlines() if c.startswith("srun")][-1].endswith(
-        "(MASTER_ADDR=localhost)")
+        "(MASTER_ADDR=localhost MASTER_PORT=20007)")

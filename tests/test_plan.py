@@ -225,6 +225,8 @@ def test_cli_fits_and_suggests():
     assert "--set train.micro_batch_size=" in big.stdout and "model.activation_checkpointing=true" in big.stdout
     bad = run_cli("pretrain", "plan", "--config", "bert-large", "--set", "zero.nope=1", check=False)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "unknown key 'zero.nope'" in bad.stderr
+    run_cli("pretrain", "plan", "--config", "bert-large", "--set", "out_dir=README.md/run")  # a plan writes nothing:
+    # an out_dir that cannot be made is the run's error, not the plan's (it validates every layout it ranks)
     one = run_cli("pretrain", "plan", "--config", "gpt3-175b", check=False)  # tp 8 on the 1 GPU counted by default
     assert one.returncode == 2 and one.stderr.strip() == ("plan: error: parallel.tp=8 needs more than the 1 GPU plan "
                                                           "counts without --gpus; give --gpus N (a multiple of 8) or "

@@ -75,7 +75,7 @@ class ElmoCost(Cost):
     def launches(self, m, seq_len):
         """A micro-batch's launches: 159, 12 per character filter, 28 per highway, and per LSTM layer 16 plus 98 per
         word of the window (seq_len + 1: the LSTMs step word by word, both directions, forward and backward); the
-        first micro-batch 2 per filter, 4 per highway and 8 per layer fewer, less 17 (it assigns its gradients); the
+        first micro-batch 2 per filter, 4 per highway and 8 per layer fewer, plus 17 (it assigns its gradients); the
         step's end 119, 8 per filter, 16 per highway, 32 per layer (counted: pretrain/launches.py on elmo-original and
         narrowed elmo-tiny; tests/test_launches.py holds them to a count)."""
         filters, highways, layers = len(m.char_filters), m.highway_layers, m.num_layers

@@ -42,7 +42,8 @@ class SpanCorruption(Seq2Seq):
 
         if not corpus.sentinel_ids:
             raise ValueError(f"{path} has no sentinels for span corruption; add them without rebuilding: "
-                             f"`python -m data_prep sentinels {path} --out {path}-t5` (or build with --sentinels 100)")
+                             f"`python -m data_prep sentinels {path} --out {path.rstrip('/')}-t5`, then set "
+                             f"data.path to it (or build with --sentinels 100)")
         return Samples(path, self.cfg.data.seq_len, corpus.sentinel_ids, seed=self.cfg.seed, docs=docs,
                        cache_dir=cache_dir)
 
