@@ -9,6 +9,7 @@ bit-identical to an uninterrupted one restored every RNG stream, the data positi
 import concurrent.futures
 import json
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -91,8 +92,16 @@ def test_a_two_node_job_trains_what_torchrun_trains(slurm, train_data, torchrun_
     tasks; ptm's rendezvous joins them; the weights equal a 4-process torchrun run's."""
     out, log = train_job(slurm, tmp_path, "run", launcher=launcher, data=train_data)
     assert f"on n[1-2] via {launcher}" in log
+    assert not list(tmp_path.glob("hostfile-*")) and not end_dirs(log)  # (the job's files went with it)
     assert summary(out)["layout"] == {"tp": 2, "dp": 2, "zero_stage": 2, "precision": "fp32"}
     assert max_rel_diff(weights(out), weights(torchrun_reference), heads=2) < 1e-5
+
+
+def end_dirs(log: str) -> list:
+    """The directories of slurm/pretrain.sbatch's job (the exit status noted, deepspeed's hostfile) in this host's
+    temporary directory, the job named by its log."""
+    job = log.split("ptm: job ", 1)[1].split()[0]
+    return list(pathlib.Path(os.environ.get("TMPDIR", "/tmp")).glob(f"ptm-{job}.*"))
 
 
 def release_requeued(slurm, stop: threading.Event):
@@ -177,7 +186,7 @@ STOPS = [Stop("before-handlers", "srun", "start", "no-progress"),
          Stop("collective", "srun", "collective@0", "requeued", 1, sbatch=("--cpus-per-task=2",), late=True),
          Stop("evaluation", "srun", "evaluation", "requeued", 2, more=("train.eval_interval=1",)),
          Stop("checkpoint", "srun", "checkpoint", "requeued", 2, more=("checkpoint.interval=1",)),
-         Stop("last-step", "srun", "last", "completed", 3),
+         Stop("last-step", "srun", "last", "completed", 3, sbatch=("--hold",)),
          Stop("scancel-build", "srun", "build", "cancelled", signal="TERM"),
          Stop("deepspeed-build", "deepspeed", "build", "no-progress"),
          Stop("deepspeed-collective", "deepspeed", "collective@0", "requeued", 1, late=True),
@@ -199,6 +208,11 @@ def stopped_job(slurm, data, tmp, resumed_from, case: Stop) -> dict:
                           env={**env(slurm, case.launcher),
                                "PTM_TEST_PAUSE": f"{case.phase}{',exit@1' if case.late else ''}:{d / 'pause'}"})
     job = proc.stdout.strip().split(";")[0]
+    if "--hold" in case.sbatch:  # what a run of this job killed outright (SIGKILL) on this host leaves
+        stale = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"ptm-{job}.killed"
+        stale.mkdir()
+        (stale / "status").write_text("75")
+        subprocess.run(["scontrol", "release", job], env=slurm.env, check=True)
     paused = lambda prefix: len(list((d / "pause").glob(prefix + ".*")))  # noqa: E731
     try:
         wait_until(lambda: paused(case.phase.split("@")[0]) == (1 if "@" in case.phase else 2), timeout=600,
@@ -274,6 +288,7 @@ def test_a_stop_signal_at_any_moment_ends_requeued_or_with_the_one_line_stop(sto
         assert json.load(open(out / "launch.json"))["threads_per_rank"] == threads
     elif case.outcome == "completed":
         assert (got["state"], got["exit"]) == ("COMPLETED", "0:0") and not errors, (got, log[-3000:])
+        assert not end_dirs(log)  # (its own and, held back before it ran, the one a killed run had left: "--hold")
         assert latest_step(out) == summary(out)["steps"] == case.step
     else:
         assert got["state"] == "CANCELLED" and "requeueing" not in log, (got, log[-3000:])
