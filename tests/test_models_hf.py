@@ -25,7 +25,7 @@ def one_process_group():
     mcore.initialize(tp=1, seed=0)
 
 
-def _hf(arch):
+def _hf(arch, activation=None):
     torch.manual_seed(0)
     if arch == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=V, n_embd=H, n_layer=L, n_head=HEADS, n_positions=64,
@@ -41,7 +41,8 @@ def _hf(arch):
                     p.normal_(mean=1.0 if name.endswith("weight") else 0.0, std=0.1)
         return model.eval()
     common = dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=HEADS, intermediate_size=48,
-                  max_position_embeddings=64, hidden_dropout_prob=0, attention_probs_dropout_prob=0)
+                  max_position_embeddings=64, hidden_dropout_prob=0, attention_probs_dropout_prob=0,
+                  **({"hidden_act": activation} if activation else {}))
     if arch == "ernie":
         cfg = transformers.ErnieConfig(use_task_id=True, task_type_vocab_size=3, **common)
         model = transformers.ErnieForPreTraining(cfg)
@@ -69,14 +70,14 @@ def _hf(arch):
     return model.eval()
 
 
-def _ours(arch, hf_model, vocab_pad_to):
+def _ours(arch, hf_model, vocab_pad_to, activation=None):
     cfg = ModelConfig(arch=arch, vocab_size=V, vocab_pad_to=vocab_pad_to, hidden_size=H, num_layers=L, num_heads=HEADS,
                       ffn_hidden_size=H * 4 if arch in ("gpt2", "gpt") else 48, max_position_embeddings=64,
                       type_vocab_size={"gpt2": 0, "gpt": 0, "roberta": 1}.get(arch, 2),
                       task_type_vocab_size=3 if arch == "ernie" else 0,
                       layer_norm_eps=1e-5 if arch in ("gpt2", "gpt") else 1e-12, hidden_dropout=0, attention_dropout=0,
                       pad_token_id=PAD if arch == "roberta" else -1, embedding_size=E if arch == "albert" else 0,
-                      max_relative_position=MAX_DISTANCE)
+                      max_relative_position=MAX_DISTANCE, activation=activation)
     model = Pretraining(cfg).eval()
     state, missing = hf_keys.from_hf(arch, hf_model.state_dict(), L, HEADS, model.embeddings.word.weight.shape[0],
                                      task_types=arch == "ernie")
@@ -123,6 +124,17 @@ def test_bert_ernie_albert_and_nezha_match_hf(arch, vocab_pad_to):
     with torch.no_grad():
         picked = ours(ids, mask, types, extra.get("task_type_ids"), positions=labels != -100)["logits"]
     torch.testing.assert_close(picked, out["logits"][labels != -100], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_every_bert_layer_and_head_computes_the_models_activation(activation):
+    """model.activation relu or tanh: the MLP's and the MLM head's transform, as BertForPreTraining's hidden_act."""
+    hf = _hf("bert", activation)
+    ours = _ours("bert", hf, 1, activation)
+    ids, mask, types, _ = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, mask, types)["logits"], hf(ids, mask, types).prediction_logits, rtol=0,
+                                   atol=1e-5)
 
 
 @pytest.mark.parametrize("vocab_pad_to", [1, 128])

@@ -17,9 +17,11 @@ from pretrain.models.config import FUSED_CHUNK_BYTES
 
 
 def bias_act(x: torch.Tensor, bias: torch.Tensor | None, activation: str = "gelu") -> torch.Tensor:
-    """act(x + bias): gelu, gelu_tanh (GPT-2's gelu_new) or relu (T5 1.0)."""
+    """act(x + bias): gelu, gelu_tanh (GPT-2's gelu_new), relu (T5 1.0) or tanh."""
     x = x if bias is None else x + bias
-    return F.relu(x) if activation == "relu" else F.gelu(x, approximate="tanh" if activation == "gelu_tanh" else "none")
+    if activation in ("relu", "tanh"):
+        return getattr(torch, activation)(x)
+    return F.gelu(x, approximate="tanh" if activation == "gelu_tanh" else "none")
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,

@@ -502,7 +502,3 @@ def block_spec(cfg, decoder: bool = False, layer: int = 0) -> ModuleSpec:
                       submodules=BlockSubmodules(attention=attention_spec(cfg, None, layer), mlp=MLP,
                                                  cross_attention=cross))
 
-
-def approximation(cfg) -> str:
-    """F.gelu's `approximate` for the config's activation."""
-    return "tanh" if cfg.activation == "gelu_tanh" else "none"

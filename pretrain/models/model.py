@@ -37,7 +37,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 from pretrain import families
 from pretrain import kernels as K
 from pretrain.models.config import embedding_width, padded_vocab_size
-from pretrain.models.layers import Context, Embeddings, Record, approximation, block_spec
+from pretrain.models.layers import Context, Embeddings, Record, block_spec
 from pretrain.parallel import mcore
 
 
@@ -49,12 +49,12 @@ class MLMHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, embedding_width(cfg))
         self.norm = nn.LayerNorm(embedding_width(cfg), eps=cfg.layer_norm_eps)
-        self.approximate = approximation(cfg)
+        self.activation = cfg.activation
         self.bias = nn.Parameter(torch.zeros(vocab_per_rank))
         mtp.set_tensor_model_parallel_attributes(self.bias, is_parallel=True, dim=0, stride=1)
 
     def forward(self, h, word: mtp.VocabParallelEmbedding, tp, labels=None, vocab_size: int = 0):
-        x = self.norm(F.gelu(self.dense(h), approximate=self.approximate))
+        x = self.norm(K.bias_act(self.dense(h), None, self.activation))
         if labels is not None:  # (summed loss, correct), the logits never whole
             return K.linear_cross_entropy(x, word.weight, self.bias, labels, vocab_size)
         return tied_logits(x, word, tp) + self.bias
@@ -66,11 +66,11 @@ class RTDHead(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.approximate = approximation(cfg)
+        self.activation = cfg.activation
         self.score = nn.Linear(cfg.hidden_size, 1)
 
     def forward(self, h):
-        return self.score(F.gelu(self.dense(h), approximate=self.approximate)).squeeze(-1)
+        return self.score(K.bias_act(self.dense(h), None, self.activation)).squeeze(-1)
 
 
 class Pretraining(nn.Module):

@@ -66,11 +66,10 @@ def sbo_head(cfg):
     """The SBO head of `cfg` (its bias: this TP rank's share of the padded vocabulary), initialised as SpanBERT's:
     weights N(0, model.init_std), biases 0."""
     import torch
-    import torch.nn.functional as F
     from megatron.core import tensor_parallel as mtp
     from torch import nn
 
-    from pretrain.models.layers import approximation
+    from pretrain import kernels as K
     from pretrain.models.model import tied_logits
 
     m, o = cfg.model, cfg.sbo
@@ -86,7 +85,7 @@ def sbo_head(cfg):
             self.norm2 = nn.LayerNorm(h, eps=m.layer_norm_eps)
             self.bias = nn.Parameter(torch.zeros(m.padded_vocab // cfg.parallel.tp))
             mtp.set_tensor_model_parallel_attributes(self.bias, is_parallel=True, dim=0, stride=1)
-            self.approximate = approximation(m)
+            self.activation = m.activation
             for layer in (self.place, self.fc1, self.fc2):
                 nn.init.normal_(layer.weight, std=m.init_std)
             nn.init.zeros_(self.fc1.bias)
@@ -96,8 +95,8 @@ def sbo_head(cfg):
             """Vocab-parallel logits of the tokens whose boundary states are `left`, `right` and places `place`, through
             the tied word embeddings `word` over TP group `tp` (`padding`: this rank's padding rows, masked)."""
             x = torch.cat([left, right, self.place(place).to(left.dtype)], -1)
-            x = self.norm1(F.gelu(self.fc1(x), approximate=self.approximate))
-            x = self.norm2(F.gelu(self.fc2(x), approximate=self.approximate))
+            x = self.norm1(K.bias_act(self.fc1(x), None, self.activation))
+            x = self.norm2(K.bias_act(self.fc2(x), None, self.activation))
             logits = tied_logits(x, word, tp) + self.bias
             return logits.masked_fill(padding, torch.finfo(logits.dtype).min)
 
