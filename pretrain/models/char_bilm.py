@@ -26,6 +26,7 @@ from torch import nn
 
 from pretrain.families.elmo import CHARS
 from pretrain.models.config import padded_vocab_size
+from pretrain.models.layers import add_heads, mask_padding, vocab_padding
 from pretrain.parallel import mcore
 
 MAX_CHARS = 50  # character ids per word
@@ -114,9 +115,7 @@ class Softmax(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab // parts))
         for w in (self.weight, self.bias):
             mtp.set_tensor_model_parallel_attributes(w, is_parallel=True, dim=0, stride=1)
-        first = tp.rank() * (vocab // parts)
-        self.register_buffer("vocab_padding", torch.arange(first, first + vocab // parts) >= cfg.vocab_size,
-                             persistent=False)
+        self.register_buffer("vocab_padding", vocab_padding(cfg, tp), persistent=False)
 
     def forward(self, h, labels=None):
         if labels is not None:
@@ -124,7 +123,7 @@ class Softmax(nn.Module):
 
             return K.linear_cross_entropy(h, self.weight, self.bias, labels, self.cfg.vocab_size)
         logits = F.linear(mtp.copy_to_tensor_model_parallel_region(h, group=self.tp), self.weight, self.bias)
-        return logits.masked_fill(self.vocab_padding, torch.finfo(logits.dtype).min)
+        return mask_padding(logits, self.vocab_padding)
 
 
 class ELMo(nn.Module):
@@ -141,8 +140,7 @@ class ELMo(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout)
         self.softmax = Softmax(cfg, self.tp)
         self.reset_parameters()
-        for name, head in (heads() if callable(heads) else heads or {}).items():
-            self.add_module(name, head)
+        add_heads(self, heads)
 
     def reset_parameters(self):
         """bilm-tf's initialisation: characters uniform in [-1, 1] (the padding id's zero), the CNN N(0, 1/(width *

@@ -502,3 +502,45 @@ def block_spec(cfg, decoder: bool = False, layer: int = 0) -> ModuleSpec:
                       submodules=BlockSubmodules(attention=attention_spec(cfg, None, layer), mlp=MLP,
                                                  cross_attention=cross))
 
+# ---- what every model shares around its blocks: initialisation, the tied output projection, added heads --------
+
+def init_replicated(model: nn.Module, std: float) -> None:
+    """Layers outside megatron-core (replicated on every TP rank) as BERT/GPT-2 initialise them."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    for m in model.modules():
+        if isinstance(m, (mtp.ColumnParallelLinear, mtp.RowParallelLinear)) and m.bias is not None:
+            with torch.no_grad():
+                m.bias.zero_()
+
+
+def tied_logits(h, word: mtp.VocabParallelEmbedding, tp):
+    """h @ word_embeddings.T for this rank's vocabulary slice; the input's gradient is summed over TP group `tp`."""
+    return F.linear(mtp.copy_to_tensor_model_parallel_region(h, group=tp), word.weight)
+
+
+def vocab_padding(cfg, tp) -> torch.Tensor:
+    """True at this TP rank's rows of the padded vocabulary (model.vocab_pad_to) past model.vocab_size."""
+    rows = padded_vocab_size(cfg) // tp.size()
+    return torch.arange(tp.rank() * rows, (tp.rank() + 1) * rows) >= cfg.vocab_size
+
+
+def mask_padding(logits: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+    """Vocab-parallel logits with the padding rows' (`vocab_padding`) at the dtype's lowest value: never predicted."""
+    return logits.masked_fill(padding, torch.finfo(logits.dtype).min)
+
+
+def add_heads(model: nn.Module, heads) -> tuple[str, ...]:
+    """Add the heads an objective gives ({attribute: module}, or a function making them, called here: last, so that
+    their initial draws follow the model's; they initialise themselves) to `model`; their names."""
+    added = heads() if callable(heads) else heads or {}
+    for name, head in added.items():
+        model.add_module(name, head)
+    return tuple(added)

@@ -4,11 +4,11 @@ config (pretrain/models/config.py), never a family's name:
 
     norm          post: LayerNorm after each residual sum and on the embeddings (BERT, ERNIE);
                   pre: LayerNorm before each sublayer and a final one (GPT-2)
-    activation    gelu (BERT) | gelu_tanh (GPT-2)
+    activation    gelu (BERT) | gelu_tanh (GPT-2) | relu | tanh: the MLP's, and the heads' transforms
     causal        attention to earlier tokens only (GPT-2)
     attention_layers  each layer's attention: global, or local (a band of attention_window positions: GPT-3's
                   alternating dense and locally banded layers)
-    heads         lm: the word embeddings as output projection (GPT-2); mlm: BERT's dense + GELU + LayerNorm
+    heads         lm: the word embeddings as output projection (GPT-2); mlm: BERT's dense + activation + LayerNorm
                   transform first, plus a bias; nsp: pooler + 2-way classifier (NSP/SOP); rtd: ELECTRA's
                   discriminator head (dense + activation + a score per token) and a generator, a narrower masked LM
                   (`generator_size`) that reads this model's embeddings
@@ -22,22 +22,22 @@ config (pretrain/models/config.py), never a family's name:
                   module, owned by the model, that every block calls)
     type_vocab_size, task_type_vocab_size: segment (BERT) and task-type (ERNIE 2.0) embeddings
 
-Logits stay vocab-parallel: losses use the vocab-parallel cross-entropy. Nothing here knows about ZeRO, mixed
-precision or data parallelism.
+Logits stay vocab-parallel: losses use the vocab-parallel cross-entropy. Nothing here knows about mixed precision or
+data parallelism; ZeRO-3 learns from `external_parameters` which modules read another's parameters.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from megatron.core import tensor_parallel as mtp
 from megatron.core.transformer.spec_utils import build_module
 from torch import nn
-from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from pretrain import families
 from pretrain import kernels as K
-from pretrain.models.config import embedding_width, padded_vocab_size
-from pretrain.models.layers import Context, Embeddings, Record, block_spec
+from pretrain.models.config import embedding_width
+from pretrain.models.layers import (Context, Embeddings, Record, add_heads, block_spec, init_replicated, mask_padding,
+                                     tied_logits, vocab_padding)
+from pretrain.models.recompute import checkpoint, checkpointed_layers
 from pretrain.parallel import mcore
 
 
@@ -108,7 +108,7 @@ class Pretraining(nn.Module):
         self.blocks = nn.ModuleList(build_module(block_spec(cfg, layer=i), ctx,
                                                  shared={shared: self.shared} if shared else None)
                                     for i in range(blocks))
-        self.checkpointed = _checkpointed_layers(cfg.activation_checkpointing, cfg.num_layers)
+        self.checkpointed = checkpointed_layers(cfg.activation_checkpointing, cfg.num_layers)
         if cfg.norm == "pre":
             self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         if "mlm" in cfg.heads:
@@ -122,14 +122,8 @@ class Pretraining(nn.Module):
         wire = families.get(cfg.arch).wire
         if wire:  # what the family builds beyond the features (ELECTRA's generator), after the initialisation
             wire(self)  # above: it initialises itself
-        vocab, parts = padded_vocab_size(cfg), self.tp.size()
-        first = self.tp.rank() * (vocab // parts)
-        self.register_buffer("vocab_padding", torch.arange(first, first + vocab // parts) >= cfg.vocab_size,
-                             persistent=False)
-        added = heads() if callable(heads) else heads or {}
-        for name, head in added.items():  # they initialise themselves
-            self.add_module(name, head)
-        self.added = tuple(added)
+        self.register_buffer("vocab_padding", vocab_padding(cfg, self.tp), persistent=False)
+        self.added = add_heads(self, heads)
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None, position_ids=None,
                sample_index=None, attend_lo=None, attend_hi=None, trace: dict | None = None):
@@ -209,7 +203,7 @@ class Pretraining(nn.Module):
         masked."""
         word = self.embeddings.word
         logits = self.mlm(h, word, self.tp) if "mlm" in self.cfg.heads else tied_logits(h, word, self.tp)
-        return logits.masked_fill(self.vocab_padding, torch.finfo(logits.dtype).min)
+        return mask_padding(logits, self.vocab_padding)
 
     def nsp_logits(self, h, cls_index=None):
         """The pooled [CLS] state through the NSP/SOP head."""
@@ -237,64 +231,7 @@ class Pretraining(nn.Module):
         return torch.tanh(self.pooler(h[:, 0] if cls_index is None else h.flatten(0, 1)[cls_index]))
 
 
-def init_replicated(model: nn.Module, std: float) -> None:
-    """Layers outside megatron-core (replicated on every TP rank) as BERT/GPT-2 initialise them."""
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=std)
-            nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, std=std)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-    for m in model.modules():
-        if isinstance(m, (mtp.ColumnParallelLinear, mtp.RowParallelLinear)) and m.bias is not None:
-            with torch.no_grad():
-                m.bias.zero_()
-
-
 def span_mask(lo, hi):
     """[b, s, s] True where token i attends to position j: lo[b, i] <= j <= hi[b, i]."""
     j = torch.arange(lo.shape[-1], device=lo.device)
     return (j >= lo[..., None]) & (j <= hi[..., None])
-
-
-def tied_logits(h, word: mtp.VocabParallelEmbedding, tp):
-    """h @ word_embeddings.T for this rank's vocabulary slice; the input's gradient is summed over TP group `tp`."""
-    return F.linear(mtp.copy_to_tensor_model_parallel_region(h, group=tp), word.weight)
-
-
-def _checkpointed_layers(setting, num_layers) -> set[int]:
-    if setting is True:
-        return set(range(num_layers))
-    return set(setting or ())
-
-
-def checkpoint(block, *args, **kwargs):
-    """Activation checkpointing whose recomputation draws the dropout masks of the forward, eager or compiled, on
-    CPU or CUDA, by construction: each of the two generators dropout draws from is set back to its state at the
-    forward before the block runs again.
-    * The default generator (hidden dropout; in a compiled block Inductor's kernels draw their seeds from it):
-      torch's checkpoint restores the CPU generator and those of the inputs' CUDA devices (preserve_rng_state).
-    * The TP RNG tracker (attention dropout on this rank's heads; megatron's CudaRNGStatesTracker on CUDA, ptm's
-      CpuRNGStatesTracker on CPU): its states are taken here and set again around the recomputation. They are
-      tensors that each fork replaces, never changes in place (megatron's tracker without CUDA-graph-safe RNG, as
-      ptm seeds it). Its fork runs eager even in a compiled block (`layers.on_tp_generator`), so no compiled graph
-      holds a generator switch or a generator state: a graph draws from the default generator as it finds it, like
-      an eager kernel, and the recomputation runs the same graphs (same shapes and grad mode) in the same order."""
-    states = mcore.rng_tracker().get_states()
-    ran = []
-
-    def run(*args, **kwargs):
-        if not ran:
-            ran.append(True)
-            return block(*args, **kwargs)
-        current = mcore.rng_tracker().get_states()
-        mcore.rng_tracker().set_states(states)
-        try:
-            return block(*args, **kwargs)
-        finally:
-            mcore.rng_tracker().set_states(current)
-
-    return torch_checkpoint(run, *args, use_reentrant=False, **kwargs)

@@ -19,9 +19,9 @@ from megatron.core.transformer.spec_utils import build_module
 from torch import nn
 
 from pretrain import kernels as K
-from pretrain.models.config import padded_vocab_size
-from pretrain.models.layers import BucketedBias, Context, Embeddings, block_spec, norm
-from pretrain.models.model import _checkpointed_layers, checkpoint, init_replicated, tied_logits
+from pretrain.models.layers import (BucketedBias, Context, Embeddings, add_heads, block_spec, init_replicated,
+                                     mask_padding, norm, tied_logits, vocab_padding)
+from pretrain.models.recompute import checkpoint, checkpointed_layers
 from pretrain.parallel import mcore
 
 
@@ -36,7 +36,7 @@ class Stack(nn.Module):
         self.bias = BucketedBias(ctx, bidirectional=not decoder) if cfg.positional.score_bias else None
         self.final_norm = norm(cfg) if cfg.norm == "pre" else None
         self.dropout = nn.Dropout(cfg.hidden_dropout)
-        self.checkpointed = _checkpointed_layers(cfg.activation_checkpointing, layers)
+        self.checkpointed = checkpointed_layers(cfg.activation_checkpointing, layers)
 
     def forward(self, x, attend, context=None, context_mask=None, caches: list | None = None, offset: int = 0):
         """`attend`: [b, 1, q, k] True where a query sees a key; the bucketed bias joins it as an additive mask.
@@ -69,12 +69,8 @@ class EncoderDecoder(nn.Module):
         self.encoder = Stack(ctx, cfg.num_layers, decoder=False)
         self.decoder = Stack(ctx, cfg.decoder_layers, decoder=True)
         init_replicated(self, cfg.init_std)
-        vocab, parts = padded_vocab_size(cfg), self.tp.size()
-        first = self.tp.rank() * (vocab // parts)
-        self.register_buffer("vocab_padding", torch.arange(first, first + vocab // parts) >= cfg.vocab_size,
-                             persistent=False)
-        for name, head in (heads() if callable(heads) else heads or {}).items():
-            self.add_module(name, head)
+        self.register_buffer("vocab_padding", vocab_padding(cfg, self.tp), persistent=False)
+        add_heads(self, heads)
 
     def encode(self, input_ids, attention_mask=None):
         """The encoder's output [b, s, hidden]."""
@@ -138,8 +134,7 @@ class EncoderDecoder(nn.Module):
 
     def lm_logits(self, h):
         """Vocab-parallel logits of (already scaled) decoder states, padding rows masked."""
-        logits = tied_logits(h, self.embeddings.word, self.tp)
-        return logits.masked_fill(self.vocab_padding, torch.finfo(logits.dtype).min)
+        return mask_padding(tied_logits(h, self.embeddings.word, self.tp), self.vocab_padding)
 
     @property
     def blocks(self) -> list[nn.Module]:

@@ -26,8 +26,10 @@ from torch import nn
 
 from pretrain import kernels as K
 from pretrain.models.config import padded_vocab_size
-from pretrain.models.layers import MLP, ColumnParallelLinear, Context, Embeddings, RowParallelLinear, on_tp_generator, per_head
-from pretrain.models.model import _checkpointed_layers, checkpoint, init_replicated, tied_logits
+from pretrain.models.layers import (MLP, ColumnParallelLinear, Context, Embeddings, RowParallelLinear, add_heads,
+                                     init_replicated, mask_padding, on_tp_generator, per_head, tied_logits,
+                                     vocab_padding)
+from pretrain.models.recompute import checkpoint, checkpointed_layers
 from pretrain.parallel import mcore
 
 
@@ -132,14 +134,11 @@ class XLNet(nn.Module):
         vocab, parts = padded_vocab_size(cfg), self.tp.size()
         self.lm_bias = nn.Parameter(torch.zeros(vocab // parts))
         mtp.set_tensor_model_parallel_attributes(self.lm_bias, is_parallel=True, dim=0, stride=1)
-        self.checkpointed = _checkpointed_layers(cfg.activation_checkpointing, cfg.num_layers)
+        self.checkpointed = checkpointed_layers(cfg.activation_checkpointing, cfg.num_layers)
         init_replicated(self, cfg.init_std)
         nn.init.normal_(self.query_start, std=cfg.init_std)
-        first = self.tp.rank() * (vocab // parts)
-        self.register_buffer("vocab_padding", torch.arange(first, first + vocab // parts) >= cfg.vocab_size,
-                             persistent=False)
-        for name, head in (heads() if callable(heads) else heads or {}).items():
-            self.add_module(name, head)
+        self.register_buffer("vocab_padding", vocab_padding(cfg, self.tp), persistent=False)
+        add_heads(self, heads)
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, perm_mask=None, targets=None,
                memory=None, memory_mask=None):
@@ -217,8 +216,7 @@ class XLNet(nn.Module):
 
     def lm_logits(self, h):
         """Vocab-parallel logits (tied word embeddings plus the bias), padding rows masked."""
-        logits = tied_logits(h, self.embeddings.word, self.tp) + self.lm_bias
-        return logits.masked_fill(self.vocab_padding, torch.finfo(logits.dtype).min)
+        return mask_padding(tied_logits(h, self.embeddings.word, self.tp) + self.lm_bias, self.vocab_padding)
 
     def external_parameters(self):
         """(module, parameter) pairs where a module reads a parameter another owns: the LM head reads the word table,

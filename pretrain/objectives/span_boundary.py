@@ -70,7 +70,7 @@ def sbo_head(cfg):
     from torch import nn
 
     from pretrain import kernels as K
-    from pretrain.models.model import tied_logits
+    from pretrain.models.layers import mask_padding, tied_logits
 
     m, o = cfg.model, cfg.sbo
     h = m.hidden_size
@@ -97,8 +97,7 @@ def sbo_head(cfg):
             x = torch.cat([left, right, self.place(place).to(left.dtype)], -1)
             x = self.norm1(K.bias_act(self.fc1(x), None, self.activation))
             x = self.norm2(K.bias_act(self.fc2(x), None, self.activation))
-            logits = tied_logits(x, word, tp) + self.bias
-            return logits.masked_fill(padding, torch.finfo(logits.dtype).min)
+            return mask_padding(tied_logits(x, word, tp) + self.bias, padding)
 
         def reads(self, model):
             """The word embeddings, which its forward reads (ZeRO-3 gathers them for it: pretrain/engine.py)."""
