@@ -8,7 +8,7 @@ import os
 
 from conftest import ROOT
 
-PACKAGES = ("ptm", "data_prep", "pretrain", "launchers", "checkpoints_tools")
+PACKAGES = ("ptm", "data_prep", "pretrain", "launchers", "checkpoints_tools", "downstream")
 
 
 def modules() -> dict[str, str]:
