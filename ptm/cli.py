@@ -57,7 +57,7 @@ def commands() -> dict[str, tuple[str, str]]:
 def usage() -> str:
     lines = ["usage: ptm COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<8} {help_}  (python -m {module})" for name, (module, help_) in commands().items()]
-    lines += ["", "`ptm COMMAND --help` explains each command's options."]
+    lines += ["", "`ptm COMMAND --help` explains each command's options; `ptm --version` prints ptm's version."]
     return "\n".join(lines)
 
 

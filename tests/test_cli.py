@@ -31,6 +31,10 @@ def test_ptm_dispatches_to_data_prep():
     assert launch.returncode == 0 and '"launcher": null' in launch.stdout
     bad = subprocess.run([ptm, "frobnicate"], capture_output=True, text=True)
     assert bad.returncode == 2 and "ptm: error: unknown command 'frobnicate'" in bad.stderr
+    assert "--version" in top.stdout
+    module = subprocess.run([sys.executable, "-m", "ptm", "prep", "verify", "--help"], capture_output=True, text=True,
+                            cwd=ROOT)  # the package runs as `python -m ptm`, as the others do
+    assert module.returncode == 0 and "usage: ptm prep verify" in module.stdout, module.stderr
 
 
 def test_size_arguments():
