@@ -20,8 +20,8 @@ class CausalLM(Objective):
     def check(self, cfg, need) -> None:
         super().check(cfg, need)
         need(cfg.model.type_vocab_size == 0,
-             f"model.type_vocab_size={cfg.model.type_vocab_size}: GPT-2 has no segment embeddings (causal LM samples "
-             f"have one segment); set model.type_vocab_size=0")
+             f"model.type_vocab_size={cfg.model.type_vocab_size}: causal LM samples have one segment, so no segment "
+             f"embeddings; set model.type_vocab_size=0")
         need(not cfg.data.unpadded, "data.unpadded=true packs BERT and ERNIE samples; GPT-2 windows are packed by "
                                     "data.pack_documents; remove data.unpadded")
 
