@@ -1,4 +1,4 @@
-# Quick start: `make demo` (embedded corpus -> dataset -> tiny BERT -> curves -> HF -> fill-mask), `make test` (the suite).
+# Quick start: `make demo` (embedded corpus -> dataset -> tiny BERT -> curves -> HF -> fill-mask), `make test`.
 # Both run scripts/setup.sh first: apt packages, .venv, pinned torch/deepspeed/megatron-core, ptm.
 PY := .venv/bin/python
 

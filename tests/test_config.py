@@ -224,7 +224,7 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["model.activation_checkpointing=[1, 2]"], 1, "model.activation_checkpointing=[1, 2] names layers outside 0..1"),
     (["data.objective=clm"], 1, "data.objective=clm does not fit model.arch=bert"),
     (["model.arch=gpt2"], 1, "data.objective=mlm_nsp does not fit model.arch=gpt2"),
-    (["model.arch=gpt2", "data.objective=clm"], 1, "model.type_vocab_size=2: causal LM samples have one segment, so no segment embeddings"),
+    (["model.arch=gpt2", "data.objective=clm"], 1, "model.type_vocab_size=2: causal LM samples have one segment"),
     (["model.task_type_vocab_size=3"], 1, "model.task_type_vocab_size=3 needs model.arch=ernie"),
     (["model.type_vocab_size=0"], 1, "data.objective=mlm_nsp pairs two segments but model.type_vocab_size=0"),
     (["ernie.stages=[{steps: 300, tasks: {capitalization: 1}}]"], 1, "ernie.stages is set but data.objective=mlm_nsp"),
