@@ -1,4 +1,4 @@
-"""ptm: distributed pretraining for BERT, GPT-2 and ERNIE."""
+"""ptm: distributed pretraining of BERT, GPT, T5, XLNet, ELMo and their families."""
 from importlib.metadata import PackageNotFoundError, version
 
 try:
