@@ -14,6 +14,7 @@ global batch gives the same gradient.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -115,6 +116,18 @@ def token_term(logits: torch.Tensor, target: torch.Tensor) -> Term:
     """Masked/causal LM over vocab-parallel logits of the selected tokens."""
     correct = (vocab_parallel_argmax(logits.detach()) == target).sum() if len(target) else target.new_zeros(())
     return Term(K.cross_entropy(logits, target).sum(), target.new_full((), len(target)), correct)
+
+
+def fused_term(fused: tuple[torch.Tensor, torch.Tensor], target: torch.Tensor) -> Term:
+    """Masked/causal LM of the fused LM head (`kernels.linear_cross_entropy`: summed loss, correct predictions) over
+    the `target` tokens."""
+    loss, correct = fused
+    return Term(loss, target.new_full((), len(target)), correct)
+
+
+def perplexity(metrics: dict, loss: str = "lm_loss", name: str = "ppl") -> dict:
+    """{name: exp(the mean `loss`)} of an evaluation's metrics that hold it (capped at e^50), else {}."""
+    return {name: math.exp(min(metrics[loss], 50))} if loss in metrics else {}
 
 
 def class_term(logits: torch.Tensor, target: torch.Tensor) -> Term:

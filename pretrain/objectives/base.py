@@ -231,14 +231,13 @@ class Seq2Seq(Objective):
     def compute(self, model, batch, phase=None, fused=False):
         import torch
 
-        from pretrain.losses import Term, pick, token_term
+        from pretrain.losses import fused_term, pick, token_term
 
         where = self.where(batch, phase)["lm"]
         target = pick(batch["labels"], where, 2)
         inputs = {k: batch[k] for k in SEQ2SEQ_INPUTS if k in batch}
         if fused:
-            loss, correct = model(**inputs, positions=where, labels=target)["lm_loss"]
-            return {"lm": Term(loss, target.new_full((), len(target)), correct)}
+            return {"lm": fused_term(model(**inputs, positions=where, labels=target)["lm_loss"], target)}
         logits = model(**inputs, positions=where)["logits"]
         term = token_term(logits, target)
         if not torch.is_grad_enabled():  # held-out evaluation
@@ -254,4 +253,6 @@ class Seq2Seq(Objective):
         return {"lm_unigram_acc": ((batch["labels"] == most_frequent).sum(), terms["lm"].count)}
 
     def evaluation(self, metrics):
-        return {"ppl": math.exp(min(metrics["lm_loss"], 50))} if "lm_loss" in metrics else {}
+        from pretrain.losses import perplexity
+
+        return perplexity(metrics)

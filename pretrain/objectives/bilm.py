@@ -5,8 +5,6 @@ beside each its unigram baseline: the loss of predicting every word by its train
 (`data_prep words`' counts.tsv)."""
 from __future__ import annotations
 
-import math
-
 from pretrain.objectives.base import Objective
 
 ORDER = 130
@@ -62,7 +60,7 @@ class BiLM(Objective):
     def compute(self, model, batch, phase=None, fused=False):
         """The shared softmax on each stack's top, dropped out as bilm-tf does; with the engine's `fused_lm_loss`
         (TP=1) the fused linear cross-entropy, the logits never whole."""
-        from pretrain.losses import Term, token_term
+        from pretrain.losses import fused_term, token_term
 
         words = batch["words"]
         out = model(batch["chars"])
@@ -72,8 +70,7 @@ class BiLM(Objective):
                                 ("bwd", out["backward"][:, 1:], words[:, :-1])):
             h, target = model.dropout(h).flatten(0, 1), target.flatten()
             if fused:
-                loss, correct = model.softmax(h, target)
-                term = Term(loss, target.new_full((), len(target)), correct)
+                term = fused_term(model.softmax(h, target), target)
             else:
                 term = token_term(model.softmax(h), target)
             term.weight, term.ratios = 0.5, {f"{name}_unigram_loss": (unigram[target].sum(), term.count)}
@@ -81,7 +78,9 @@ class BiLM(Objective):
         return terms
 
     def evaluation(self, metrics):
-        return {f"{d}_ppl": math.exp(min(metrics[f"{d}_loss"], 50)) for d in ("fwd", "bwd") if f"{d}_loss" in metrics}
+        from pretrain.losses import perplexity
+
+        return {**perplexity(metrics, "fwd_loss", "fwd_ppl"), **perplexity(metrics, "bwd_loss", "bwd_ppl")}
 
 
 OBJECTIVES = (BiLM(),)

@@ -2,8 +2,6 @@
 `lm`, over the tokens with a label."""
 from __future__ import annotations
 
-import math
-
 from pretrain.objectives.base import Objective
 
 ORDER = 20
@@ -54,7 +52,9 @@ class CausalLM(Objective):
         return {"lm": Term(K.cross_entropy(out["logits"], batch["labels"]).sum(), count)}
 
     def evaluation(self, metrics):
-        return {"ppl": math.exp(min(metrics["lm_loss"], 50))} if "lm_loss" in metrics else {}
+        from pretrain.losses import perplexity
+
+        return perplexity(metrics)
 
 
 OBJECTIVES = (CausalLM(),)

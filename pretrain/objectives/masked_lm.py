@@ -98,7 +98,7 @@ class MaskedLM(Masked):
                     positions=masked, labels=target if fused else None,
                     **{k: batch[k] for k in losses.PACKED if k in batch}, **asked)
         if fused:
-            terms = {"mlm": losses.Term(out["lm_loss"][0], target.new_full((), len(target)), out["lm_loss"][1])}
+            terms = {"mlm": losses.fused_term(out["lm_loss"], target)}
         else:
             terms = {"mlm": losses.token_term(out["logits"], target)}
         if "nsp" in where:

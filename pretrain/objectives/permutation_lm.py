@@ -75,7 +75,7 @@ class PermutationLM(Objective):
         return {"lm": batch["labels"] != -100}
 
     def compute(self, model, batch, phase=None, fused=False):
-        from pretrain.losses import Term, pick, token_term
+        from pretrain.losses import fused_term, pick, token_term
 
         where = self.where(batch, phase)["lm"]
         target = pick(batch["labels"], where, 2)
@@ -84,17 +84,16 @@ class PermutationLM(Objective):
         out = model(**inputs, **({"labels": target} if fused else {}))
         self.remember(model, batch, out)
         if fused:
-            loss, correct = out["lm_loss"]
-            return {"lm": Term(loss, target.new_full((), len(target)), correct)}
+            return {"lm": fused_term(out["lm_loss"], target)}
         return {"lm": token_term(pick(out["logits"], where, 2), target)}
 
     def baselines(self, batch, terms, most_frequent):
         return {"lm_unigram_acc": ((batch["labels"] == most_frequent).sum(), terms["lm"].count)}
 
     def evaluation(self, metrics):
-        import math
+        from pretrain.losses import perplexity
 
-        return {"ppl": math.exp(min(metrics["lm_loss"], 50))} if "lm_loss" in metrics else {}
+        return perplexity(metrics)
 
 
 OBJECTIVES = (PermutationLM(),)

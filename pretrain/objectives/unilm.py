@@ -121,8 +121,7 @@ class UniLM(Masked):
         out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], positions=masked,
                     labels=target if fused else None, **{k: batch[k] for k in SPAN})
         if fused:
-            term = losses.Term(out["lm_loss"][0], target.new_full((), len(target)), out["lm_loss"][1])
-            return {"mlm": term}
+            return {"mlm": losses.fused_term(out["lm_loss"], target)}
         term = losses.token_term(out["logits"], target)
         right = losses.vocab_parallel_argmax(out["logits"].detach()) == target
         mode = self._token_modes(batch, masked)
