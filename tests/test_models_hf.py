@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checkpoints_tools import hf_keys
+from pretrain import families
 from pretrain import kernels as K
 from pretrain import losses
 from pretrain.models.config import ModelConfig
@@ -18,6 +18,11 @@ V, H, L, HEADS, S, B = 99, 32, 2, 4, 16, 3
 PAD = 1  # RoBERTa's padding id (its positions start at PAD + 1)
 E = 16  # ALBERT's factorised embedding width
 MAX_DISTANCE = 5  # NEZHA's relative positions: clipped at +-5 of 16
+
+
+def adapter(arch: str):
+    """The family's Hugging Face adapter: its key maps both ways (HF -> ptm -> HF is bit-exact)."""
+    return families.get(arch).adapter
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,8 +84,8 @@ def _ours(arch, hf_model, vocab_pad_to, activation=None):
                       pad_token_id=PAD if arch == "roberta" else -1, embedding_size=E if arch == "albert" else 0,
                       max_relative_position=MAX_DISTANCE, activation=activation)
     model = Pretraining(cfg).eval()
-    state, missing = hf_keys.from_hf(arch, hf_model.state_dict(), L, HEADS, model.embeddings.word.weight.shape[0],
-                                     task_types=arch == "ernie")
+    state, missing = adapter(arch).from_hf(hf_model.state_dict(), L, HEADS, model.embeddings.word.weight.shape[0],
+                                           task_types=arch == "ernie")
     assert missing == []
     model.load_state_dict(state)
     return model
@@ -178,8 +183,8 @@ def test_roberta_matches_hf_with_its_positions(vocab_pad_to):
 def test_hf_round_trip_is_bit_exact(arch):
     hf = _hf(arch)
     sd = hf.state_dict()
-    ours, _ = hf_keys.from_hf(arch, sd, L, HEADS, 128, task_types=arch == "ernie")
-    back = hf_keys.to_hf(arch, ours, L, HEADS, V)
+    ours, _ = adapter(arch).from_hf(sd, L, HEADS, 128, task_types=arch == "ernie")
+    back = adapter(arch).to_hf(ours, L, HEADS, V)
     assert set(back) >= {k for k in sd if not k.endswith("attn.bias") and "position_ids" not in k}
     for k, v in back.items():
         assert torch.equal(v, sd[k]), k
@@ -245,10 +250,10 @@ def _electra(vocab_pad_to=1):
     assert (g.hidden_size, g.num_heads, g.ffn_hidden_size, g.embedding_size) == (H // 2, HEADS // 2, 24, H)
     model = Pretraining(cfg).eval()
     rows = model.embeddings.word.weight.shape[0]
-    d, missing = hf_keys.from_hf("electra", disc.state_dict(), L, HEADS, rows)
+    d, missing = adapter("electra").from_hf(disc.state_dict(), L, HEADS, rows)
     assert sorted({k.split(".")[0] for k in missing}) == ["embeddings", "mlm"]  # E = H: no projection; the
     # generator's head
-    gs, missing = hf_keys.from_hf("electra", gen.state_dict(), L, HEADS // 2, rows)
+    gs, missing = adapter("electra").from_hf(gen.state_dict(), L, HEADS // 2, rows)
     assert sorted({k.split(".")[0] for k in missing}) == ["rtd"]
     model.load_state_dict(join(d, gs))
     return disc, gen, model
@@ -281,7 +286,7 @@ def test_electra_discriminator_and_generator_match_hf(vocab_pad_to):
     torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-5)
     for hf, heads in ((disc, HEADS), (gen, HEADS // 2)):
         sd = hf.state_dict()
-        back = hf_keys.to_hf("electra", hf_keys.from_hf("electra", sd, L, heads, 128)[0], L, heads, V)
+        back = adapter("electra").to_hf(adapter("electra").from_hf(sd, L, heads, 128)[0], L, heads, V)
         assert set(back) == set(sd) - {"electra.embeddings.position_ids"}
         assert all(torch.equal(v, sd[k]) for k, v in back.items())
 
@@ -384,7 +389,7 @@ def _t5(gated: bool, max_distance: int = 20):
 
     cfg = ModelConfig(**{**get("t5").adapter.model_config(hf.config), "vocab_pad_to": 128})
     ours = EncoderDecoder(cfg)
-    state, missing = hf_keys.from_hf("t5", hf.state_dict(), L, HEADS, ours.embeddings.word.weight.shape[0])
+    state, missing = adapter("t5").from_hf(hf.state_dict(), L, HEADS, ours.embeddings.word.weight.shape[0])
     assert missing == []
     ours.load_state_dict(state)
     return hf.eval(), ours.eval(), cfg
@@ -441,7 +446,7 @@ def _matches_hf(hf, ours, cfg, special: dict):
     assert (logits[..., V:] == torch.finfo(logits.dtype).min).all()  # the padding rows are never predicted
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
     assert abs(loss.item() - ref.loss.item()) <= 1e-6 * max(1.0, ref.loss.item())  # T5 1.1's reaches 18
-    back = hf_keys.to_hf(cfg.arch, {k: v for k, v in ours.state_dict().items() if torch.is_tensor(v)}, L, HEADS, V)
+    back = adapter(cfg.arch).to_hf({k: v for k, v in ours.state_dict().items() if torch.is_tensor(v)}, L, HEADS, V)
     theirs = hf.state_dict()
     assert back.keys() == theirs.keys() and all(torch.equal(back[k], theirs[k]) for k in theirs)
     again = get(cfg.arch).adapter.hf_config(cfg, special)
@@ -515,7 +520,7 @@ def test_bart_encoder_decoder_matches_hf():
     hf.eval()
     cfg = ModelConfig(**{**get("bart").adapter.model_config(hf.config), "vocab_pad_to": 128})
     ours = EncoderDecoder(cfg).eval()
-    state, missing = hf_keys.from_hf("bart", hf.state_dict(), L, HEADS, ours.embeddings.word.weight.shape[0])
+    state, missing = adapter("bart").from_hf(hf.state_dict(), L, HEADS, ours.embeddings.word.weight.shape[0])
     assert missing == []
     ours.load_state_dict(state)
     _matches_hf(hf, ours, cfg, {"pad": 1, "cls": 0, "eod": 2})
@@ -536,7 +541,7 @@ def test_t5_starts_from_t5s_initialisation():
     assert cfg.init == "t5"
     for init in ("t5", "normal"):
         model = EncoderDecoder(dataclasses.replace(cfg, init=init))
-        ours = hf_keys.to_hf("t5", {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}, 2, 4, 500)
+        ours = adapter("t5").to_hf({k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}, 2, 4, 500)
         for name, ref in theirs.items():
             expected = ref.std().item() if init == "t5" else 0.02
             tolerance = 0.02 + 4 / ref.numel() ** 0.5  # two samples' standard deviations, each off by ~1/sqrt(2n)
