@@ -9,7 +9,6 @@ import shutil
 
 from pretrain import checkpoint as C
 from pretrain import families
-from pretrain.models.config import padded_vocab_size
 from pretrain.models.memory import DIRECTORY as MEMORY
 
 
@@ -20,7 +19,7 @@ def reshard(src: str, out: str, tp: int = 1, weights_only: bool = False) -> str:
     pieces = C.Pieces(ckpt)
     m = C.model_config(pieces.meta)
     sizes = {"model.num_heads": m.num_heads, "model.ffn_hidden_size": m.ffn_hidden_size,
-             "the padded vocabulary": padded_vocab_size(m)}
+             "the padded vocabulary": m.padded_vocab}
     for c in families.get(m.arch).cost.companions(m):  # models trained beside it (ELECTRA's generator)
         sizes.update({"the companion model's num_heads": c.num_heads, "its ffn_hidden_size": c.ffn_hidden_size})
     odd = [f"{k}={v}" for k, v in sizes.items() if tp < 1 or v % tp]

@@ -198,7 +198,7 @@ def _optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.
                              lr=lr)
 
 
-def run_one(source: M.Source, task: Task, lr: float, seed: int, opts: Options, train_idx: list[int] | None = None):
+def run_one(source: M.Source, task: Task, lr: float, seed: int, opts: Options):
     """One fine-tuning run: (final dev metrics, curve {step, loss} and {epoch, metric}, the model)."""
     from tqdm import tqdm
 

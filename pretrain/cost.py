@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pretrain import families, objectives
-from pretrain.models.config import (FUSED_CHUNK_BYTES, ModelConfig, embedding_width, normalises_embeddings,
-                                    padded_vocab_size)
+from pretrain.models.config import FUSED_CHUNK_BYTES, ModelConfig, embedding_width, normalises_embeddings
 from pretrain.stacks import Stack, stack_flops
 
 # bytes per parameter: (weights, gradients, fp32 master copy); Adam and LAMB add fp32 moments m and v
@@ -55,7 +54,7 @@ def _modules(m: ModelConfig, shared_embeddings: bool = False) -> list[tuple[int,
     whole = family.modules(m)
     if whole is not None:
         return whole
-    h, f, v, e, a = m.hidden_size, m.ffn_hidden_size, padded_vocab_size(m), embedding_width(m), m.attention_width
+    h, f, v, e, a = m.hidden_size, m.ffn_hidden_size, m.padded_vocab, embedding_width(m), m.attention_width
     bias, qkv_bias = (1 if m.bias else 0), (1 if m.bias and m.qkv_bias else 0)
     norm = h if m.norm_type == "rmsnorm" else 2 * h  # RMSNorm has no bias
     positions = m.max_position_embeddings if m.positional.table else 0
@@ -166,7 +165,7 @@ def model_flops_per_sample(m: ModelConfig, seq_len: int, predicted: int | None =
     if "rtd" in m.heads:  # the discriminator head on every token
         head = 6 * s * (h * h + h)
     else:
-        head = 6 * p * e * (padded_vocab_size(m) + (h if "mlm" in m.heads else 0))
+        head = 6 * p * e * (m.padded_vocab + (h if "mlm" in m.heads else 0))
     return float(layers + head + projection) + sum(model_flops_per_sample(c, seq_len, predicted)
                                                    for c in family.companions(m))
 
@@ -222,7 +221,7 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
         recomputed, kept = stack.recomputed, scale * 2 * (s + stack.queries) * b * h
         layers += (stack.layers - recomputed) * layer + recomputed * kept + (layer if recomputed else 0)
         layers += c * b * h * 2 * scale  # the encoder's output, which every decoder layer reads
-    rows, v, e = b * predicted_tokens(cfg), padded_vocab_size(m), embedding_width(m)
+    rows, v, e = b * predicted_tokens(cfg), m.padded_vocab, embedding_width(m)
     act = 2 * scale
     chunk = max(2 * rows * e * act, min(rows * v * act, FUSED_CHUNK_BYTES))  # liger's sizing, or the byte budget
     logits = rows * e * act + chunk + 4 * v * e if cfg.lm_loss_fusable() else 4 * rows * v // t

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(_table({"GiB/GPU": plan}))
         print(_verdict(cfg, plan, world))
-        print(_checkpoint_time(cfg, plan, world, per_node, args.write_gbps))
+        print(_checkpoint_time(cfg, plan, per_node, args.write_gbps))
         if predicted:
             print(predicted)
     except (ConfigError, PrepError) as e:
@@ -271,7 +271,7 @@ def checkpoint_bytes(cfg: Config, plan: Plan) -> tuple[float, int]:
     return per_shard + plan.stream_memory, plan.tp * (plan.dp if plan.stream_memory else 1)
 
 
-def _checkpoint_time(cfg: Config, plan: Plan, world_size: int, gpus_per_node: int, write_gbps: float) -> str:
+def _checkpoint_time(cfg: Config, plan: Plan, gpus_per_node: int, write_gbps: float) -> str:
     """The checkpoint a node writes, its time at `write_gbps` (plus hashing at SHA256_GBPS per process), and the
     --signal lead time that leaves room for it and a step."""
     per_process, writers = checkpoint_bytes(cfg, plan)

@@ -51,7 +51,7 @@ from pretrain.cost import (Launches, checkpointed, count_parameters, decoder_tok
                            tp_launches)
 from pretrain.memory import with_micro_batch
 from pretrain.stacks import masked_flops
-from pretrain.models.config import embedding_width, padded_vocab_size
+from pretrain.models.config import embedding_width
 
 HARDWARE_FILE = os.path.join(PRESETS_DIR, "hardware", "gpus.yaml")
 NVLINK_LATENCY_S = 5e-6  # one ring step inside a node (NCCL's small-message all-reduce over NVLink: ~10 us for 2)
@@ -445,7 +445,7 @@ def _micro_batch(cfg: Config, hw: Hardware, eff: Efficiency, flops: float) -> tu
         if stack.context:  # the gradient of the encoder's output through each layer's keys and values
             tp_comm += layers * _ring("all-reduce", b * stack.context * h * act, t, tp_per_node, hw, eff)
     if not cfg.lm_loss_fusable():  # on CUDA with ptm[kernels] it runs
-        memory += b * predicted_tokens(cfg) * padded_vocab_size(m) / t * LOGIT_BYTES / hbm
+        memory += b * predicted_tokens(cfg) * m.padded_vocab / t * LOGIT_BYTES / hbm
     # the embeddings' forward all-reduce (vocabulary-parallel lookup) and the LM head input's backward one
     tp_comm += 2 * _ring("all-reduce", b * s * embedding_width(m) * act, t, tp_per_node, hw, eff)
     return compute, memory, tp_comm
@@ -473,7 +473,7 @@ def gemm_shape(cfg: Config) -> float:
         dense = sum(m_rows * n * k for m_rows, n, k in gemms) * t / b  # per sequence, all TP ranks
         work.append((layers * b * ((stack_flops(stack) + masked_flops(stack)) / layers / 6 - dense) / t,
                      ATTENTION_RATE))
-    rows, vocab, width = b * predicted_tokens(cfg), padded_vocab_size(m) / t, embedding_width(m)
+    rows, vocab, width = b * predicted_tokens(cfg), m.padded_vocab / t, embedding_width(m)
     work.append((rows * vocab * width, g(rows) * g(vocab) * g(width)))
     return sum(w for w, _ in work) / sum(w / rate for w, rate in work)
 

@@ -23,7 +23,6 @@ from pretrain.config import Config, ConfigError
 from pretrain.data.factory import build_sources
 from pretrain.data.loader import end_workers, make_loader
 from pretrain.data.packing import real_tokens
-from pretrain.models.config import padded_vocab_size
 from pretrain.parallel import mcore
 from pretrain.parallel.layout import loss_scale, unapplied_loss_scale
 from pretrain.resolve import log, resolve
@@ -141,7 +140,7 @@ class Trainer:
     def _init_from(self, model, ckpt: str) -> None:
         """Weights from a checkpoint of a model of this shape (its tokenizer is the dataset's: `_check_start`)."""
         state = C.load_model_shard(ckpt, mcore.tp_rank(), self.cfg.parallel.tp,
-                                   vocab_rows=padded_vocab_size(self.cfg.model))
+                                   vocab_rows=self.cfg.model.padded_vocab)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state") and k in self.params]
         if unexpected or missing:

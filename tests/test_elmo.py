@@ -201,12 +201,11 @@ def test_plan_counts_elmo_as_built_and_as_published():
 
     from pretrain import cost
     from pretrain.config import load
-    from pretrain.models.config import padded_vocab_size
     from pretrain.models.char_bilm import ELMo
     from pretrain.parallel import mcore
 
     original = load("elmo-original", ["model.vocab_size=793471"]).model
-    assert cost.count_parameters(original) - padded_vocab_size(original) * 513 == 93_600_864
+    assert cost.count_parameters(original) - original.padded_vocab * 513 == 93_600_864
     cfg = load("elmo-tiny", ["model.vocab_size=1000", "data.seq_len=12"])
     model = ELMo(cfg.model, tp=mcore.OneRank())
     assert cost.count_parameters(cfg.model) == sum(p.numel() for p in model.parameters())

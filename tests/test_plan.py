@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT, run_cli
 from pretrain.config import ConfigError, load
-from pretrain.models.config import FUSED_CHUNK_BYTES, ModelConfig, padded_vocab_size
+from pretrain.models.config import FUSED_CHUNK_BYTES, ModelConfig
 from pretrain.cost import activation_bytes, count_parameters, largest_module, model_flops_per_sample
 from pretrain.plan import COMPONENTS, checkpoint_bytes, estimate
 from pretrain.speed import mfu, peak_flops
@@ -105,7 +105,7 @@ def test_activations_follow_korthikanti_with_the_kernels_ptm_runs():
     layer = s * b * h * (10 + 24 / t) + 4 * a * s * b / t
     layers, logits = activation_bytes(cfg, b)
     assert layers == L * layer
-    assert logits == 4 * b * 77 * padded_vocab_size(cfg.model) / t  # fp32 logits of the 77 masked positions
+    assert logits == 4 * b * 77 * cfg.model.padded_vocab / t  # fp32 logits of the 77 masked positions
     cfg.model.activation_checkpointing = True
     assert activation_bytes(cfg, b)[0] == L * 2 * s * b * h + layer  # inputs kept, one layer recomputed
     cfg.model.activation_checkpointing = [0, 5]
@@ -117,7 +117,7 @@ def test_activations_follow_korthikanti_with_the_kernels_ptm_runs():
     h, a, L = nezha.model.hidden_size, nezha.model.num_heads, nezha.model.num_layers
     assert activation_bytes(nezha, b)[0] == L * s * b * h * (10 + 24 / t + 5 * a * s / (h * t))  # Korthikanti's
     fused = load("bert-large", ["model.activation_checkpointing=false", "precision=bf16", "fused_lm_loss=auto"])
-    v, h = padded_vocab_size(fused.model), fused.model.hidden_size
+    v, h = fused.model.padded_vocab, fused.model.hidden_size
     rows = b * 77  # the input's gradient, a chunk of 1232 x V bf16 logits (77 MB: under FUSED_CHUNK_BYTES), the sum
     assert activation_bytes(fused, b)[1] == rows * h * 2 + rows * v * 2 + 4 * v * h  # not b x 77 x V fp32 logits
     assert activation_bytes(fused, 256)[1] == 256 * 77 * h * 2 + FUSED_CHUNK_BYTES + 4 * v * h  # a chunk at a time
@@ -163,7 +163,7 @@ def test_auto_micro_batch_is_the_largest_divisor_that_fits():
 
 def test_flops_match_published_formulas():
     m, s = GPT2_SMALL, 1024
-    L, h, V = m.num_layers, m.hidden_size, padded_vocab_size(m)
+    L, h, V = m.num_layers, m.hidden_size, m.padded_vocab
     flops = model_flops_per_sample(m, s)
     # Megatron's model FLOPs (Korthikanti et al. 2022): 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) is 3 x forward,
     # without recomputation, so it equals ours exactly (f = 4h). The 4/3 larger 96*B*s*L*h^2*(1 + s/(6h) +
@@ -173,7 +173,7 @@ def test_flops_match_published_formulas():
     assert flops == pytest.approx(6 * count_parameters(m) * s + 12 * L * h * s**2, rel=0.01)
     bert = load("bert-large").model  # the MLM head (transform + logits) runs on the predicted tokens only
     extra = model_flops_per_sample(bert, 512, 77) - model_flops_per_sample(bert, 512, 0)
-    assert extra == 6 * 77 * bert.hidden_size * (padded_vocab_size(bert) + bert.hidden_size)
+    assert extra == 6 * 77 * bert.hidden_size * (bert.padded_vocab + bert.hidden_size)
     # ELECTRA: the discriminator's blocks and per-token head, plus the generator (its blocks, its MLM head on the
     # predicted tokens, the projection of the shared embeddings to its width)
     electra = load("electra-base").model
@@ -183,7 +183,7 @@ def test_flops_match_published_formulas():
                                                         vocab_size=30522), s, 0)
     generator = model_flops_per_sample(dataclasses.replace(g, vocab_size=30522, embedding_size=e), s, 77)
     assert generator - model_flops_per_sample(dataclasses.replace(g, vocab_size=30522, embedding_size=e), s, 0) == \
-        6 * 77 * e * (padded_vocab_size(electra) + 256)
+        6 * 77 * e * (electra.padded_vocab + 256)
     assert model_flops_per_sample(electra, s, 77) == pytest.approx(blocks + 6 * s * (h * h + h) + generator, rel=1e-12)
     # NEZHA: relative positions double the attention matmuls (q . a_ij next to q . k_j, p . a_ij next to p . v)
     nezha = load("nezha-base").model

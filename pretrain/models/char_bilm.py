@@ -25,7 +25,6 @@ from megatron.core import tensor_parallel as mtp
 from torch import nn
 
 from pretrain.families.elmo import CHARS
-from pretrain.models.config import padded_vocab_size
 from pretrain.models.layers import add_heads, mask_padding, vocab_padding
 from pretrain.parallel import mcore
 
@@ -109,7 +108,7 @@ class Softmax(nn.Module):
 
     def __init__(self, cfg, tp):
         super().__init__()
-        vocab, parts = padded_vocab_size(cfg), tp.size()
+        vocab, parts = cfg.padded_vocab, tp.size()
         self.cfg, self.tp = cfg, tp
         self.weight = nn.Parameter(torch.empty(vocab // parts, cfg.hidden_size))
         self.bias = nn.Parameter(torch.zeros(vocab // parts))
@@ -163,7 +162,7 @@ class ELMo(nn.Module):
             for linear in (lstm.input, lstm.state, lstm.projection):
                 nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(lstm.state.bias)
-        whole = torch.empty(padded_vocab_size(self.cfg), self.cfg.hidden_size)
+        whole = torch.empty(self.cfg.padded_vocab, self.cfg.hidden_size)
         nn.init.normal_(whole, std=1 / math.sqrt(self.cfg.hidden_size))
         rows = self.softmax.weight.shape[0]
         with torch.no_grad():

@@ -194,7 +194,3 @@ def positions_needed(cfg: ModelConfig, seq_len: int) -> int:
     """Rows of the position table that sequences of `seq_len` use (RoBERTa's start past the padding id)."""
     return seq_len + (cfg.pad_token_id + 1 if cfg.positional.from_pad else cfg.position_offset)
 
-
-def padded_vocab_size(cfg: ModelConfig) -> int:
-    """`ModelConfig.padded_vocab`."""
-    return cfg.padded_vocab

@@ -24,7 +24,7 @@ from megatron.core.utils import get_pg_size
 from torch import nn
 
 from pretrain import kernels as K
-from pretrain.models.config import embedding_width, normalises_embeddings, padded_vocab_size
+from pretrain.models.config import embedding_width, normalises_embeddings
 from pretrain.parallel import mcore
 
 
@@ -124,7 +124,7 @@ class Embeddings(nn.Module):
     def __init__(self, ctx: Context):
         super().__init__()
         cfg, e = ctx.cfg, embedding_width(ctx.cfg)
-        self.word = mtp.VocabParallelEmbedding(padded_vocab_size(cfg), e, init_method=ctx.inits["word"], config=ctx.mp,
+        self.word = mtp.VocabParallelEmbedding(cfg.padded_vocab, e, init_method=ctx.inits["word"], config=ctx.mp,
                                                tp_group=ctx.tp)
         self.position = nn.Embedding(cfg.max_position_embeddings, e) if cfg.positional.table else None
         self.token_type = nn.Embedding(cfg.type_vocab_size, e) if cfg.type_vocab_size else None
@@ -528,7 +528,7 @@ def tied_logits(h, word: mtp.VocabParallelEmbedding, tp):
 
 def vocab_padding(cfg, tp) -> torch.Tensor:
     """True at this TP rank's rows of the padded vocabulary (model.vocab_pad_to) past model.vocab_size."""
-    rows = padded_vocab_size(cfg) // tp.size()
+    rows = cfg.padded_vocab // tp.size()
     return torch.arange(tp.rank() * rows, (tp.rank() + 1) * rows) >= cfg.vocab_size
 
 

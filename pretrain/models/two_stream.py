@@ -25,7 +25,6 @@ from megatron.core import tensor_parallel as mtp
 from torch import nn
 
 from pretrain import kernels as K
-from pretrain.models.config import padded_vocab_size
 from pretrain.models.layers import (MLP, ColumnParallelLinear, Context, Embeddings, RowParallelLinear, add_heads,
                                      init_replicated, mask_padding, on_tp_generator, per_head, tied_logits,
                                      vocab_padding)
@@ -131,7 +130,7 @@ class XLNet(nn.Module):
         self.query_start = nn.Parameter(torch.empty(cfg.hidden_size))  # the query stream's input (HF mask_emb)
         self.blocks = nn.ModuleList(TwoStreamBlock(ctx) for _ in range(cfg.num_layers))
         self.dropout = nn.Dropout(cfg.hidden_dropout)
-        vocab, parts = padded_vocab_size(cfg), self.tp.size()
+        vocab, parts = cfg.padded_vocab, self.tp.size()
         self.lm_bias = nn.Parameter(torch.zeros(vocab // parts))
         mtp.set_tensor_model_parallel_attributes(self.lm_bias, is_parallel=True, dim=0, stride=1)
         self.checkpointed = checkpointed_layers(cfg.activation_checkpointing, cfg.num_layers)

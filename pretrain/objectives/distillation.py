@@ -87,12 +87,11 @@ def load_teacher(cfg):
     from pretrain import checkpoint as C
     from pretrain import models
     from pretrain.families import VOCAB_ROWS
-    from pretrain.models.config import padded_vocab_size
     from pretrain.parallel import mcore
 
     model_cfg, path = teacher_config(cfg)
     teacher = models.build(model_cfg)
-    whole, rows = teacher_weights(model_cfg, path), padded_vocab_size(model_cfg)
+    whole, rows = teacher_weights(model_cfg, path), model_cfg.padded_vocab
     tp, rank = mcore.tp_size(), mcore.tp_rank()
     with torch.no_grad():
         for name, p in teacher.named_parameters():
