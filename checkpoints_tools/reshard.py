@@ -9,7 +9,7 @@ import shutil
 
 from pretrain import checkpoint as C
 from pretrain import families
-from pretrain.models.memory import DIRECTORY as MEMORY
+from pretrain.models.recurrence import DIRECTORY as MEMORY
 
 
 def reshard(src: str, out: str, tp: int = 1, weights_only: bool = False) -> str:

@@ -11,7 +11,7 @@ the manager that saves, finds, checks, restores and prunes them for the trainer.
         trainer.pt                             LR schedule, loss scaler, step, data position (when training)
         rng/rankRRRRR.pt                       each process's RNG states (when training)
         memory/dpDDD.safetensors               a recurrent model's memory of the streams of each data-parallel rank
-                                               (model.mem_len: pretrain/models/memory.py)
+                                               (model.mem_len: pretrain/models/recurrence.py)
         config.yaml                            the resolved training config
         tokenizer/                             the dataset's tokenizer (ptm_tokenizer.json + files)
 

@@ -229,7 +229,7 @@ def activation_bytes(cfg, micro_batch: int) -> tuple[int, int]:
 
 
 def stream_memory_bytes(cfg, dp: int) -> int:
-    """The memory a recurrent model carries from step to step, per GPU (its family's: pretrain/models/memory.py's)."""
+    """The memory a recurrent model carries from step to step, per GPU (its family's; pretrain/models/recurrence.py)."""
     return _family(cfg.model).carried_bytes(cfg, dp)
 
 

@@ -179,7 +179,7 @@ class XLNetCost(Cost):
 
     def carried_bytes(self, cfg, dp):
         """mem_len states per layer for each of its data-parallel rank's streams (global batch / dp), in the model's
-        dtype, with their mask and stamps (pretrain/models/memory.py)."""
+        dtype, with their mask and stamps (pretrain/models/recurrence.py)."""
         m = cfg.model
         if not m.mem_len:
             return 0

@@ -133,12 +133,12 @@ class Objective:
         memory from step to step (model.mem_len > 0) or data.streams asks for that order, else 0 (shuffled)."""
         return self.cfg.train.global_batch_size if self.cfg.model.mem_len or self.cfg.data.streams else 0
 
-    # ---- a recurrent model's memory (pretrain/models/memory.py) ----------------------------------------------
+    # ---- a recurrent model's memory (pretrain/models/recurrence.py) ------------------------------------------
 
     def recurrence(self):
         """The memories a recurrent model carries across steps, or None (model.mem_len 0)."""
         if self._recurrence is None and self.cfg is not None and self.cfg.model.mem_len:
-            from pretrain.models.memory import Recurrence
+            from pretrain.models.recurrence import Recurrence
 
             self._recurrence = Recurrence(self.streams(), self.cfg.model.mem_len)
         return self._recurrence
