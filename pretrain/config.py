@@ -22,7 +22,6 @@ import yaml
 from pretrain import families, objectives, schema
 from pretrain import yaml_config as Y
 from pretrain.models.config import ATTENTIONS, POSITIONS, ModelConfig, embedding_width, positions_needed
-from pretrain.objectives.ernie import ErnieStage  # noqa: F401 (the ernie section's stages, named here too)
 from pretrain.data import masking
 from pretrain.data.masking import STRATEGIES as MASKINGS
 from pretrain.schema import AUTO, opt

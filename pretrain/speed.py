@@ -170,9 +170,9 @@ def _hardware(name: str, entry: dict, interconnect: str | None) -> Hardware:
                             "({bf16: 989, fp16: 989, fp32: 67})")
     for precision, tflops in entry["peak_tflops"].items():
         _positive(name, f"peak_tflops.{precision}", tflops)
-    for field in ("memory_gib", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "host_memory_gbps", "matmul", "launch_us"):
-        if field in entry:
-            _positive(name, field, entry[field])
+    for key in ("memory_gib", "hbm_gbps", "nvlink_gbps", "pcie_gbps", "host_memory_gbps", "matmul", "launch_us"):
+        if key in entry:
+            _positive(name, key, entry[key])
     _positive(name, "gpus_per_node", entry["gpus_per_node"], whole=True)
     if entry.get("matmul", 0) > 1:
         raise HardwareError(f"GPU {name}: matmul: {entry['matmul']} is a fraction of the peak, in (0, 1]")

@@ -9,6 +9,7 @@ import yaml
 from pretrain import config as C
 from pretrain.config import Config, ConfigError, load
 from pretrain.models.config import ARCH_FEATURES, ModelConfig
+from pretrain.objectives.ernie import ErnieStage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
@@ -90,7 +91,7 @@ def test_base_cycle_is_an_error(tmp_path):
     ("model.activation_checkpointing=[0, 1]", "model.activation_checkpointing", [0, 1]),
     ("ernie.task_data.ir_relevance=/data/ir", "ernie.task_data", {"ir_relevance": "/data/ir"}),
     ("ernie.stages=[{steps: 5, tasks: {capitalization: 2}}]", "ernie.stages",
-     [C.ErnieStage(5, {"capitalization": 2.0})]),
+     [ErnieStage(5, {"capitalization": 2.0})]),
 ])
 def test_set_coerces_to_the_field_type(child, item, key, value):
     got = load(child, [item]).get(key)
