@@ -130,8 +130,7 @@ def main(argv=None) -> None:
             signals.ignore()
             line, code = signals.stopped_during(heartbeat.first_line(e))
             if _rank() == 0:  # (the rank that says it notes it: the script says it otherwise)
-                print(line, file=sys.stderr, flush=True)
-                signals.note_end(code)
+                signals.end_line(line, code)
             sys.exit(code)
         if not isinstance(e, RuntimeError) or not _lost_contact(e, torch.distributed.DistError):
             raise

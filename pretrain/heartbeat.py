@@ -173,10 +173,10 @@ class Heartbeat:
                     post.join(self.interval_s)
                 line, code = signals.stopped_during(reason) if signals.received else (
                     lost_contact(self.rank, reason), LOST_CONTACT)
-                if code == LOST_CONTACT or self.rank == 0:
+                if signals.received and self.rank == 0:  # (the rank that says it notes it)
+                    signals.end_line(line, code)
+                elif code == LOST_CONTACT or self.rank == 0:
                     os.write(2, (line + "\n").encode())
-                    if signals.received:  # (the rank that says it notes it: the script says it otherwise)
-                        signals.note_end(code)
                 os._exit(code)
 
     def _post(self, reason: str) -> None:

@@ -104,20 +104,34 @@ def pause(phase: str) -> None:
         subprocess.run([sys.executable, "-c", wait], check=True)
 
 
-def note_end(code: int) -> None:
+def note_end(code: int, line: str | None = None) -> None:
     """Record the exit status this rank ends with, having stopped on a signal or refused its input (2), in
     $PTM_END_NOTE (set by slurm/pretrain.sbatch: a file in a directory of the batch host, so ranks elsewhere find no
-    directory and write nothing). A launcher that sees one rank exit kills the ranks still ending (srun
-    --kill-on-bad-exit) and reports that kill, not the status the ranks agreed on; the script reads this note
-    instead. Atomic; callable from any thread."""
+    directory and write nothing), and the `line` that says why, if this rank says it, beside it ($PTM_END_NOTE.line).
+    A launcher that sees one rank exit kills the ranks still ending (srun --kill-on-bad-exit) and reports that
+    kill, not the status the ranks agreed on; the script reads this note instead. Atomic; callable from any
+    thread."""
     from ptm.files import write_text  # (stdlib only)
 
     path = os.environ.get(END_ENV)
     if path:
         try:
+            if line is not None:  # (first: the script waits for the status)
+                write_text(f"{path}.line", line)
             write_text(path, str(code))
         except OSError:
             pass
+
+
+def end_line(line: str, code: int) -> None:
+    """The rank that says why the job ends: `line` on stderr, then `note_end`. A launcher's output may be gone by then
+    (mpirun, which scancel's SIGTERM ends: its ranks' pipes close), so writing never raises; slurm/pretrain.sbatch
+    says the noted line then."""
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass
+    note_end(code, line)
 
 
 def no_progress(signal_name: str | None, since: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
 
 import torch
@@ -310,8 +309,9 @@ class Trainer:
         they wait for each other before any ends: a launcher that kills the others as it sees the first exit then
         cuts neither the line nor the note."""
         if self.rank0:
-            print(stop.line, file=sys.stderr, flush=True)
-        signals.note_end(stop.code)
+            signals.end_line(stop.line, stop.code)
+        else:
+            signals.note_end(stop.code)
         dev.all_reduce(torch.zeros(1, device=self.device)).item()
         return stop
 

@@ -191,7 +191,8 @@ STOPS = [Stop("before-handlers", "srun", "start", "no-progress"),
          Stop("deepspeed-build", "deepspeed", "build", "no-progress"),
          Stop("deepspeed-collective", "deepspeed", "collective@0", "requeued", 1, late=True),
          Stop("mpirun-build", "mpirun", "build", "no-progress"),
-         Stop("mpirun-collective", "mpirun", "collective@0", "requeued", 1)]
+         Stop("mpirun-collective", "mpirun", "collective@0", "requeued", 1),
+         Stop("mpirun-scancel", "mpirun", "collective@0", "cancelled", 1, signal="TERM")]
 
 
 def stopped_job(slurm, data, tmp, resumed_from, case: Stop) -> dict:
@@ -259,10 +260,11 @@ def test_a_stop_signal_at_any_moment_ends_requeued_or_with_the_one_line_stop(sto
     """slurm/pretrain.sbatch (--signal=B:USR1@N) under srun, the deepspeed launcher and mpirun, a stop signal at each
     phase of start-up (before ptm's handlers, during imports, while a child process runs as a build would, while
     data-loader workers start), inside a collective, during evaluation, during a checkpoint write, at the last step,
-    and scancel's SIGTERM, also with a rank still ending as the others exit (the launcher kills it and reports that):
-    the job ends in exit 5 with the one line naming the time limit, the lead and the fix, or in
-    a complete checkpoint, exit 75 and a requeue; never FAILED otherwise, never "lost contact", never a traceback,
-    never a build; each rank's torch threads are its share of the allocation's CPUs."""
+    and scancel's SIGTERM (under mpirun too, which it ends with the ranks' output), also with a rank still ending as
+    the others exit (the launcher kills it and reports that): the job ends in exit 5 with the one line naming the
+    time limit, the lead and the fix, or in a complete checkpoint, exit 75 and a requeue (a cancelled job: its
+    checkpoint and line); never FAILED otherwise, never "lost contact", never a traceback, never a build; each
+    rank's torch threads are its share of the allocation's CPUs."""
     got = stopped[case.name]
     assert "error" not in got, got.get("error")
     log, out = got["log"], got["out"]
@@ -290,6 +292,10 @@ def test_a_stop_signal_at_any_moment_ends_requeued_or_with_the_one_line_stop(sto
         assert (got["state"], got["exit"]) == ("COMPLETED", "0:0") and not errors, (got, log[-3000:])
         assert not end_dirs(log)  # (its own and, held back before it ran, the one a killed run had left: "--hold")
         assert latest_step(out) == summary(out)["steps"] == case.step
+    elif case.step:  # cancelled where the ranks had a step to checkpoint at (under mpirun, which scancel ends at
+        # once with the ranks' output: the script says their line)
+        assert got["state"] == "CANCELLED" and "requeueing" not in log and not errors, (got, log[-3000:])
+        assert f"stopped by SIGTERM at step {case.step}: " in log and latest_step(out) == case.step, log[-3000:]
     else:
         assert got["state"] == "CANCELLED" and "requeueing" not in log, (got, log[-3000:])
         assert len(errors) <= 1 and all(e.startswith("pretrain: error: stopped by SIGTERM before the first step")
