@@ -11,6 +11,7 @@ from downstream import TaskError
 from downstream import finetune as FT
 from downstream import models as M
 from downstream import tasks as T
+from pretrain import device as dev
 from ptm.files import write_json
 
 
@@ -38,13 +39,15 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
     if cloze and not any(t.cloze for t in tasks) and FT.world()[0] == 0:
         print("downstream: note: --cloze scores nothing: no --task has a cloze pattern (task.yaml `cloze:`, as the "
               "shipped `source` has)", file=sys.stderr)
-    rank, source, error = FT.world()[0], None, None
-    if rank == 0:
+    rank = FT.world()[0]
+
+    def resolved():
         try:
-            source = M.resolve(model, out)
+            return M.resolve(model, out), None
         except TaskError as e:  # every rank stops with it (none waits in the broadcast)
-            error = str(e)
-    source, error = _broadcast((source, error))
+            return None, str(e)
+
+    source, error = dev.rank0s(resolved)
     if error:
         raise TaskError(error)
     Z.check(source, causal=bool(text or last_word), cloze=cloze and any(t.cloze for t in tasks) and not source.elmo)
@@ -58,7 +61,7 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
                                      "model": results["model"], "weights": _weights_of(source)}))
         models = os.path.join(out, "models", task.name)
         unsaved = opts.save_dir and not source.elmo and not os.path.isfile(os.path.join(models, "config.json"))
-        saved = _broadcast(_done(path, key) if rank == 0 and not unsaved else None)  # (ranks: rank 0's reading)
+        saved = dev.rank0s(lambda: None if unsaved else _done(path, key))  # (ranks: rank 0's reading)
         if saved is not None and rank == 0:
             print(f"downstream: {task.name}: the result in {path} (same model, weights, options and examples; delete "
                   "it to run again)", file=sys.stderr)
@@ -89,16 +92,6 @@ def _weights_of(source: M.Source) -> str:
         with open(stamp) as f:
             return json.load(f)["checkpoint"]
     return os.path.abspath(source.elmo or source.hf_dir)
-
-
-def _broadcast(obj):
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, 0)
-    return box[0]
 
 
 def summary(results: dict) -> list[str]:

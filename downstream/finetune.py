@@ -22,6 +22,7 @@ from torch import nn
 from downstream import models as M
 from downstream.encode import IGNORE, Encoder
 from downstream.tasks import Task
+from pretrain import device as D
 
 
 @dataclass
@@ -51,13 +52,6 @@ def world() -> tuple[int, int]:
 
         mcore.init_processes()
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-
-def device() -> torch.device:
-    """This process's device (pretrain.device's rule: cuda:LOCAL_RANK, or cpu)."""
-    from pretrain import device as D
-
-    return D.device()
 
 
 def build(source: M.Source, task: Task, pretrained: bool, features: str = ""):
@@ -203,7 +197,7 @@ def run_one(source: M.Source, task: Task, lr: float, seed: int, opts: Options):
     from tqdm import tqdm
 
     rank, size = world()
-    dev = device()
+    dev = D.device()  # (pretrain.device's rule: cuda:LOCAL_RANK, or cpu)
     torch.manual_seed(seed)
     random.seed(seed)
     model, inputs = build(source, task, opts.pretrained, opts.features)

@@ -391,7 +391,7 @@ class Checkpoints:
         """Checkpoint names, `latest`'s first, then the others newest first, as rank 0 lists them: on a shared
         filesystem ranks can see different listings (after a requeue), and ranks deciding alone would run
         different collectives and hang."""
-        return _rank0s(self._listed)
+        return dev.rank0s(self._listed)
 
     def _listed(self) -> list[str]:
         steps = sorted((d for d in os.listdir(self.root) if d.startswith("step_")), reverse=True) \
@@ -439,7 +439,7 @@ class Checkpoints:
                 return f"cannot set damaged checkpoints aside in {self.root} ({e}); move them out of it by hand"
             return None
 
-        problem = _rank0s(rename)
+        problem = dev.rank0s(rename)
         if problem:
             raise CheckpointError(problem)
 
@@ -451,7 +451,7 @@ class Checkpoints:
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world == 1:
             return verify(ckpt)
-        problem = _rank0s(lambda: verify(ckpt, hashes=False))
+        problem = dev.rank0s(lambda: verify(ckpt, hashes=False))
         if problem:
             return problem
         for attempt in range(self.visibility_tries):  # the same count on every rank: they decide together
@@ -574,15 +574,6 @@ class Checkpoints:
             _set_rng_states(torch.load(rng, weights_only=False))
             trainer["rng_restored"] = True
         return trainer
-
-
-def _rank0s(answer):
-    """`answer()` as rank 0 computes it, on every rank (one broadcast)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return answer()
-    box = [answer() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _rng_states() -> dict:

@@ -98,6 +98,15 @@ def all_reduce(tensor: torch.Tensor, group=None, op=dist.ReduceOp.SUM) -> torch.
     return tensor
 
 
+def rank0s(answer):
+    """`answer()` as rank 0 computes it, on every rank (one broadcast; the other ranks do not call it)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return answer()
+    box = [answer() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def check_precision(precision: str) -> None:
     """bf16 on a GPU without native bf16 (compute capability < 8.0, e.g. V100) is emulated and very slow."""
     if precision == "bf16" and torch.cuda.is_available():
