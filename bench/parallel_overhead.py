@@ -1,22 +1,25 @@
 """Step-time overhead of tensor parallelism and of each ZeRO stage, side by side with TP=1 / ZeRO-0 on the same
 number of processes, measured by training the same tiny BERT with `torchrun -m pretrain train`.
 
-    python bench/parallel_overhead.py [--nproc 2] [--steps 20] [--config bert-tiny] [--set KEY=VALUE ...]
+    python bench/parallel_overhead.py [--nproc 2] [--steps 30] [--config bert-tiny] [--set KEY=VALUE ...]
 
 Prints the median step time of each layout (first 3 steps left out) and its ratio to the TP=1 / ZeRO-0
-baseline. On a CPU box the numbers are communication/bookkeeping overhead on gloo, not GPU speed.
+baseline. On a CPU box the numbers are communication/bookkeeping overhead on gloo, not GPU speed. Every run starts
+afresh: a run an earlier call left in --work is removed, not resumed.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULTS = ["train.global_batch_size=16", "train.micro_batch_size=4", "optimizer.warmup_steps=2"]
 
 
 def dataset(work: str) -> str:
@@ -32,6 +35,7 @@ def dataset(work: str) -> str:
 
 def step_seconds(args, name: str, overrides: list[str], work: str, data: str) -> float:
     out = os.path.join(work, name)
+    shutil.rmtree(out, ignore_errors=True)  # an earlier call's run would resume at its end and train nothing
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}", "-m", "pretrain", "train",
            "--config", args.config, "--set", f"data.path={data}", f"out_dir={out}", f"train.steps={args.steps}",
            "train.eval_interval=0", "checkpoint.interval=0", "data.num_workers=1", *args.overrides, *overrides]
@@ -46,14 +50,17 @@ def step_seconds(args, name: str, overrides: list[str], work: str, data: str) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, default=2, help="processes per run (TP x DP); 2 on a 2-core box")
-    ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    ap.add_argument("--steps", type=int, default=30, help="optimizer steps per run (at least 4)")
     ap.add_argument("--config", default="bert-tiny", help="config preset or YAML file")
-    ap.add_argument("--set", dest="overrides", nargs="*", default=["train.global_batch_size=16", "optimizer.warmup_steps=2",
-                                                                     "train.micro_batch_size=4"],
-                    help="extra config overrides for every run")
+    ap.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="extra config overrides for every run, after " + " ".join(DEFAULTS))
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "ptm-bench-parallel"),
                     help="scratch directory (dataset and runs)")
     args = ap.parse_args()
+    if args.steps < 4:
+        sys.exit(f"parallel_overhead.py: --steps {args.steps}: the first 3 steps are left out of the median; "
+                 "give 4 or more")
+    args.overrides = [*DEFAULTS, *args.overrides]
     data = dataset(args.work)
     layouts = {"tp1 zero0 (baseline)": ["parallel.tp=1", "zero.stage=0"],
                f"tp{args.nproc} zero0": [f"parallel.tp={args.nproc}", "zero.stage=0"]}

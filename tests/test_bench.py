@@ -122,3 +122,22 @@ def test_preset_fingerprints_repeat_bit_for_bit_and_catch_a_change(tmp_path, tra
                            capture_output=True, text=True, timeout=600)
     assert moved.returncode == 1 and "0 of 2 presets as before; differ: bert-tiny, gpt2-tiny" in moved.stdout, \
         moved.stdout + moved.stderr[-3000:]
+
+
+def test_parallel_overhead_trains_each_layout_afresh(tmp_path, monkeypatch):
+    """bench/parallel_overhead.py: a layout's run that an earlier call left in --work is removed first; `ptm train`
+    would resume it at its end, train nothing, and the table would repeat the earlier call's step times."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "bench"))
+    import parallel_overhead
+
+    def train(cmd, **_):  # as `ptm train` does: a run already in out_dir resumes at its end and logs no more steps
+        out = next(arg.removeprefix("out_dir=") for arg in cmd if arg.startswith("out_dir="))
+        if not os.path.isdir(out):
+            os.makedirs(out)
+            (tmp_path / "tp1zero0" / "metrics.jsonl").write_text('{"step_time_s": 0.1}\n' * 4)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    (tmp_path / "tp1zero0").mkdir()
+    (tmp_path / "tp1zero0" / "metrics.jsonl").write_text('{"step_time_s": 9.0}\n' * 4)  # the earlier call's
+    monkeypatch.setattr(parallel_overhead.subprocess, "run", train)
+    args = parallel_overhead.argparse.Namespace(nproc=2, config="bert-tiny", steps=4, overrides=[])
+    assert parallel_overhead.step_seconds(args, "tp1zero0", [], str(tmp_path), "DATA") == 0.1
