@@ -16,7 +16,7 @@ from collections import Counter
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpu_step import CASES, config
+from gpu_step import CASES, config, device
 from step_runs import _sync, ptm_step, seconds
 
 VARIANTS = {  # name: (kernels, optimizer, fused LM loss)
@@ -81,12 +81,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tiny", action="store_true", help="2-layer model: check the script on a CPU")
     args = ap.parse_args()
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}, torch {torch.__version__}; "
+    dev = device(args.tiny, "gpu_profile.py")
+    print(f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}, torch {torch.__version__}; "
           f"{args.case} {args.precision}", flush=True)
     for variant in args.variants:
         try:
-            print("\n".join(one(args.case, args.precision, variant, args.steps, args.tiny, device)), flush=True)
+            print("\n".join(one(args.case, args.precision, variant, args.steps, args.tiny, dev)), flush=True)
         except Exception as e:  # noqa: BLE001 - a variant that cannot run says why; the others go on
             print(f"  {variant}: could not run: {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
 

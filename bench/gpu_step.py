@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import traceback
 
 import torch
@@ -49,6 +50,15 @@ def config(case: str, precision: str, tiny: bool, kernels: str = "auto", micro: 
     return cfg, (2 if tiny else batch)
 
 
+def device(tiny: bool, script: str) -> torch.device:
+    """The GPU; on a CPU only --tiny's models (the full-size ones would take hours there)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if not tiny:
+        sys.exit(f"{script}: no CUDA device here: run it on a GPU machine, or add --tiny to check it on this CPU")
+    return torch.device("cpu")
+
+
 def row(name: str, make, cfg, batch: int, steps: int, device) -> str:
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -78,9 +88,8 @@ def main() -> None:
     parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS), metavar="ROW",
                         help=f"implementations to time (default: all of {', '.join(ROWS)})")
     args = parser.parse_args()
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
-    print(f"{name}, torch {torch.__version__}")
+    dev = device(args.tiny, "gpu_step.py")
+    print(f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}, torch {torch.__version__}")
     for case, precision, micro in itertools.product(args.cases, args.precisions, args.micro):
         cfg, batch = config(case, precision, args.tiny, micro=micro)
         compiled, _ = config(case, precision, args.tiny, "compile", micro)
@@ -94,7 +103,7 @@ def main() -> None:
                  "HF compiled": lambda: hf_step(cfg, batch, compiled=True),
                  "megatron-core": lambda: mcore_step(cfg, batch)}
         for name in args.rows:
-            print(row(name, makes[name], cfg, batch, args.steps, device))
+            print(row(name, makes[name], cfg, batch, args.steps, dev))
 
 
 if __name__ == "__main__":

@@ -141,3 +141,13 @@ def test_parallel_overhead_trains_each_layout_afresh(tmp_path, monkeypatch):
     monkeypatch.setattr(parallel_overhead.subprocess, "run", train)
     args = parallel_overhead.argparse.Namespace(nproc=2, config="bert-tiny", steps=4, overrides=[])
     assert parallel_overhead.step_seconds(args, "tp1zero0", [], str(tmp_path), "DATA") == 0.1
+
+
+@pytest.mark.parametrize("script", ["gpu_step.py", "gpu_profile.py"])
+def test_gpu_benchmarks_without_a_gpu_say_so_unless_tiny(script):
+    """Without CUDA the full-size models would train on the CPU for hours: one line says what to do instead."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), "--steps", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 1 and "torch" not in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.splitlines()[-1] == (f"{script}: no CUDA device here: run it on a GPU machine, or add --tiny "
+                                            "to check it on this CPU"), proc.stderr[-2000:]
