@@ -12,6 +12,7 @@ its peak memory is the largest sum of RSS over the process and its children, pol
 (shared copy-on-write pages of forked workers count once per process, so this over-estimates).
 """
 import argparse
+import importlib
 import itertools
 import json
 import os
@@ -22,8 +23,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import psutil
 
 MB = 1e6
 HEADER = """\
@@ -66,6 +65,8 @@ def make_corpus(src: Path, lang: str, mb: float, path: Path) -> int:
 
 def measure(cmd: list[str], log: Path, env: dict) -> tuple[float, float]:
     """Run `cmd`, output to `log`; return (wall seconds, peak summed RSS of its process tree in bytes)."""
+    import psutil
+
     peak = 0
     with log.open("w") as out:
         t0 = time.perf_counter()
@@ -232,6 +233,12 @@ def main() -> None:
         return megatron(a.megatron[0], a.megatron[1], int(a.megatron[2]), a.megatron[3])
     if a.floor:
         return floor(a.floor[0], a.floor[1], int(a.floor[2]), a.floor[3])
+    for module in ["psutil", *(["datasets"] if "ref" in a.pipelines else [])]:  # the `bench` extra's
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            sys.exit(f"prep_throughput.py: {module} is not installed (pip install 'ptm[bench]')"
+                     + ("; or leave ref out of --pipelines" if module == "datasets" else ""))
 
     with tempfile.TemporaryDirectory(prefix="ptm-bench-") as tmp:
         tmp = Path(tmp)

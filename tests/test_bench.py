@@ -151,3 +151,17 @@ def test_gpu_benchmarks_without_a_gpu_say_so_unless_tiny(script):
     assert proc.returncode == 1 and "torch" not in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.splitlines()[-1] == (f"{script}: no CUDA device here: run it on a GPU machine, or add --tiny "
                                             "to check it on this CPU"), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("module,pipeline", [("psutil", "ptm"), ("datasets", "ref")])
+def test_prep_throughput_names_a_missing_bench_extra_before_any_work(module, pipeline):
+    """bench/prep_throughput.py without the `bench` extra's psutil (any pipeline) or datasets (the ref pipeline):
+    one line before the corpus and the sentencepiece model are made, not a traceback from a run."""
+    script = os.path.join(ROOT, "bench", "prep_throughput.py")
+    run = (f"import runpy, sys; sys.modules[{module!r}] = None; "  # as if not installed: importing it fails
+           f"sys.argv = [{script!r}, '--mb', '0.1', '--mb2', '0', '--workers', '1', '--pipelines', {pipeline!r}]; "
+           f"runpy.run_path({script!r}, run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", run], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.splitlines() == [
+        f"prep_throughput.py: {module} is not installed (pip install 'ptm[bench]')"
+        + ("; or leave ref out of --pipelines" if module == "datasets" else "")], proc.stderr[-3000:]
