@@ -21,6 +21,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from data_prep import PrepError  # noqa: E402
 from pretrain import launches, speed  # noqa: E402
 from pretrain.config import ConfigError, load  # noqa: E402
 from pretrain.cost import Launches  # noqa: E402
@@ -99,4 +100,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except PrepError as e:  # DATA or DATA_T5 is not a dataset these runs train on
+        sys.exit(f"host_model.py: {e}")

@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from data_prep import PrepError
 from data_prep.dataset import Corpus
 from pretrain.data.bert import BertDataset
 from pretrain.data.loader import make_loader
@@ -64,4 +65,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except PrepError as e:  # --data is not a dataset
+        sys.exit(f"loader_throughput.py: {e}")

@@ -123,7 +123,10 @@ def main() -> None:
     if args.one:
         print(json.dumps(fingerprint(args.one, args.data, tuple(args.set))))
         return
-    before = json.load(open(args.against)) if args.against else {}
+    try:
+        before = json.load(open(args.against)) if args.against else {}
+    except (OSError, ValueError) as e:
+        sys.exit(f"preset_fingerprint.py: --against {args.against}: {e}: give a file an earlier --out wrote")
     found, differ = {}, []
     for preset in args.presets or presets():
         found[preset] = isolated(preset, args.data, args.set)

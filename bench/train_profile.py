@@ -18,8 +18,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from data_prep import PrepError  # noqa: E402
 from gpu_profile import summary  # noqa: E402
-from pretrain.config import load  # noqa: E402
+from pretrain.config import ConfigError, load  # noqa: E402
 from pretrain.train import Trainer  # noqa: E402
 
 
@@ -66,4 +67,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ConfigError, PrepError) as e:  # a bad config or dataset: its one line
+        sys.exit(f"train_profile.py: {e}")

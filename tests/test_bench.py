@@ -165,3 +165,17 @@ def test_prep_throughput_names_a_missing_bench_extra_before_any_work(module, pip
     assert proc.returncode == 1 and proc.stderr.splitlines() == [
         f"prep_throughput.py: {module} is not installed (pip install 'ptm[bench]')"
         + ("; or leave ref out of --pipelines" if module == "datasets" else "")], proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("args", [["train_profile.py", "bert-tiny", "--set", "data.path=/nonexistent"],
+                                  ["host_model.py", "/nonexistent"],
+                                  ["loader_throughput.py", "--data", "/nonexistent"],
+                                  ["preset_fingerprint.py", "/nonexistent", "--against", "/nonexistent.json"]])
+def test_bench_scripts_name_a_bad_dataset_or_file_in_one_line(args, tmp_path):
+    """A path that is not a dataset (or not an earlier --out's file): the script's name and what is wrong on one
+    line, no traceback."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", args[0]), *args[1:]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    last = proc.stderr.splitlines()[-1] if proc.stderr else ""
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert last.startswith(f"{args[0]}: ") and "/nonexistent" in last, proc.stderr[-3000:]
