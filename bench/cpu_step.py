@@ -24,12 +24,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row (median reported)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--hidden", type=int, default=256, help="hidden size (heads: hidden / 64, MLP: 4 x hidden)")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=4, help="transformer layers")
+    parser.add_argument("--seq", type=int, default=128, help="sequence length (9 or more)")
+    parser.add_argument("--batch", type=int, default=16, help="samples per step (one micro-batch)")
     parser.add_argument("--short-seq-prob", type=float, default=0.1, help="fraction of samples shorter than --seq")
     parser.add_argument("--only", nargs="*", help="run only these rows (names as printed)")
     args = parser.parse_args()
+    for bad, why in ((args.steps < 1, f"--steps {args.steps}: give 1 or more"),
+                     (args.hidden < 64, f"--hidden {args.hidden}: give 64 or more (heads of 64)"),
+                     (args.seq < 9, f"--seq {args.seq}: give 9 or more (a short sample has 8 tokens or more)")):
+        if bad:
+            sys.exit(f"cpu_step.py: {why}")
     if args.threads:
         torch.set_num_threads(args.threads)
 

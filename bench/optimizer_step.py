@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -69,9 +70,14 @@ def sync(device: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5, help="timed steps per optimizer (median reported)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where the parameters live (default: cuda where there is one)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
+    if args.steps < 1:
+        sys.exit(f"optimizer_step.py: --steps {args.steps}: give 1 or more")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("optimizer_step.py: --device cuda: no CUDA device here: leave --device out, or give cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = bert_base_shapes()

@@ -179,3 +179,15 @@ def test_bench_scripts_name_a_bad_dataset_or_file_in_one_line(args, tmp_path):
     last = proc.stderr.splitlines()[-1] if proc.stderr else ""
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert last.startswith(f"{args[0]}: ") and "/nonexistent" in last, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("args,line", [
+    (["cpu_step.py", "--hidden", "32"], "cpu_step.py: --hidden 32: give 64 or more (heads of 64)"),
+    (["cpu_step.py", "--steps", "0"], "cpu_step.py: --steps 0: give 1 or more"),
+    (["optimizer_step.py", "--device", "cuda"],
+     "optimizer_step.py: --device cuda: no CUDA device here: leave --device out, or give cpu")])
+def test_cpu_benchmarks_refuse_what_they_cannot_run_in_one_line(args, line):
+    """Sizes the step cannot take (no heads, no timed step) and a device that is not here: one line, no traceback."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", args[0]), *args[1:]], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 1 and proc.stderr.splitlines()[-1:] == [line], proc.stderr[-3000:]
