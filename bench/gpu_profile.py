@@ -75,10 +75,12 @@ def summary(name: str, prof, steps: int, wall: float, compiled) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--case", default="bert-large-128", choices=list(CASES))
-    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
-    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--case", default="bert-large-128", choices=list(CASES), metavar="CASE",
+                    help=f"one of bench/gpu_step.py's: {', '.join(CASES)} (default: %(default)s)")
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"], help="(default: %(default)s)")
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS), metavar="VARIANT",
+                    help=f"blocks, optimizer and LM loss to profile (default: all of {', '.join(VARIANTS)})")
+    ap.add_argument("--steps", type=int, default=4, help="steps timed, then profiled (default: %(default)s)")
     ap.add_argument("--tiny", action="store_true", help="2-layer model: check the script on a CPU")
     args = ap.parse_args()
     dev = device(args.tiny, "gpu_profile.py")

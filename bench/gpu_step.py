@@ -79,8 +79,10 @@ def row(name: str, make, cfg, batch: int, steps: int, device) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--precisions", nargs="*", default=["bf16", "fp16"], choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES), metavar="CASE",
+                        help=f"model, sequence length and default micro batch (default: all of {', '.join(CASES)})")
+    parser.add_argument("--precisions", nargs="*", default=["bf16", "fp16"], choices=["bf16", "fp16", "fp32"],
+                        help="bf16, fp16 or fp32 (default: bf16 fp16)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row (median reported)")
     parser.add_argument("--micro", nargs="*", type=int, default=[None], metavar="N",
                         help="micro batch sizes to time each case at (default: the case's own)")

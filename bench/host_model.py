@@ -47,8 +47,8 @@ def code(name: str | None):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data")
-    ap.add_argument("data_t5", nargs="?")
+    ap.add_argument("data", metavar="DATA", help="a ptm dataset (any vocabulary)")
+    ap.add_argument("data_t5", nargs="?", metavar="DATA_T5", help="one with T5's sentinels (without it: no t5 row)")
     ap.add_argument("--vocab", type=int, default=30522, help="the runs' vocabulary (T5's: this + its 100 sentinels)")
     ap.add_argument("--counts", help="a JSON file of counts, read and written")
     args = ap.parse_args()

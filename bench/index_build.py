@@ -4,6 +4,7 @@ that a run's start is not held up.
 
 Run: `.venv/bin/python bench/index_build.py`. Fake lengths stand in for a dataset; nothing is cached.
 """
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ BUDGET_S = 3.0
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # no options: --help says what it times
     offsets, local, lengths, doc_lengths = wikipedia_like_shapes()
     counts = np.diff(offsets)
     print(f"{len(counts):,} documents, {len(lengths):,} sentences, {doc_lengths.sum():,} tokens")

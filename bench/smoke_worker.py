@@ -97,6 +97,9 @@ def train(results: str, name: str, run_dir: str, overrides: list) -> None:
 
 def main() -> None:
     faulthandler.enable(all_threads=True)  # a rank that aborts shows where its threads were
+    if len(sys.argv) != 4:
+        sys.exit("usage: torchrun --nproc_per_node N bench/smoke_worker.py RESULTS OUT PATHS_JSON "
+                 "(bench/gpu_smoke.py runs it)")
     results, out, paths = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     try:
         for name, overrides in paths.items():

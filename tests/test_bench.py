@@ -191,3 +191,11 @@ def test_cpu_benchmarks_refuse_what_they_cannot_run_in_one_line(args, line):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", args[0]), *args[1:]], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 1 and proc.stderr.splitlines()[-1:] == [line], proc.stderr[-3000:]
+
+
+def test_index_build_help_describes_it_without_running_it():
+    """bench/index_build.py has no options, but --help says what it times (it ran the whole benchmark)."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "index_build.py"), "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: index_build.py"), proc.stdout + proc.stderr
+    assert "sentence table" not in proc.stdout, proc.stdout
