@@ -3,7 +3,7 @@ runs WARMUP steps, then STEPS steps under torch's profiler, and prints what benc
 synthetic step (step wall time against GPU-busy time, launches and host syncs per step, the kernels by device time,
 the host ops by CPU time). One process; on a CPU it checks itself (no kernels).
 
-    python bench/train_profile.py CONFIG [--set KEY=VALUE ...] [--warmup 2] [--steps 3]
+    python bench/train_profile.py CONFIG [--set KEY=VALUE ...] [--warmup 2] [--steps 3] [--out runs/train-profile]
 """
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def main() -> None:
     trainer = Trainer(load(args.config, ["optimizer.warmup_steps=0", *args.overrides,
                                          f"train.steps={args.warmup + args.steps}", "train.eval_interval=0",
                                          "checkpoint.interval=0", f"out_dir={args.out}"]))
+    if trainer.run.resume:  # a run already there: it would go on from its checkpoint, past the steps to profile
+        trainer.close()
+        sys.exit(f"train_profile.py: --out {args.out} holds a run (it would resume from "
+                 f"{os.path.basename(trainer.run.resume)}): remove it or give another --out")
     prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
     inner, times, before = trainer.train_step, [], Counter()
 

@@ -199,3 +199,17 @@ def test_index_build_help_describes_it_without_running_it():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: index_build.py"), proc.stdout + proc.stderr
     assert "sentence table" not in proc.stdout, proc.stdout
+
+
+def test_train_profile_refuses_an_out_dir_that_would_resume(tmp_path, train_data):
+    """bench/train_profile.py called again with the same --out (its default, say): the run there would resume from
+    its last checkpoint and profile nothing (statistics' "no median" traceback); one line says so instead."""
+    profile = [sys.executable, os.path.join(ROOT, "bench", "train_profile.py"), "bert-tiny", "--set",
+               f"data.path={train_data}", "data.valid_fraction=0.2", "train.global_batch_size=4",
+               "train.micro_batch_size=2", "--warmup", "1", "--steps", "1", "--out", str(tmp_path)]
+    first = subprocess.run(profile, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+    again = subprocess.run(profile, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 1 and again.stderr.splitlines()[-1] == (
+        f"train_profile.py: --out {tmp_path} holds a run (it would resume from step_00000002): remove it or give "
+        "another --out"), again.stderr[-3000:]
