@@ -12,7 +12,8 @@ there), ZeRO-Offload at stages 2 and 3, the fused LM loss on and off, `kernels=c
 Per process count, ONE torchrun launch of bench/smoke_worker.py trains the paths one after another; a path that
 raises is recorded with its error line and the launch ends; a launch that dies (an NCCL abort, a killed process)
 marks the path it was running as failed with the last error line of the ranks' stderr; a path that runs past
---timeout is stopped; either way a new launch goes on with the paths left. Logs: OUT/logs.
+--timeout is stopped; either way a new launch goes on with the paths left. Logs: OUT/logs; runs: OUT/runs (what an
+earlier call left there for the same runs is removed first).
 
 `--configs` trains the paths once per model config (every family's preset, say), each run named CONFIG.PATH; a
 `--set` prefix names a path, a config or one such run.
@@ -29,6 +30,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,6 +158,10 @@ def launch(args, nproc: int, data: str, names: list[str], number: int, done: dic
     when the launch died) goes into `done` and to `report`."""
     tag = f"n{nproc}-launch{number}"
     logs, results = os.path.join(args.out, "logs", tag), os.path.join(args.out, "logs", f"{tag}.jsonl")
+    for old in [logs, *(os.path.join(args.out, "runs", f"n{nproc}", name) for name in names)]:  # an earlier call's:
+        shutil.rmtree(old, ignore_errors=True)  # its rows would be read as this launch's, its runs appended to
+    if os.path.exists(results):
+        os.remove(results)
     os.makedirs(logs, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
            f"--log-dir={logs}", "--redirects=3", WORKER, results, os.path.join(args.out, "runs", f"n{nproc}"),

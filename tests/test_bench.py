@@ -213,3 +213,17 @@ def test_train_profile_refuses_an_out_dir_that_would_resume(tmp_path, train_data
     assert again.returncode == 1 and again.stderr.splitlines()[-1] == (
         f"train_profile.py: --out {tmp_path} holds a run (it would resume from step_00000002): remove it or give "
         "another --out"), again.stderr[-3000:]
+
+
+@pytest.mark.distributed
+def test_gpu_smoke_called_again_reports_its_own_runs(tmp_path, train_data):
+    """A second call with the same --out: the rows and metrics an earlier call left there are removed, not read as
+    this call's (the table repeated the first call's row; the run's metrics.jsonl held both calls' steps)."""
+    smoke = [sys.executable, os.path.join(ROOT, "bench", "gpu_smoke.py"), "--tiny", "--out", str(tmp_path), "--data",
+             train_data, "--nproc", "1", "--paths", "fp32-zero1"]
+    for steps in (3, 2):
+        proc = subprocess.run([*smoke, "--set", f"train.steps={steps}"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)
+        assert "1 of 1 paths ok" in proc.stdout and proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert len(read_jsonl(os.path.join(tmp_path, "runs", "n1", "fp32-zero1", "metrics.jsonl"))) == 2
+    assert len(read_jsonl(os.path.join(tmp_path, "logs", "n1-launch1.jsonl"))) == 2  # started, ok: this call's
