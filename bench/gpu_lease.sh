@@ -32,12 +32,12 @@ source bench/gpu_setup.sh
 # time goes, then every GPU path, then a real `ptm train` for the speed model's check.
 share() { local n=$(($(left) - $2)); [ "$n" -gt "$1" ] && n=$1; echo "$n"; }
 if [ "$(share 200 60)" -gt 60 ]; then
-  (cd bench && timeout -k 10 "$(share 200 60)" $py gpu_step.py --cases bert-large-128 --precisions bf16 --steps 8 \
-    --micro 64 256 --rows ptm "HF compiled" "ptm whole-compiled")
+  timeout -k 10 "$(share 200 60)" $py bench/gpu_step.py --cases bert-large-128 --precisions bf16 --steps 8 \
+    --micro 64 256 --rows ptm "HF compiled" "ptm whole-compiled"
   echo "== gpu_step exited $? at $((SECONDS - start)) s"
 fi
 if [ "$(share 100 60)" -gt 40 ]; then
-  (cd bench && timeout -k 10 "$(share 100 60)" $py gpu_profile.py --steps 4) 2>&1 |
+  timeout -k 10 "$(share 100 60)" $py bench/gpu_profile.py --steps 4 2>&1 |
     grep -v -E "^MA |CPU Virtual|group|bf16_optimizer|untested"  # DeepSpeed's memory notes
   echo "== gpu_profile exited at $((SECONDS - start)) s"
 fi
@@ -66,8 +66,8 @@ for run in "$large" "$out"/smoke/runs/n1/*; do
   [ -f "$run/metrics.jsonl" ] && timeout -k 10 90 $py -m pretrain plan --check "$run" $count
 done
 if [ "$(left)" -gt 60 ]; then  # CUDA-graphed blocks, in a process of their own: a failed capture spoils the next rows
-  (cd bench && timeout -k 10 $(($(left) - 45)) $py gpu_step.py --cases bert-large-128 --precisions bf16 --steps 8 \
-    --micro 256 --rows "ptm graphed")
+  timeout -k 10 $(($(left) - 45)) $py bench/gpu_step.py --cases bert-large-128 --precisions bf16 --steps 8 \
+    --micro 256 --rows "ptm graphed"
   echo "== gpu_step (graphed) exited $? at $((SECONDS - start)) s"
 fi
 if [ "$(left)" -gt 90 ]; then  # what is left: the longer sequences, for the speed model's length terms
