@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT, read_jsonl
+from runs import summary
 
 
 def test_gpu_step_benchmark_runs_every_row_on_tiny_models():
@@ -77,7 +78,8 @@ def test_gpu_smoke_runs_every_path_and_goes_on_past_failures(tmp_path):
 @pytest.mark.distributed
 def test_gpu_smoke_trains_each_config_with_its_own_overrides(tmp_path, train_data):
     """--configs trains the paths once per config, runs named CONFIG.PATH; a --set prefix names one config's runs; a
-    prefix that names nothing stops before anything runs, listing the names there are."""
+    second call with the same --out reports and keeps only its own runs; a prefix that names nothing stops before
+    anything runs, listing the names there are."""
     smoke = [sys.executable, os.path.join(ROOT, "bench", "gpu_smoke.py"), "--tiny", "--out", str(tmp_path),
              "--data", train_data, "--nproc", "1", "--paths", "fp32-zero1", "--configs", "bert-tiny", "gpt2-tiny"]
     proc = subprocess.run([*smoke, "--set", "gpt2-tiny:train.steps=3"], cwd=ROOT, capture_output=True, text=True,
@@ -86,6 +88,12 @@ def test_gpu_smoke_trains_each_config_with_its_own_overrides(tmp_path, train_dat
     steps = {name: len(read_jsonl(os.path.join(tmp_path, "runs", "n1", name, "metrics.jsonl")))
              for name in ("bert-tiny.fp32-zero1", "gpt2-tiny.fp32-zero1")}
     assert steps == {"bert-tiny.fp32-zero1": 2, "gpt2-tiny.fp32-zero1": 3}
+    launch = read_jsonl(os.path.join(tmp_path, "logs", "n1-launch1.jsonl"))
+    again = subprocess.run(smoke, cwd=ROOT, capture_output=True, text=True, timeout=600)  # (the same --out)
+    assert "2 of 2 paths ok" in again.stdout and again.returncode == 0, again.stdout + again.stderr[-3000:]
+    steps = {name: len(read_jsonl(os.path.join(tmp_path, "runs", "n1", name, "metrics.jsonl"))) for name in steps}
+    assert steps == {"bert-tiny.fp32-zero1": 2, "gpt2-tiny.fp32-zero1": 2}  # (this call's runs only, not appended)
+    assert len(read_jsonl(os.path.join(tmp_path, "logs", "n1-launch1.jsonl"))) == len(launch)  # (this call's rows)
     bad = subprocess.run([*smoke, "--set", "t5-tiny:train.steps=3"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode != 0 and "there is no path, config or run 't5-tiny'" in bad.stderr, bad.stderr[-2000:]
@@ -94,17 +102,22 @@ def test_gpu_smoke_trains_each_config_with_its_own_overrides(tmp_path, train_dat
 
 def test_train_profile_profiles_a_real_training_step(tmp_path, train_data):
     """bench/train_profile.py: a real `ptm train` run (XLNet with its memory and streams), its profiled steps'
-    wall time, launches, syncs and host ops (no kernels on a CPU)."""
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "train_profile.py"), "xlnet-tiny", "--set",
-                           f"data.path={train_data}", "data.valid_fraction=0.2", "train.global_batch_size=4",
-                           "train.micro_batch_size=2", "--warmup", "1", "--steps", "2", "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    wall time, launches, syncs and host ops (no kernels on a CPU); called again with the same --out, one line says
+    the run there would resume."""
+    profile = [sys.executable, os.path.join(ROOT, "bench", "train_profile.py"), "xlnet-tiny", "--set",
+               f"data.path={train_data}", "data.valid_fraction=0.2", "train.global_batch_size=4",
+               "train.micro_batch_size=2", "--warmup", "1", "--steps", "2", "--out", str(tmp_path)]
+    proc = subprocess.run(profile, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     head = re.search(r"^  xlnet-tiny: step ([\d.]+) ms \(median of 2\), GPU busy 0.0 ms", proc.stdout, re.M)
     assert head and float(head[1]) > 0, proc.stdout
     hosts = re.search(r"host ops by self CPU time per step:\n((?:\s+[\d.]+ ms +\d+x .*\n?)+)", proc.stdout)
     assert hosts and "aten::" in hosts[1], proc.stdout
     assert len(read_jsonl(os.path.join(tmp_path, "metrics.jsonl"))) == 3  # the warm-up step and the two profiled
+    again = subprocess.run(profile, cwd=ROOT, capture_output=True, text=True, timeout=600)  # (the same --out)
+    assert again.returncode == 1 and again.stderr.splitlines()[-1] == (
+        f"train_profile.py: --out {tmp_path} holds a run (it would resume from step_00000003): remove it or give "
+        "another --out"), again.stderr[-3000:]  # (it resumed and profiled nothing: a "no median" traceback)
 
 
 def test_preset_fingerprints_repeat_bit_for_bit_and_catch_a_change(tmp_path, train_data):
@@ -124,23 +137,18 @@ def test_preset_fingerprints_repeat_bit_for_bit_and_catch_a_change(tmp_path, tra
         moved.stdout + moved.stderr[-3000:]
 
 
-def test_parallel_overhead_trains_each_layout_afresh(tmp_path, monkeypatch):
-    """bench/parallel_overhead.py: a layout's run that an earlier call left in --work is removed first; `ptm train`
-    would resume it at its end, train nothing, and the table would repeat the earlier call's step times."""
+def test_parallel_overhead_trains_each_layout_afresh(tmp_path, train_data, monkeypatch):
+    """bench/parallel_overhead.py called again with the same --work: each layout's run is trained afresh (`ptm train`
+    resumed the earlier call's at its end, trained nothing, and the table repeated the earlier call's times)."""
     monkeypatch.syspath_prepend(os.path.join(ROOT, "bench"))
     import parallel_overhead
 
-    def train(cmd, **_):  # as `ptm train` does: a run already in out_dir resumes at its end and logs no more steps
-        out = next(arg.removeprefix("out_dir=") for arg in cmd if arg.startswith("out_dir="))
-        if not os.path.isdir(out):
-            os.makedirs(out)
-            (tmp_path / "tp1zero0" / "metrics.jsonl").write_text('{"step_time_s": 0.1}\n' * 4)
-        return subprocess.CompletedProcess(cmd, 0, "", "")
-    (tmp_path / "tp1zero0").mkdir()
-    (tmp_path / "tp1zero0" / "metrics.jsonl").write_text('{"step_time_s": 9.0}\n' * 4)  # the earlier call's
-    monkeypatch.setattr(parallel_overhead.subprocess, "run", train)
-    args = parallel_overhead.argparse.Namespace(nproc=2, config="bert-tiny", steps=4, overrides=[])
-    assert parallel_overhead.step_seconds(args, "tp1zero0", [], str(tmp_path), "DATA") == 0.1
+    args = parallel_overhead.argparse.Namespace(nproc=1, config="bert-tiny", steps=4, overrides=[
+        "optimizer.warmup_steps=1", "data.valid_fraction=0.2", "train.global_batch_size=4", "train.micro_batch_size=2"])
+    for _ in range(2):
+        assert parallel_overhead.step_seconds(args, "tp1", [], str(tmp_path), train_data) > 0
+    assert not summary(tmp_path / "tp1").get("resumed_from")
+    assert len(read_jsonl(tmp_path / "tp1" / "metrics.jsonl")) == 4
 
 
 @pytest.mark.parametrize("script", ["gpu_step.py", "gpu_profile.py"])
@@ -199,31 +207,3 @@ def test_index_build_help_describes_it_without_running_it():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: index_build.py"), proc.stdout + proc.stderr
     assert "sentence table" not in proc.stdout, proc.stdout
-
-
-def test_train_profile_refuses_an_out_dir_that_would_resume(tmp_path, train_data):
-    """bench/train_profile.py called again with the same --out (its default, say): the run there would resume from
-    its last checkpoint and profile nothing (statistics' "no median" traceback); one line says so instead."""
-    profile = [sys.executable, os.path.join(ROOT, "bench", "train_profile.py"), "bert-tiny", "--set",
-               f"data.path={train_data}", "data.valid_fraction=0.2", "train.global_batch_size=4",
-               "train.micro_batch_size=2", "--warmup", "1", "--steps", "1", "--out", str(tmp_path)]
-    first = subprocess.run(profile, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stdout + first.stderr[-3000:]
-    again = subprocess.run(profile, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 1 and again.stderr.splitlines()[-1] == (
-        f"train_profile.py: --out {tmp_path} holds a run (it would resume from step_00000002): remove it or give "
-        "another --out"), again.stderr[-3000:]
-
-
-@pytest.mark.distributed
-def test_gpu_smoke_called_again_reports_its_own_runs(tmp_path, train_data):
-    """A second call with the same --out: the rows and metrics an earlier call left there are removed, not read as
-    this call's (the table repeated the first call's row; the run's metrics.jsonl held both calls' steps)."""
-    smoke = [sys.executable, os.path.join(ROOT, "bench", "gpu_smoke.py"), "--tiny", "--out", str(tmp_path), "--data",
-             train_data, "--nproc", "1", "--paths", "fp32-zero1"]
-    for steps in (3, 2):
-        proc = subprocess.run([*smoke, "--set", f"train.steps={steps}"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=600)
-        assert "1 of 1 paths ok" in proc.stdout and proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert len(read_jsonl(os.path.join(tmp_path, "runs", "n1", "fp32-zero1", "metrics.jsonl"))) == 2
-    assert len(read_jsonl(os.path.join(tmp_path, "logs", "n1-launch1.jsonl"))) == 2  # started, ok: this call's
