@@ -564,9 +564,11 @@ class Checkpoints:
                     for master, s in where:
                         dst = master if kind == "param" else state[master][kind]
                         dst.view(-1)[s.offset:s.offset + s.length].copy_(src[s.start:s.start + s.length])
-        scheduler.load_state_dict(trainer["scheduler"])
-        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
-            group["lr"] = lr
+        # the schedule's position from the checkpoint, its values from this run's config (train.steps, optimizer.lr
+        # or the warmup may have changed since): stepping onto the position sets every group's lr
+        position = trainer["scheduler"]["last_epoch"]
+        scheduler.load_state_dict({**trainer["scheduler"], "base_lrs": scheduler.base_lrs, "last_epoch": position - 1})
+        scheduler.step()
         restore_loss_scale(run.engine.optimizer, trainer["loss_scaler"])
         restore_engine_counters(run.engine, trainer["engine"])
         rng = os.path.join(ckpt, "rng", f"rank{dist.get_rank():05d}.pt")

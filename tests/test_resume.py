@@ -316,9 +316,13 @@ def test_resume_refuses_another_model_objective_tokenizer_or_dataset(trained_ber
     quick_build([os.path.join(corpus["dir"], "en.jsonl")], other_data, tokenizer=sp_model)
     proc, lines = train_cli(*base, f"data.path={other_data}")
     assert len(lines) == 1 and "checkpoint.allow_dataset_change=true" in lines[0], proc.stderr
-    proc, _ = train_cli(*base, f"data.path={other_data}", "checkpoint.allow_dataset_change=true")
+    # allowed, with a longer warmup: from its first step the resumed run follows its own schedule, not the lr the
+    # checkpoint's schedule had reached (the full 2e-3 after a warmup of 2)
+    proc, _ = train_cli(*base, f"data.path={other_data}", "checkpoint.allow_dataset_change=true",
+                        "optimizer.warmup_steps=4")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary(out)["resumed_from"]["step"] == 2 and summary(out)["steps"] == 4
+    assert losses_by_step(out, "lr") == pytest.approx({1: 0.0, 2: 1e-3, 3: 1e-3, 4: 1.5e-3})
 
 
 def test_init_from_takes_unset_sizes_and_names_each_disagreement(trained_bert, train_data, corpus, wordpiece_vocab,
