@@ -356,13 +356,14 @@ def resume_mismatches(ckpt: str, meta: dict, cfg, identity: dict) -> list[str]:
 
 def adopt_model_shape(cfg, ckpt: str) -> list[str]:
     """checkpoint.init_from: model sizes the config left unset come from the checkpoint; those it set must
-    agree. Returns the keys taken; raises CheckpointError listing each disagreement with both values."""
+    agree, but for `heads` (the trainer takes the weights of the heads both have). Returns the keys taken; raises
+    CheckpointError listing each disagreement with both values."""
     theirs = dataclasses.asdict(model_config(read_meta(ckpt)))  # an older checkpoint's features from its arch
     explicit = getattr(cfg, "explicit", frozenset())
     odd, taken = [], []
     for key in MODEL_SHAPE:
         mine = getattr(cfg.model, key)
-        if theirs.get(key) == mine or key == "vocab_size" and not mine:
+        if theirs.get(key) == mine or key == "vocab_size" and not mine or key == "heads" and mine is not None:
             continue
         if f"model.{key}" in explicit:
             odd.append(f"model.{key}={mine} (checkpoint: {theirs.get(key)})")

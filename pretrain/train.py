@@ -137,15 +137,21 @@ class Trainer:
             f"tp={meta['tp']} dp={meta['dp']} zero={meta.get('zero_stage')}")
 
     def _init_from(self, model, ckpt: str) -> None:
-        """Weights from a checkpoint of a model of this shape (its tokenizer is the dataset's: `_check_start`)."""
+        """Weights from a checkpoint of a model of this shape (its tokenizer is the dataset's: `_check_start`). A
+        head or module that only one side has (BERT's NSP head and pooler for UniLM, SpanBERT's SBO head, TinyBERT's
+        `fit`) is left out or starts fresh, and named."""
         state = C.load_model_shard(ckpt, mcore.tp_rank(), self.cfg.parallel.tp,
                                    vocab_rows=self.cfg.model.padded_vocab)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state") and k in self.params]
+        module = lambda name: name.split(".")[0]  # noqa: E731
+        mine, theirs = {module(n) for n in self.params}, {module(n) for n in state}
+        missing, unexpected = model.load_state_dict({n: t for n, t in state.items() if module(n) in mine}, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state") and k in self.params and module(k) in theirs]
         if unexpected or missing:
             raise C.CheckpointError(f"{ckpt} does not fit this model: missing {missing[:4]}, unexpected "
                                     f"{unexpected[:4]}; check the model section against the checkpoint's meta.json")
-        log(f"initialised weights from {ckpt}")
+        left, new = sorted(theirs - mine), sorted(mine - theirs)
+        log(f"initialised weights from {ckpt}" + (f"; left out its {', '.join(left)}" if left else "")
+            + (f"; new, initialised: {', '.join(new)}" if new else ""))
 
     def save(self) -> str:
         heartbeat.progress(f"the checkpoint of step {self.step}", patient=True)  # writes may take long

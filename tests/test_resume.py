@@ -341,6 +341,10 @@ def test_init_from_takes_unset_sizes_and_names_each_disagreement(trained_bert, t
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "model.hidden_size=768 (checkpoint: 128)" in lines[0] and "model.num_layers=12 (checkpoint: 2)" in lines[0]
     assert "size mismatch" not in proc.stderr
+    # SpanBERT (heads: [mlm]) from BERT's weights: the NSP head and pooler are left out, the SBO head starts fresh
+    proc, _ = train_cli(*settings, f"out_dir={tmp_path / 'span'}", config_name="spanbert-tiny")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "left out its nsp, pooler; new, initialised: sbo" in proc.stderr
     wp = tmp_path / "wp"
     quick_build([os.path.join(corpus["dir"], "en.jsonl")], wp, tokenizer=wordpiece_vocab)
     proc, lines = train_cli(*settings, f"data.path={wp}", "model.vocab_size=0", f"out_dir={tmp_path / 'c'}")
