@@ -369,6 +369,8 @@ class Trainer:
                                             f"{self.step}: {final} written; exit {PREEMPTED}: requeue or resubmit the "
                                             "job to resume"))
             if self.objective.phase_index(self.step) != phase:  # e.g. ERNIE 2.0's next stage: its tasks join
+                self._log_row(out, held, self._read_norm())  # the last step of the stage before, logged before it
+                held = None
                 phase = self.objective.phase_index(self.step)
                 micro = self.batches = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
                 log(f"step {self.step + 1}: stage {phase + 1}: "

@@ -1,5 +1,7 @@
 """Training: resume is exact, bad configs fail early, GPT-2 and the ERNIE 2.0 schedule train.
 (Sample determinism, rank disjointness and masking are tested in tests/test_data_*.py.)"""
+import contextlib
+import io
 import json
 import time
 
@@ -144,21 +146,23 @@ def test_ernie2_schedule_switches_tasks_at_the_stage_boundaries(dataset, tmp_pat
         assert tasks == set(stages[e["valid_stage"] - 1]), e
 
 
-def test_ernie1_knowledge_masking_stages(dataset, tmp_path, capsys):
+def test_ernie1_knowledge_masking_stages(dataset, tmp_path):
     """ERNIE 1.0: basic-level masking first, then phrase and entity units, switched by ernie.stages; the log names
     the first step of the new stage as metrics.jsonl numbers it, and the run's last evaluation (after step 4, not an
     eval_interval step) is in valid.jsonl with the one after step 3."""
     from pretrain.train import Trainer
 
     cfg = _cfg(dataset, f"out_dir={tmp_path}", "model.arch=ernie", "data.masking=knowledge", "train.steps=4",
-               "train.eval_interval=3",
+               "train.eval_interval=3", "train.log_interval=1",
                "ernie.stages=[{steps: 2, knowledge_level: token}, {steps: 2, knowledge_level: entity}]")
     trainer = Trainer(cfg)
     assert trainer._sources(0)[0].masker.span_kinds == ()
     assert trainer._sources(2)[0].masker.span_kinds == ("phrase", "entity")
-    summary = trainer.fit()
+    with contextlib.redirect_stdout(io.StringIO()) as printed, contextlib.redirect_stderr(printed):
+        summary = trainer.fit()
     assert summary["steps"] == 4
-    assert "pretrain: step 3: stage 2: " in capsys.readouterr().err
+    printed = printed.getvalue()  # the stage before's last step, then the new stage, then its first step
+    assert printed.index("\nstep 2: ") < printed.index("pretrain: step 3: stage 2: ") < printed.index("\nstep 3: ")
     assert [json.loads(line)["stage"] for line in open(tmp_path / "metrics.jsonl")] == [1, 1, 2, 2]
     valid = [json.loads(line) for line in open(tmp_path / "valid.jsonl")]
     assert [v["step"] for v in valid] == [3, 4]
