@@ -1,3 +1,4 @@
 from checkpoints_tools.cli import main
+from ptm.cli import run
 
-main()
+run(main)

@@ -1,3 +1,4 @@
 from data_prep.cli import main
+from ptm.cli import run
 
-main()
+run(main)

@@ -1,3 +1,4 @@
 from downstream.cli import main
+from ptm.cli import run
 
-main()
+run(main)

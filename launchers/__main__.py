@@ -1,3 +1,4 @@
 from launchers.cli import main
+from ptm.cli import run
 
-main()
+run(main)

@@ -8,5 +8,6 @@ if "train" in sys.argv[1:3]:  # (the deepspeed launcher puts --local_rank=N firs
     signals.pause("imports")
 
 from pretrain.cli import main  # noqa: E402
+from ptm.cli import run  # noqa: E402
 
-main()
+run(main)

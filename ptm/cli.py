@@ -3,6 +3,7 @@
 import argparse
 import importlib.util
 import math
+import os
 import runpy
 import sys
 
@@ -59,6 +60,16 @@ def usage() -> str:
     lines += [f"  {name:<8} {help_}  (python -m {module})" for name, (module, help_) in commands().items()]
     lines += ["", "`ptm COMMAND --help` explains each command's options; `ptm --version` prints ptm's version."]
     return "\n".join(lines)
+
+
+def run(main) -> None:
+    """A command's `main`, as `python -m PACKAGE` runs it: a reader that stops reading its output (`ptm report RUN |
+    head`) ends it quietly with status 141, as SIGPIPE ends a shell tool, not with a BrokenPipeError traceback."""
+    try:
+        main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush would fail again)
+        sys.exit(141)
 
 
 def main(argv=None) -> None:

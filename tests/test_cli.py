@@ -87,3 +87,12 @@ def test_readme_opening_names_every_family():
     opening = " ".join(text.split("\n\n")[1].split())
     for f in families.REGISTRY.values():
         assert f.help.split(":")[0].split(" ")[0] in opening, f.name
+
+
+def test_a_reader_that_stops_reading_ends_a_command_quietly(train_data):
+    """`python -m data_prep inspect DATA | head -1` (or `ptm report RUN | head`): status 141, as SIGPIPE ends a shell
+    tool, and nothing on stderr (it was a BrokenPipeError traceback)."""
+    proc = subprocess.run(f"{sys.executable} -m data_prep inspect {train_data} --samples 2000 | head -1 >/dev/null; "
+                          "exit ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr[-2000:]
