@@ -57,7 +57,9 @@ class Encoder:
             return text
         keep = max(int(n * self.head_frac), 1)
         head = text[:offsets[keep - 1][1]]
-        return head if n - keep <= 0 else head + " " + text[offsets[len(offsets) - (n - keep)][0]:]
+        # the tail never starts inside the head: byte-fallback pieces all span their whole character or word
+        tail = text[max(offsets[len(offsets) - (n - keep)][0], len(head)):] if n > keep else ""
+        return head + " " + tail if tail else head
 
     def texts(self, texts: tuple[str, ...]) -> dict:
         """One or two texts -> {input_ids, token_type_ids}, head + tail truncated to max_len (the template's special
