@@ -358,12 +358,15 @@ def adopt_model_shape(cfg, ckpt: str) -> list[str]:
     """checkpoint.init_from: model sizes the config left unset come from the checkpoint; those it set must
     agree, but for `heads` (the trainer takes the weights of the heads both have). Returns the keys taken; raises
     CheckpointError listing each disagreement with both values."""
-    theirs = dataclasses.asdict(model_config(read_meta(ckpt)))  # an older checkpoint's features from its arch
+    shape = model_config(read_meta(ckpt))  # an older checkpoint's features from its arch
+    theirs = dataclasses.asdict(shape)
     explicit = getattr(cfg, "explicit", frozenset())
     odd, taken = [], []
     for key in MODEL_SHAPE:
         mine = getattr(cfg.model, key)
         if theirs.get(key) == mine or key == "vocab_size" and not mine or key == "heads" and mine is not None:
+            continue
+        if key == "max_position_embeddings" and not shape.positional.table:  # no table: the config's limit alone
             continue
         if f"model.{key}" in explicit:
             odd.append(f"model.{key}={mine} (checkpoint: {theirs.get(key)})")
