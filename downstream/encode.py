@@ -57,9 +57,24 @@ class Encoder:
             return text
         keep = max(int(n * self.head_frac), 1)
         head = text[:offsets[keep - 1][1]]
-        # the tail never starts inside the head: byte-fallback pieces all span their whole character or word
-        tail = text[max(offsets[len(offsets) - (n - keep)][0], len(head)):] if n > keep else ""
+        tail = text[offsets[len(offsets) - (n - keep)][0]:] if n > keep else ""
+        if len(self._pieces(head)[0]) > keep or len(self._pieces(tail)[0]) > n - keep:
+            # pieces of byte fallback all span their whole run of characters, so cutting at pieces cut nothing (and
+            # the text came back twice): cut characters
+            head, tail = self._fit(text, keep, True), self._fit(text, n - keep, False)
+            tail = tail[max(len(head) + len(tail) - len(text), 0):]
         return head + " " + tail if tail else head
+
+    def _fit(self, text: str, n: int, head: bool) -> str:
+        """The longest head (or tail) of `text`'s characters that is at most n tokens."""
+        lo, hi = 0, len(text)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(self._pieces(text[:mid] if head else text[len(text) - mid:])[0]) <= n:
+                lo = mid
+            else:
+                hi = mid - 1
+        return text[:lo] if head else text[len(text) - lo:]
 
     def texts(self, texts: tuple[str, ...]) -> dict:
         """One or two texts -> {input_ids, token_type_ids}, head + tail truncated to max_len (the template's special
