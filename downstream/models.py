@@ -76,11 +76,12 @@ def resolve(path: str, work_dir: str) -> Source:
 
 
 def causal(source: Source) -> bool:
-    """A left-to-right language model (its family's adapter says so: GPT, GPT-2, GPT-3): perplexity and last words."""
+    """A left-to-right language model (its family's adapter says so: GPT, GPT-2, GPT-3; or Transformer-XL's export):
+    perplexity and last words."""
     from pretrain import families
 
     return bool(source.family and families.get(source.family).adapter
-                and families.get(source.family).adapter.causal)
+                and families.get(source.family).adapter.causal) or unmasked(source)
 
 
 def trusted(source: Source) -> bool:
@@ -143,7 +144,7 @@ def head_model(source: Source, kind: str, labels: int, pretrained: bool = True, 
     why = f"frozen features: {features}" if features else \
         "XLNet's own head reads the last position, a pad here" if unmasked(source) else \
         "transformers has no head of this kind for it"
-    return LinearHead(base, kind, labels, causal(source) or unmasked(source), why, features)
+    return LinearHead(base, kind, labels, causal(source), why, features)
 
 
 def head_name(model: nn.Module) -> str:

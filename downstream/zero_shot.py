@@ -49,7 +49,7 @@ def check(source: M.Source, causal: bool, cloze: bool) -> None:
     of a model that is not a causal LM, cloze of one without an MLM head."""
     if causal and not M.causal(source):
         raise TaskError(f"{source.path}: perplexity and last-word accuracy need a causal language model (GPT, GPT-2, "
-                        f"GPT-3); this is {source.family or 'an unknown family'}")
+                        f"GPT-3, Transformer-XL); this is {source.family or 'an unknown family'}")
     if cloze:
         _mlm_dir(source)
 
@@ -62,9 +62,10 @@ def _causal_lm(source: M.Source):
     return model, M.tokenizer(source)
 
 
-def _window(model) -> int:
-    c = model.config
-    return getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", None) or 1024
+def _window(model, tok) -> int:
+    """The model's positions, else the tokenizer's length (set on export; XLNetConfig, without a table, says -1)."""
+    limits = (getattr(model.config, k, None) for k in ("n_positions", "max_position_embeddings"))
+    return next((n for n in limits if n and n > 0), M.max_len(tok, 1024))
 
 
 @torch.no_grad()
@@ -75,7 +76,7 @@ def perplexity(source: M.Source, path: str, max_len: int = 0) -> dict:
     for text in read_texts(path):
         ids += tok(text, add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
     ids = torch.tensor(ids)
-    n = min(max_len or _window(model), _window(model))
+    n = min(max_len or _window(model, tok), _window(model, tok))
     stride = max(n // 2, 1)
     nll, count, prev_end = 0.0, 0, 0
     for begin in range(0, max(len(ids) - 1, 1), stride):
@@ -96,7 +97,7 @@ def perplexity(source: M.Source, path: str, max_len: int = 0) -> dict:
 @torch.no_grad()
 def last_word(source: M.Source, path: str) -> dict:
     model, tok = _causal_lm(source)
-    window = _window(model)
+    window = _window(model, tok)
     hits, nll, pieces, n = 0, 0.0, 0, 0
     for text in read_texts(path):
         text = text.rstrip()
