@@ -369,6 +369,8 @@ def test_electra_exports_discriminator_and_generator_and_comes_back(sp_model, tm
     assert mine.keys() == back.keys() and all(torch.equal(mine[k][:cfg.vocab_size], back[k]) for k in mine)
     imported = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
     assert (imported.arch, imported.generator_size, imported.heads) == ("electra", 0.5, ["rtd"])
+    padded = C.load_model_shard(str(tmp_path / "ckpt"), 0, 1, vocab_rows=cfg.padded_vocab)  # checkpoint.init_from's
+    assert all(len(padded[k]) == cfg.padded_vocab for k in ("embeddings.word.weight", "generator.mlm.bias"))
     split = call_cli("checkpoints_tools", "reshard", tmp_path / "ckpt", "--out", tmp_path / "tp4", "--tp", "4",
                      check=False)  # the discriminator's 4 heads split 4 ways, the generator's 2 do not
     assert split.returncode == 2 and "the companion model's num_heads=2" in split.stderr, split.stderr

@@ -160,4 +160,5 @@ class ElectraCost(Cost):
 
 
 FAMILY = Family("electra", "ELECTRA: a discriminator detecting the tokens a small generator replaced", FEATURES,
-                ElectraAdapter(), check, cost=ElectraCost(), section=SECTION, wire=wire)
+                ElectraAdapter(), check, cost=ElectraCost(), section=SECTION, wire=wire,
+                vocab_rows=("generator.mlm.bias",))  # an import's (unpadded) is padded for checkpoint.init_from
