@@ -7,11 +7,9 @@ from them, the model sizes an init_from checkpoint gives, and the config validat
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
-import torch.distributed as dist
 
 from pretrain import checkpoint as C
 from pretrain import device as dev
@@ -19,12 +17,7 @@ from pretrain import heartbeat, memory, objectives
 from pretrain.config import AUTO, Config, ConfigError
 from pretrain.data.factory import open_corpora
 from pretrain.parallel import mcore
-
-
-def log(msg: str) -> None:
-    """A line of the run's log on stderr, from rank 0."""
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"pretrain: {msg}", file=sys.stderr, flush=True)
+from pretrain.runlog import log
 
 
 @dataclass

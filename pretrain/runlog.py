@@ -10,6 +10,14 @@ import sys
 from ptm.files import write_json, write_text
 
 
+def log(msg: str) -> None:
+    """A line of the run's log on stderr, from rank 0."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"pretrain: {msg}", file=sys.stderr, flush=True)
+
+
 class RunLog:
     """The log of the run in `out_dir`; on ranks other than 0 only `line` prints (nothing: rank 0 says it)."""
 

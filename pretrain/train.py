@@ -24,8 +24,8 @@ from pretrain.data.loader import end_workers, make_loader
 from pretrain.data.packing import real_tokens
 from pretrain.parallel import mcore
 from pretrain.parallel.layout import loss_scale, unapplied_loss_scale
-from pretrain.resolve import log, resolve
-from pretrain.runlog import RunLog
+from pretrain.resolve import resolve
+from pretrain.runlog import RunLog, log
 
 PREEMPTED, NO_PROGRESS = signals.PREEMPTED, signals.NO_PROGRESS
 

@@ -281,6 +281,24 @@ def test_correction_masking_puts_similar_words_where_masks_were(dataset, tmp_pat
     assert abs(share["similar"] - 0.8) < 0.06 and abs(share["kept"] - 0.1) < 0.05, share
 
 
+def test_correction_masking_says_what_replaces_the_chosen_words(dataset, tmp_path, capsys):
+    """MacBERT without a similar-words file (or with one whose words the tokenizer spells otherwise) replaces every
+    chosen word by a random word: the run says so once, as it says how many words a usable file gives."""
+    from pretrain import objectives
+    from pretrain.config import load
+    from pretrain.objectives.masked_lm import _say_similar
+
+    _say_similar.cache_clear()
+    (tmp_path / "similar.txt").write_text("module package\n")
+    found = len(SimilarWords(str(tmp_path / "similar.txt"), Corpus(dataset).tokenizer()))
+    assert found
+    for similar, said in (("", "data.similar_words is not set; every chosen word becomes a random word"),
+                          (tmp_path / "similar.txt", f"similar words for {found} words")):
+        cfg = load("macbert-tiny", [f"data.path={dataset}", f"data.similar_words={similar}"])
+        objectives.get(cfg.data.objective).configured(cfg).masker(Corpus(dataset))
+        assert said in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("level,kinds", [("entity", ("phrase", "entity")), ("phrase", ("phrase",))])
 def test_knowledge_masking_masks_whole_phrases_and_entities(dataset, located, level, kinds):
     ds = make(dataset, strategy="knowledge", knowledge_level=level)

@@ -11,6 +11,8 @@ knowledge-masking stages (`ernie.stages` with `data.masking=knowledge`) as its p
 """
 from __future__ import annotations
 
+import functools
+
 from pretrain.objectives.base import Objective
 
 ORDER = 10
@@ -52,6 +54,8 @@ class Masked(Objective):
         strategy = self.strategy or data.masking
         similar = SimilarWords(data.similar_words, corpus.tokenizer()) \
             if strategy == "correction" and data.similar_words else None
+        if strategy == "correction":
+            _say_similar(data.similar_words, len(similar or ()))
         return Masker(corpus.special_ids, corpus.vocab_size, strategy=strategy, mask_prob=data.mask_prob,
                       max_predictions=self.predicted_tokens(data), similar=similar,
                       knowledge_level=phase.knowledge_level if phase is not None else "entity")
@@ -61,6 +65,21 @@ class Masked(Objective):
         if "mlm" not in terms or terms["mlm"].correct is None:
             return {}
         return {"mlm_unigram_acc": ((batch["labels"] == most_frequent).sum(), terms["mlm"].count)}
+
+
+@functools.cache
+def _say_similar(path: str, words: int) -> None:
+    """Once per run: what MacBERT's correction masking replaces chosen words with (a missing or unfitting
+    similar-words file leaves random words alone, which is not MacBERT)."""
+    from pretrain.runlog import log
+
+    if words:
+        log(f"data.masking=correction: similar words for {words:,} words (as the dataset's tokens spell them) "
+            f"from {path}")
+    else:
+        log("data.masking=correction: " + (f"no word of data.similar_words={path} has a similar word of as many tokens"
+                                           if path else "data.similar_words is not set") +
+            "; every chosen word becomes a random word (give a file of words and their similar words)")
 
 
 class MaskedLM(Masked):
