@@ -53,9 +53,15 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     files = [os.path.join(tok_dir, name) for name in meta["files"]]
     if meta["kind"] == "wordpiece":
         hf = transformers.BertTokenizerFast.from_pretrained(tok_dir, do_lower_case=meta["lowercase"])
-    elif meta["kind"] == "bpe":  # RoBERTa's adds <s> A </s></s> B </s> around the same byte-level BPE
-        cls = transformers.RobertaTokenizerFast if template == "roberta" else transformers.GPT2TokenizerFast
-        hf = cls.from_pretrained(tok_dir)
+    elif meta["kind"] == "bpe" and template == "roberta":  # <s> A </s></s> B </s> around the byte-level BPE
+        hf = transformers.RobertaTokenizerFast.from_pretrained(tok_dir)
+    elif meta["kind"] == "bpe":  # GPT's ends with the vocabulary's own end of document, not <|endoftext|> added
+        with open(files[0], encoding="utf-8") as f:  # past it (a vocabulary data_prep trained has </s>)
+            piece = {i: token for token, i in json.load(f).items()}
+        roles = {"bos_token": "eod", "eos_token": "eod", "unk_token": "unk", "pad_token": "pad"}
+        hf = transformers.GPT2TokenizerFast.from_pretrained(
+            tok_dir, **{name: piece[meta["special_ids"][role]] for name, role in roles.items()
+                        if meta["special_ids"].get(role) is not None})
     elif own is not None and (hf := own(files[0], meta)) is not None:
         pass
     else:

@@ -101,16 +101,19 @@ def test_to_hf_gives_its_weights_to_transformers_without_initialising_a_model(sp
                                model.state_dict()["blocks.1.mlp.fc2.weight"], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "gpt"])
-def test_gpt2_and_gpt_to_hf_generate(arch, gpt2_vocab, tmp_path):
+@pytest.mark.parametrize("arch,vocab", [("gpt2", "gpt2_vocab"), ("gpt", "gpt2_vocab"), ("gpt", "roberta_vocab")])
+def test_gpt2_and_gpt_to_hf_generate(arch, vocab, request, tmp_path):
+    """roberta_vocab: the specials of data_prep's byte_bpe (</s> ends a document): the export's tokenizer ends with
+    it and adds no <|endoftext|> past the model's vocabulary."""
     tok_dir = tmp_path / "tok"
-    load_tokenizer(gpt2_vocab).save(str(tok_dir))
+    load_tokenizer(request.getfixturevalue(vocab)).save(str(tok_dir))
     model, cfg = _checkpoint(tmp_path, arch, str(tok_dir), nfkc=False)
     out = tmp_path / "hf"
     call_cli("checkpoints_tools", "to-hf", tmp_path / "run" / "checkpoints" / "step_00000007", "--out", out)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(hf).__name__ == {"gpt2": "GPT2LMHeadModel", "gpt": "OpenAIGPTLMHeadModel"}[arch]
     tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert len(tok) == cfg.vocab_size and tok.eos_token_id == load_tokenizer(str(tok_dir)).special["eod"]
     enc = tok("def add(a, b): return a + b", return_tensors="pt")
     with torch.no_grad():
         torch.testing.assert_close(model(enc["input_ids"])["logits"][..., :cfg.vocab_size], hf(**enc).logits,
