@@ -399,7 +399,8 @@ def predict(cfg: Config, hw: Hardware, world_size: int, eff: Efficiency = Effici
     dp, global_batch = world_size // t, cfg.train.global_batch_size
     if global_batch % (b * dp):
         raise ConfigError(f"train.global_batch_size={global_batch} is not a multiple of micro batch {b} x "
-                          f"data-parallel size {dp}; change one of them")
+                          f"data-parallel size {dp} ({world_size} GPUs / parallel.tp={t}); change one of them, or "
+                          f"the GPUs planned (--gpus N)")
     accumulation = global_batch // (b * dp)
     flops = flops_per_sample(cfg)
     compute, memory, tp_comm = _micro_batch(cfg, hw, eff, flops)

@@ -231,6 +231,9 @@ def test_cli_fits_and_suggests():
     assert one.returncode == 2 and one.stderr.strip() == ("plan: error: parallel.tp=8 needs more than the 1 GPU plan "
                                                           "counts without --gpus; give --gpus N (a multiple of 8) or "
                                                           "--gpu NAME")
+    node = run_cli("pretrain", "plan", "--config", "bert-tiny", "--gpu", "h100", check=False)  # a node of 8 GPUs
+    assert node.returncode == 2 and "data-parallel size 8 (8 GPUs / parallel.tp=1)" in node.stderr
+    assert "(--gpus N)" in node.stderr and len(node.stderr.strip().splitlines()) == 1
 
 
 def test_cli_vocabulary_and_ptm_dispatch(tmp_path):
