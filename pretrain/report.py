@@ -6,7 +6,7 @@ import json
 import os
 
 PANELS = (  # (title, keys from the training rows, validation too)
-    ("loss", ("loss", "mlm_loss", "nsp_loss", "lm_loss"), True),
+    ("loss", ("loss", "mlm_loss", "nsp_loss", "sop_loss", "lm_loss"), True),
     ("learning rate", ("lr",), False),
     ("throughput (tokens/s)", ("tokens_per_s",), False),
     ("gradient norm", ("grad_norm",), False),

@@ -143,6 +143,11 @@ def test_sop_swaps_consecutive_segments(dataset, located):
             at = located.find(np.r_[first, second])
             assert len(at) and located.boundary[at].any(), f"sample {i}: segments are not consecutive in order"
     assert 0.4 < np.mean(labels) < 0.6
+    from pretrain import objectives
+
+    for name, task in (("mlm_sop", "sop"), ("mlm_nsp", "nsp")):  # ALBERT's logs sop_acc, not nsp_acc
+        objective = objectives.get(name)
+        assert set(objective.select(s)) == {"mlm", task} and objective.headline[-1] == f"{task}_acc"
 
 
 def test_full_sentences_pack_whole_sentences_across_documents(dataset, located):

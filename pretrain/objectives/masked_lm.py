@@ -4,7 +4,7 @@
     mlm_sop  ALBERT: B always follows A, and half the pairs are swapped (sentence order prediction)
     mlm      RoBERTa FULL-SENTENCES: whole sentences packed up to seq_len, no pair task
 
-Terms: `mlm` over the masked tokens, `nsp` over the sequences (NSP or SOP, on the model's nsp head).
+Terms: `mlm` over the masked tokens, `nsp` or `sop` over the sequences (both on the model's nsp head).
 
 `Masked` is the base of every objective that masks tokens with `data.masking`: its masker, and ERNIE 1.0's
 knowledge-masking stages (`ernie.stages` with `data.masking=knowledge`) as its phases.
@@ -83,10 +83,12 @@ def _say_similar(path: str, words: int) -> None:
 
 
 class MaskedLM(Masked):
-    headline = ("mlm_loss", "mlm_acc", "nsp_acc")
-
     def __init__(self, name: str, help_: str, pair_task: str):
         self.name, self.help, self.pair_task, self.pairs = name, help_, pair_task, pair_task != "none"
+
+    @property
+    def headline(self) -> tuple[str, ...]:
+        return ("mlm_loss", "mlm_acc") + ((f"{self.pair_task}_acc",) if self.pairs else ())
 
     def check(self, cfg, need) -> None:
         super().check(cfg, need)
@@ -97,15 +99,15 @@ class MaskedLM(Masked):
 
     def select(self, batch, phase=None):
         out = {"mlm": batch["labels"] != -100}
-        if "next_sentence_label" in batch:
-            out["nsp"] = batch["next_sentence_label"] != -100
+        if "next_sentence_label" in batch:  # the term named by its task: nsp_acc, sop_acc
+            out[self.pair_task] = batch["next_sentence_label"] != -100
         return out
 
     def compute(self, model, batch, phase=None, fused=False):
         return self.masked_terms(model, batch, fused)[0]
 
     def masked_terms(self, model, batch, fused=False, **asked) -> tuple[dict, dict]:
-        """The `mlm` (and `nsp`) terms, and the model's outputs (`asked`: more of them, e.g. `with_hidden`). The MLM
+        """The `mlm` (and `nsp` or `sop`) terms, and the model's outputs (`asked`: more of them, e.g. `with_hidden`). The MLM
         head runs on the masked tokens alone; with the engine's `fused_lm_loss` (training only) it returns its loss
         and correct count instead of logits."""
         from pretrain import losses
@@ -120,8 +122,8 @@ class MaskedLM(Masked):
             terms = {"mlm": losses.fused_term(out["lm_loss"], target)}
         else:
             terms = {"mlm": losses.token_term(out["logits"], target)}
-        if "nsp" in where:
-            terms["nsp"] = losses.class_term(out["nsp_logits"], batch["next_sentence_label"])
+        if self.pair_task in where:
+            terms[self.pair_task] = losses.class_term(out["nsp_logits"], batch["next_sentence_label"])
         return terms, out
 
 
