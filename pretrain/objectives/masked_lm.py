@@ -107,7 +107,7 @@ class MaskedLM(Masked):
         return self.masked_terms(model, batch, fused)[0]
 
     def masked_terms(self, model, batch, fused=False, **asked) -> tuple[dict, dict]:
-        """The `mlm` (and `nsp` or `sop`) terms, and the model's outputs (`asked`: more of them, e.g. `with_hidden`). The MLM
+        """The `mlm` (and `nsp` or `sop`) terms, and the model's outputs (`asked`: more, e.g. `with_hidden`). The MLM
         head runs on the masked tokens alone; with the engine's `fused_lm_loss` (training only) it returns its loss
         and correct count instead of logits."""
         from pretrain import losses
