@@ -407,10 +407,13 @@ def test_a_damaged_latest_falls_back_to_the_newest_complete_checkpoint(train_dat
     proc = run_cli("checkpoints_tools", "consolidate", bad, "--out", tmp_path / "whole", check=False)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode != 0 and len(lines) == 1 and name in lines[0], proc.stderr
-    proc, _ = train_cli(*bert(train_data, "checkpoint.interval=2", f"out_dir={tmp_path}", "train.steps=6")[1:])
+    proc, _ = train_cli(*bert(train_data, "checkpoint.interval=2", f"out_dir={tmp_path}", "train.steps=6",
+                              "optimizer.warmup_steps=1")[1:])  # another schedule: the run says so
     assert proc.returncode == 0, proc.stderr[-3000:]
     warning = next(line for line in proc.stderr.splitlines() if "warning" in line)
     assert "step_00000004 is damaged" in warning and name in warning and "resuming from" in warning
+    assert re.search(r"the learning rate of step 3 is \S+ by this config's schedule, \S+ by the checkpoint's",
+                     proc.stderr), proc.stderr[-3000:]
     assert summary(tmp_path)["resumed_from"]["step"] == 2
     assert (tmp_path / "checkpoints" / "damaged-step_00000004").is_dir() and latest_step(tmp_path) == 6
     for step in (4, 6):  # step_4, trained again, is damaged again: damaged-step_00000004 is taken
