@@ -322,12 +322,15 @@ def run_identity(cfg, corpora) -> dict:
 
 
 def tokenizer_sha256(ckpt: str) -> str | None:
-    """The sha256 of the tokenizer stored with a checkpoint (None if it has none)."""
-    try:
-        with open(os.path.join(ckpt, "tokenizer", "ptm_tokenizer.json")) as f:
-            return json.load(f).get("sha256")
-    except OSError:
-        return None
+    """The sha256 of the tokenizer stored with a checkpoint or a dataset (in tokenizer/), or beside the weights of a
+    Hugging Face export of ptm's; None if it has none."""
+    for where in (os.path.join(ckpt, "tokenizer", "ptm_tokenizer.json"), os.path.join(ckpt, "ptm_tokenizer.json")):
+        try:
+            with open(where) as f:
+                return json.load(f).get("sha256")
+        except OSError:
+            pass
+    return None
 
 
 def resume_mismatches(ckpt: str, meta: dict, cfg, identity: dict) -> list[str]:

@@ -81,6 +81,9 @@ def w(small, train_data, sp_model, tmp_path_factory):
     write(os.path.join(at.stale_latest, "checkpoints", "latest"), b"step_00000099\n")
     at.hf_cut_weights = copy(at.hf, "hf_cut_weights")
     _truncate(os.path.join(at.hf_cut_weights, "model.safetensors"), 5000)
+    at.hf_other_tokenizer = copy(at.hf, "hf_other_tokenizer")  # as many words, another tokenizer
+    meta = json.load(open(os.path.join(at.hf, "ptm_tokenizer.json")))
+    write(os.path.join(at.hf_other_tokenizer, "ptm_tokenizer.json"), json.dumps({**meta, "sha256": "0" * 64}).encode())
     at.hf_cut_config = copy(at.hf, "hf_cut_config")
     _truncate(os.path.join(at.hf_cut_config, "config.json"), 40)
     at.hf_no_weights = copy(at.hf, "hf_no_weights")
@@ -349,6 +352,7 @@ def test_report_leaves_out_a_last_row_cut_short(w, capsys):
 @pytest.mark.parametrize("setting, says", [
     ("checkpoint.init_from={random_meta}", "{random_meta}/meta.json is unreadable ('utf-8' codec can't decode"),
     ("distill.teacher={hf_cut_weights}", "{hf_cut_weights}: transformers cannot load the weights"),
+    ("distill.teacher={hf_other_tokenizer}", "{hf_other_tokenizer} has another tokenizer (sha256 000000000000)"),
 ])
 def test_train_names_a_damaged_path_it_starts_from(setting, says, w):
     """`ptm train` from a damaged checkpoint, or distilling a Hugging Face BERT whose weights are truncated: one line,

@@ -140,11 +140,18 @@ class Distil(Masked):
         need(not cfg.data.unpadded, f"data.unpadded=true is not supported with data.objective={self.name}; remove it")
         if not d.teacher or not os.path.exists(d.teacher):
             return None
+        from pretrain.checkpoint import tokenizer_sha256
+
         try:
-            teacher, _ = teacher_config(cfg)
+            teacher, where = teacher_config(cfg)
         except Exception as e:  # noqa: BLE001 (the reader's own one-line reason)
             need(False, f"distill.teacher={d.teacher}: {str(e).splitlines()[0]}")
             return None
+        theirs, mine = tokenizer_sha256(where), cfg.data.paths and tokenizer_sha256(cfg.data.paths[0])
+        need(None in (theirs, mine) or theirs == mine,
+             f"distill.teacher={d.teacher} has another tokenizer (sha256 {str(theirs)[:12]}) than data.path (sha256 "
+             f"{str(mine)[:12]}): the soft targets need the student's words; build the dataset with the teacher's "
+             f"tokenizer (data_prep build --tokenizer)")
         tp = cfg.parallel.tp
         if "mlm" not in teacher.heads or teacher.causal:  # (what else differs then says nothing more)
             need(False, f"distill.teacher={d.teacher} is not a bidirectional model with an mlm head (heads "
