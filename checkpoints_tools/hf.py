@@ -92,20 +92,26 @@ def import_tokenizer(hf_dir: str, out: str) -> None:
     if os.path.isfile(os.path.join(hf_dir, META)):
         source = hf_dir
     else:
-        if os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):  # newer transformers save only this file
-            from tokenizers import Tokenizer
+        source = _tokenizer_files(hf_dir)
+        if source is None and os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):  # newer transformers save
+            from tokenizers import Tokenizer  # only this file
 
             os.makedirs(out, exist_ok=True)
             Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json")).model.save(out)
-            hf_dir = out  # vocab.txt (WordPiece) or vocab.json + merges.txt (BPE) now live here
-        names = sorted(os.listdir(hf_dir))
-        source = next((os.path.join(hf_dir, n) for n in names if n.endswith(".model")), None) or (
-            os.path.join(hf_dir, "vocab.txt") if "vocab.txt" in names else
-            os.path.join(hf_dir, "vocab.json") if "vocab.json" in names else None)
-        if source is None:
+            source = _tokenizer_files(out)  # vocab.txt (WordPiece) or vocab.json + merges.txt (BPE) now live here
+        if source is None:  # (a sentencepiece model saved by transformers 5 is a Unigram tokenizer.json alone)
             raise C.CheckpointError(f"{hf_dir} has no tokenizer files ptm can use (a sentencepiece .model, "
-                                    "vocab.txt or vocab.json + merges.txt)")
+                                    "vocab.txt or vocab.json + merges.txt); copy the original model's tokenizer files "
+                                    "into it")
     load_tokenizer(source).save(out)
+
+
+def _tokenizer_files(directory: str) -> str | None:
+    """The tokenizer file data_prep reads in `directory`: a sentencepiece .model, vocab.txt or vocab.json."""
+    names = sorted(os.listdir(directory))
+    return next((os.path.join(directory, n) for n in names if n.endswith(".model")), None) or (
+        os.path.join(directory, "vocab.txt") if "vocab.txt" in names else
+        os.path.join(directory, "vocab.json") if "vocab.json" in names else None)
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------

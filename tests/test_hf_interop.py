@@ -302,9 +302,11 @@ def test_albert_to_hf_and_back(sp_model, tmp_path):
     torch.testing.assert_close(mine["logits"][..., :cfg.vocab_size], ref.prediction_logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(mine["nsp_logits"], ref.sop_logits, rtol=0, atol=1e-5)
     transformers.AlbertModel(hf.config).save_pretrained(tmp_path / "base")
-    for f in out.iterdir():  # the tokenizer files as exported (a released ALBERT ships its spiece.model)
-        if not f.name.startswith(("model", "config")):
-            shutil.copy(f, tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")  # transformers 5 writes a Unigram tokenizer.json alone: nothing ptm reads
+    proc = call_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt", check=False)
+    assert proc.returncode == 2 and f"{tmp_path / 'base'} has no tokenizer files ptm can use" in proc.stderr
+    for f in out.glob("*.model"):  # beside it the sentencepiece model (a released ALBERT ships its spiece.model)
+        shutil.copy(f, tmp_path / "base")
     proc = call_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
     assert "predictions" in proc.stdout and "sop_classifier" in proc.stdout
     imported = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
