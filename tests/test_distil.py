@@ -97,8 +97,10 @@ def test_the_student_exports_as_distilbert_and_transformers_computes_its_logits(
     from pretrain import checkpoint as C
 
     run = tmp_path / "student"
-    run_cli("pretrain", "train", "--config", "distilbert-tiny", "--set", f"data.path={train_data}",
-            f"distill.teacher={bert_teacher}", *COMMON, f"out_dir={run}", "train.steps=2")
+    proc = run_cli("pretrain", "train", "--config", "distilbert-tiny", "--set", f"data.path={train_data}",
+                   f"distill.teacher={bert_teacher}", *COMMON, f"out_dir={run}", "train.steps=2")
+    assert f"the student starts from distill.teacher={bert_teacher}: its embeddings, MLM head and layers 0, 2" in \
+        proc.stderr
     call_cli("checkpoints_tools", "to-hf", str(run), "--out", str(tmp_path / "hf"))
     hf = transformers.DistilBertForMaskedLM.from_pretrained(tmp_path / "hf").eval()
     state = C.load_full_model(C.resolve(str(run)))

@@ -190,6 +190,10 @@ class Distil(Masked):
                     _, i, rest = name.split(".", 2)
                     source = f"blocks.{2 * int(i)}.{rest}"
                 p.copy_(theirs[source])
+        from pretrain.runlog import log
+
+        log(f"the student starts from distill.teacher={self.cfg.distill.teacher}: its embeddings, MLM head and layers "
+            f"{', '.join(str(2 * i) for i in range(len(model.blocks)))} (distill.init_from_teacher)")
 
     def select(self, batch, phase=None):
         masked = batch["labels"] != -100
