@@ -56,7 +56,7 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     elif meta["kind"] == "bpe" and template == "roberta":  # <s> A </s></s> B </s> around the byte-level BPE
         hf = transformers.RobertaTokenizerFast.from_pretrained(tok_dir)
     elif meta["kind"] == "bpe":  # GPT's ends with the vocabulary's own end of document, not <|endoftext|> added
-        with open(files[0], encoding="utf-8") as f:  # past it (a vocabulary data_prep trained has </s>)
+        with open(os.path.join(tok_dir, "vocab.json"), encoding="utf-8") as f:  # past it (data_prep's has </s>)
             piece = {i: token for token, i in json.load(f).items()}
         roles = {"bos_token": "eod", "eos_token": "eod", "unk_token": "unk", "pad_token": "pad"}
         hf = transformers.GPT2TokenizerFast.from_pretrained(
