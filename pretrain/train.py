@@ -135,7 +135,8 @@ class Trainer:
             log(f"{why}: dropout streams re-seeded")
         log(f"resumed from step {self.step} (samples {self.consumed:,}) of {self.run.resume}, written by "
             f"tp={meta['tp']} dp={meta['dp']} zero={meta.get('zero_stage')}")
-        was, now = trainer["scheduler"]["_last_lr"][0], self.scheduler.get_last_lr()[0]
+        now = self.scheduler.get_last_lr()[0]
+        was = trainer["scheduler"].get("_last_lr", [now])[0]  # (torch's scheduler state; none: nothing to compare)
         if abs(was - now) > 1e-6 * max(abs(was), abs(now)):  # e.g. more train.steps: the schedule is this config's
             log(f"the learning rate of step {self.step + 1} is {now:.4g} by this config's schedule, {was:.4g} by the "
                 "checkpoint's (train.steps or optimizer.* changed): training goes on at the new one")
