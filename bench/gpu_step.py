@@ -20,7 +20,7 @@ import traceback
 
 import torch
 
-from pretrain import cost, speed
+from pretrain import cost, hardware
 from step_runs import hf_step, mcore_step, ptm_config, ptm_step, seconds
 
 CASES = {  # name: (preset, seq_len, micro batch, optimizer)
@@ -71,7 +71,7 @@ def row(name: str, make, cfg, batch: int, steps: int, device) -> str:
     samples = batch / s
     flops = cost.model_flops_per_sample(cfg.model, cfg.data.seq_len, cost.predicted_tokens(cfg)) * samples
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    mfu = speed.mfu(flops, device_name, cfg.precision)
+    mfu = hardware.mfu(flops, device_name, cfg.precision)
     memory = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
     return (f"{name:<18}{samples:>10.1f}{samples * cfg.data.seq_len:>12.0f}{flops / 1e12:>9.1f}"
             f"{'' if mfu is None else f'{100 * mfu:.1f}%':>8}{memory:>9.1f}")

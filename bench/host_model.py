@@ -22,7 +22,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from data_prep import PrepError  # noqa: E402
-from pretrain import launches, speed  # noqa: E402
+from pretrain import hardware, launches, speed  # noqa: E402
 from pretrain.config import ConfigError, load  # noqa: E402
 from pretrain.cost import Launches  # noqa: E402
 from pretrain.models import layers  # noqa: E402
@@ -55,7 +55,7 @@ def main() -> None:
     known = json.load(open(args.counts)) if args.counts and os.path.isfile(args.counts) else {}
     with open(RUNS) as f:
         spec = yaml.safe_load(f)
-    hw = speed.gpu(spec["gpu"], gpus_per_node=1)
+    hw = hardware.gpu(spec["gpu"], gpus_per_node=1)
     rows = []
     for run in spec["runs"]:
         data = args.data_t5 if run.get("data") == "t5" else args.data

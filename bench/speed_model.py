@@ -17,7 +17,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pretrain import speed  # noqa: E402
+from pretrain import hardware, speed  # noqa: E402
 from pretrain.config import load  # noqa: E402
 from pretrain.memory import with_micro_batch  # noqa: E402
 
@@ -45,7 +45,7 @@ def megatron_flops(cfg) -> float:
 
 def _run(anchor: dict, overrides: list, gpus: int) -> tuple[float, speed.Prediction]:
     """(the anchor's metric, the last prediction) for `gpus` GPUs: phases sum their time."""
-    hw = speed.gpu(anchor["gpu"], anchor.get("interconnect"))
+    hw = hardware.gpu(anchor["gpu"], anchor.get("interconnect"))
     metric = next(iter(anchor["published"]))
     if "phases" in anchor:
         predictions = [(phase["steps"], speed.predict(load(anchor["config"], _flat(phase["set"])), hw, gpus,
@@ -68,7 +68,7 @@ def fit(anchor: dict) -> float:
     cfg = load(anchor["config"], _flat(anchor["set"]))
     samples = published if metric == "samples_per_s" else published * anchor["gpus"] / cfg.data.seq_len
     assert metric in ("samples_per_s", "tokens_per_s_per_gpu"), f"{anchor['name']}: fit a throughput"
-    hw = speed.gpu(anchor["gpu"], anchor.get("interconnect"))
+    hw = hardware.gpu(anchor["gpu"], anchor.get("interconnect"))
     return speed.calibrate(cfg, hw, anchor["gpus"], samples, overlap_reduce=anchor.get("overlap_reduce"))
 
 
@@ -90,7 +90,7 @@ def memory(anchor: dict) -> tuple[float, float]:
     from pretrain import plan
 
     cfg = load(anchor["config"], _flat(anchor.get("set") or anchor["phases"][-1]["set"]))
-    hw = speed.gpu(anchor["gpu"], anchor.get("interconnect"))
+    hw = hardware.gpu(anchor["gpu"], anchor.get("interconnect"))
     return plan.estimate(cfg, anchor["gpus"], hw.memory_gib).total / 2 ** 30, hw.memory_gib
 
 
@@ -112,7 +112,7 @@ def predictions(gpus=("a100-80gb", "h100"), nodes=(1, 4, 32)) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, (preset, sets) in WORKLOADS.items():
         for g in gpus:
-            hw, base = speed.gpu(g), None
+            hw, base = hardware.gpu(g), None
             for k in nodes:
                 world = k * hw.gpus_per_node
                 cfg = with_micro_batch(load(preset, sets), world, hw.memory_gib)

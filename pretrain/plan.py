@@ -19,7 +19,7 @@ import os
 import sys
 
 from data_prep import PrepError
-from pretrain import speed
+from pretrain import hardware, speed
 from pretrain.config import AUTO, Config, ConfigError, load
 from pretrain.cost import Launches, checkpointed, estimate_launches, flops_per_sample
 from pretrain.memory import COMPONENTS, GIB, HEADROOM, Plan, estimate, with_micro_batch
@@ -48,7 +48,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="vocabulary size when model.vocab_size is 0 (the dataset's) and data.path holds no "
                          f"dataset (default {DEFAULT_VOCAB})")
     ap.add_argument("--gpu", metavar="NAME|FILE",
-                    help="predict the training speed on this GPU: " + ", ".join(speed.catalog_names())
+                    help="predict the training speed on this GPU: " + ", ".join(hardware.catalog_names())
                          + " (configs/hardware/gpus.yaml), or a YAML file of your GPU's fields")
     ap.add_argument("--nodes", type=whole("a count (1, 2, ...)"), metavar="M",
                     help="nodes of the run, with --gpu: --gpus defaults to M x GPUs per node; the speed report "
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
 def run(args: argparse.Namespace) -> int:
     """The report for parsed `plan` arguments; returns the exit status."""
     try:
-        efficiency = speed.efficiency(args.efficiency)
+        efficiency = hardware.efficiency(args.efficiency)
         if args.check:
             print(speed.check(args.check, args.gpu, args.interconnect, efficiency,
                               _count if args.count_launches else None, args.launch_us))
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--gpus {args.gpus} do not make --nodes {args.nodes} of equal size"
                                   + (f" x {per_node}" if per_node else "") + "; give two of them")
             per_node = args.gpus // args.nodes
-        hw = speed.gpu(args.gpu, args.interconnect, per_node) if args.gpu else None
+        hw = hardware.gpu(args.gpu, args.interconnect, per_node) if args.gpu else None
         if hw and args.launch_us:
             hw = dataclasses.replace(hw, launch_us=args.launch_us)
         per_node = hw.gpus_per_node if hw else per_node or 8
@@ -331,7 +331,7 @@ def _relayout(counted, cfg: Config, variant: Config):
                       for f in dataclasses.fields(Launches)))
 
 
-def ranking(cfg: Config, hw: speed.Hardware, world: int, eff: speed.Efficiency, memory_gib: float | None,
+def ranking(cfg: Config, hw: hardware.Hardware, world: int, eff: hardware.Efficiency, memory_gib: float | None,
             launches=None, top: int = 12) -> str:
     """`ptm plan --gpu --compare`: the layouts that fit (tp within a node, ZeRO stage, micro batch, activation
     checkpointing), fastest first, each with the part that makes it slower than the fastest. `launches`: the

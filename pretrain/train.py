@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain import checkpoint as C
-from pretrain import cost, engine, heartbeat, losses, models, optim, signals, speed
+from pretrain import cost, engine, hardware, heartbeat, losses, models, optim, signals
 from pretrain import device as dev
 from pretrain import kernels as K
 from pretrain.config import Config, ConfigError
@@ -175,7 +175,7 @@ class Trainer:
     def _utilisation(self, samples_per_s: float) -> dict[str, float]:
         """Model TFLOP/s per device and, on a GPU with a known peak, MFU (docs/performance.md)."""
         per_device = self.flops_per_sample * samples_per_s / self.world
-        utilisation = speed.mfu(per_device, self.device_name, self.cfg.precision)
+        utilisation = hardware.mfu(per_device, self.device_name, self.cfg.precision)
         return {"tflops": per_device / 1e12, **({"mfu": utilisation} if utilisation is not None else {})}
 
     def _to_device(self, batch: dict) -> dict:

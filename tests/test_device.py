@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from conftest import free_port
 from launchers import rendezvous
 from pretrain import device as dev
-from pretrain import speed
+from pretrain import hardware
 
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "GROUP_RANK", "NODE_RANK",
                       "CROSS_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES")
@@ -164,9 +164,9 @@ def test_bf16_without_native_bf16_is_refused(monkeypatch):
 
 def test_mfu_on_a_mig_slice_is_against_the_slice_s_share_of_the_peak(monkeypatch):
     gpus(monkeypatch, 1, name="NVIDIA A100-SXM4-80GB MIG 3g.40gb")
-    assert speed.mfu(312e12 * 3 / 7 / 2, torch.cuda.get_device_name(), "bf16") == pytest.approx(0.5)  # as the trainer
-    assert speed.peak_flops("NVIDIA H100 80GB HBM3 MIG 1c.3g.40gb", "bf16") == pytest.approx(989e12 / 7)
-    assert speed.peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12 and speed.mig_share("NVIDIA H200") == 1
+    assert hardware.mfu(312e12 * 3 / 7 / 2, torch.cuda.get_device_name(), "bf16") == pytest.approx(0.5)  # as the trainer
+    assert hardware.peak_flops("NVIDIA H100 80GB HBM3 MIG 1c.3g.40gb", "bf16") == pytest.approx(989e12 / 7)
+    assert hardware.peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12 and hardware.mig_share("NVIDIA H200") == 1
 
 
 def test_device_memory_is_what_the_driver_counts_in_use_beside_torch_s_peak(monkeypatch):

@@ -88,9 +88,9 @@ def test_the_speed_model_times_the_masked_square_that_local_layers_still_compute
     """On GPUs a local layer is SDPA under a band mask: it computes the whole s x s square and discards what lies
     outside the band. So the predicted device time of GPT-3 Small (and of XL, whose recomputed forwards do so again)
     matches the dense model's (the same kernels' work) while its model FLOPs, and so its MFU, are lower."""
-    from pretrain import speed
+    from pretrain import hardware, speed
 
-    hw = speed.gpu("h100")
+    hw = hardware.gpu("h100")
     local = speed.predict(load("gpt3-small", ["train.micro_batch_size=4"]), hw, 64)
     dense = speed.predict(load("gpt3-small", ["train.micro_batch_size=4", "model.attention_layers=[global]"]), hw, 64)
     assert local.compute == pytest.approx(dense.compute, rel=1e-12)

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from conftest import run_cli
-from pretrain import cost, launches, speed
+from pretrain import cost, hardware, launches, speed
 from pretrain.config import load
 
 pytestmark = pytest.mark.distributed  # (Trainers: a process group of one)
@@ -57,7 +57,7 @@ def test_plan_prices_the_counted_launches_and_calibrate_measures_the_host(train_
     step = next(x for x in out.splitlines() if x.strip().startswith("step "))
     assert "bound by the host" in step  # a tiny model's kernels take no time on an H200
     cfg = load("bert-tiny", [*sets, "model.vocab_size=3000"])
-    assert speed.predict(cfg, speed.gpu("h200"), 4).launches == cost.estimate_launches(cfg).of(2)
+    assert speed.predict(cfg, hardware.gpu("h200"), 4).launches == cost.estimate_launches(cfg).of(2)
     calibrated = run_cli("pretrain", "plan", "--config", "bert-tiny", "--calibrate", "--set", *sets,
                          "model.vocab_size=30522").stdout  # (bert-base's: narrowed steps take the dataset's)
     assert f"{counted['narrow'][0].of(launches.ACCUMULATION):,} kernel launches a step" in calibrated

@@ -14,7 +14,7 @@ from pretrain.config import ConfigError, load
 from pretrain.models.config import FUSED_CHUNK_BYTES, ModelConfig
 from pretrain.cost import activation_bytes, count_parameters, largest_module, model_flops_per_sample
 from pretrain.plan import COMPONENTS, checkpoint_bytes, estimate
-from pretrain.speed import mfu, peak_flops
+from pretrain.hardware import mfu, peak_flops
 
 GPT2_SMALL = ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
                          ffn_hidden_size=3072, max_position_embeddings=1024, type_vocab_size=0)

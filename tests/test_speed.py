@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from conftest import ROOT, run_cli
-from pretrain import speed
+from pretrain import hardware, speed
 from pretrain.config import load
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -73,14 +73,14 @@ def test_every_term_of_the_step_is_constrained_by_an_anchor(monkeypatch, term):
     within = {a["name"] for a in scaling if _scaling_points(a) <= speed_model.SCALING_POINTS}
     predict, fitted = speed.predict, {}
 
-    def without(cfg, hw, world, eff=speed.Efficiency(), **kwargs):
+    def without(cfg, hw, world, eff=hardware.Efficiency(), **kwargs):
         eff = replace(eff, matmul=eff.matmul or fitted.get(hw.generation))
         return replace(predict(cfg, hw, world, eff, **kwargs), **{term: 0.0})
 
     monkeypatch.setattr(speed, "predict", without)
     for a in ANCHORS:
         if a.get("calibration"):
-            fitted[speed.gpu(a["gpu"]).generation] = speed_model.fit(a)
+            fitted[hardware.gpu(a["gpu"]).generation] = speed_model.fit(a)
     failed = [a["name"] for a in ANCHORS if a.get("held", True) and not a.get("calibration")
               and not speed_model.evaluate(a)[2]]
     failed += [a["name"] for a in scaling if a["name"] in within and _scaling_points(a) > speed_model.SCALING_POINTS]
@@ -91,7 +91,7 @@ def test_zero3_waits_the_latency_of_its_per_layer_collectives():
     """ZeRO-3 gathers each layer's weights and reduce-scatters its gradients in collectives of their own: besides
     the bytes (one buffer, one latency, in dp_comm), a micro batch waits the ring latency of every other one, exposed;
     none below ZeRO-3 or inside one rank."""
-    hw, eff = speed.gpu("a100-40gb", "8x200gbe"), speed.Efficiency()
+    hw, eff = hardware.gpu("a100-40gb", "8x200gbe"), hardware.Efficiency()
     cfg = load("gpt2", ["model.hidden_size=1024", "model.num_layers=24", "model.num_heads=16",
                         "model.ffn_hidden_size=4096", "data.seq_len=2048", "model.max_position_embeddings=2048",
                         "precision=bf16", "zero.stage=3", "train.micro_batch_size=18", "train.global_batch_size=4608"])
@@ -111,8 +111,8 @@ def test_zero3_waits_the_latency_of_its_per_layer_collectives():
 def test_each_architectures_matmul_efficiency_is_fitted_to_one_anchor():
     """configs/hardware/gpus.yaml's matmul efficiency per architecture is what its one calibration anchor gives; the
     other anchors are held out."""
-    generations = speed._catalog()["generations"]
-    calibration = {speed.gpu(a["gpu"]).generation: a for a in ANCHORS if a.get("calibration")}
+    generations = hardware._catalog()["generations"]
+    calibration = {hardware.gpu(a["gpu"]).generation: a for a in ANCHORS if a.get("calibration")}
     assert len(calibration) == sum(bool(a.get("calibration")) for a in ANCHORS) == len(generations)  # one each
     for name, a in calibration.items():
         assert generations[name]["fitted_to"] == a["name"]
@@ -124,7 +124,7 @@ def test_each_architectures_matmul_efficiency_is_fitted_to_one_anchor():
 def test_ring_collectives():
     """all-reduce = 2(n-1)/n of the bytes, reduce-scatter / all-gather (n-1)/n, over NVLink inside a node and
     min(NVLink, the node's NICs / tp) across nodes, at Efficiency.link, plus a latency per ring step."""
-    hw, eff, gb = speed.gpu("a100-80gb", "8xhdr"), speed.Efficiency(), 1e9
+    hw, eff, gb = hardware.gpu("a100-80gb", "8xhdr"), hardware.Efficiency(), 1e9
     inside = speed._ring("all-reduce", gb, 8, 8, hw, eff)
     assert inside == pytest.approx(2 * 7 / 8 * gb / (300e9 * 0.8) + 2 * 8 * 5e-6)
     across = speed._ring("all-reduce", gb, 16, 8, hw, eff)
@@ -132,7 +132,7 @@ def test_ring_collectives():
     shared = speed._ring("reduce-scatter", gb, 8, 2, hw, eff, tp=4)  # 4 TP groups share the NICs
     assert shared == pytest.approx(7 / 8 * gb / (50e9 * 0.8) + (4 * 5e-6 + 4 * 10e-6))
     assert speed._ring("all-gather", gb, 1, 8, hw, eff) == 0
-    assert speed.gpu("a100-80gb", "4x100").network.bandwidth == 50e9
+    assert hardware.gpu("a100-80gb", "4x100").network.bandwidth == 50e9
 
 
 def _bert(*sets):
@@ -150,7 +150,7 @@ def test_step_terms_per_zero_stage_and_tensor_parallelism(tmp_path):
     forward and the head's backward."""
     from pretrain.cost import count_parameters
 
-    hw, eff = speed.gpu("a100-80gb"), speed.Efficiency()
+    hw, eff = hardware.gpu("a100-80gb"), hardware.Efficiency()
     world, per_node = 32, 8
     n = count_parameters(_bert().model)
     grads, weights = 4 * n, 2 * n  # bf16 weights, gradients reduced in fp32 (grad_accum_dtype=fp32)
@@ -223,7 +223,7 @@ def test_overlap_follows_deepspeeds_overlap_comm(tmp_path):
     """ZeRO-3 overlaps by default; a deepspeed_config with overlap_comm hides ZeRO-1's gradient reduction behind the
     last backward and ZeRO-2's behind each backward; without it they are exposed, and so is BF16_Optimizer's all-reduce
     (it reduces after the backward pass whatever overlap_comm says)."""
-    hw = speed.gpu("a100-80gb")
+    hw = hardware.gpu("a100-80gb")
     user = tmp_path / "ds.json"
     user.write_text(json.dumps({"zero_optimization": {"overlap_comm": True}}))
     for stage in (1, 2):
@@ -251,7 +251,7 @@ def test_gradients_travel_in_deepspeeds_communication_dtype(tmp_path, precision,
     from pretrain.engine import ds_config
     from pretrain.cost import count_parameters
 
-    hw, eff = speed.gpu("a100-80gb"), speed.Efficiency()
+    hw, eff = hardware.gpu("a100-80gb"), hardware.Efficiency()
     sets = [f"precision={precision}", f"grad_accum_dtype={accumulation}", "train.global_batch_size=4096"]
     n = count_parameters(_bert().model)
     z2 = speed.predict(_bert("zero.stage=2", *sets), hw, 32)
@@ -308,7 +308,7 @@ def test_collectives_are_what_deepspeed_sends(tmp_path):
 
 
 def test_samples_mfu_and_time_follow_from_the_step():
-    hw = speed.gpu("h100")
+    hw = hardware.gpu("h100")
     cfg = _bert("train.global_batch_size=1024", "train.steps=1000")
     p = speed.predict(cfg, hw, 16)
     from pretrain.cost import model_flops_per_sample, predicted_tokens
@@ -331,7 +331,7 @@ def _numbers(line: str) -> list[float]:
 def test_plan_prints_the_step_throughput_time_and_scaling():
     out = run_cli("pretrain", "plan", "--config", "bert-large", "--gpu", "a100-80gb", "--nodes", "4",
                   "--set", "precision=bf16").stdout
-    p = speed.predict(load("bert-large", ["precision=bf16"]), speed.gpu("a100-80gb"), 32)
+    p = speed.predict(load("bert-large", ["precision=bf16"]), hardware.gpu("a100-80gb"), 32)
     assert "32 GPUs = tp 1 x dp 32" in out and "fits in 80 GiB" in out  # --gpu's memory, --nodes x 8 GPUs
     four = run_cli("pretrain", "plan", "--config", "bert-large", "--gpu", "a100-80gb", "--gpus", "16", "--nodes", "4",
                    "--set", "precision=bf16").stdout
@@ -346,7 +346,7 @@ def test_plan_prints_the_step_throughput_time_and_scaling():
     rows = out[out.index("scaling with"):].splitlines()[2:5]
     assert [int(_numbers(r)[0]) for r in rows] == [1, 2, 4] and _numbers(rows[0])[6] == 100.0
     assert _numbers(rows[2])[6] == pytest.approx(100 * p.samples_per_s / 32 / (
-        speed.predict(load("bert-large", ["precision=bf16"]), speed.gpu("a100-80gb"), 8).samples_per_s / 8), abs=0.06)
+        speed.predict(load("bert-large", ["precision=bf16"]), hardware.gpu("a100-80gb"), 8).samples_per_s / 8), abs=0.06)
 
 
 def test_scaling_takes_the_micro_batch_auto_picks_at_each_size():
@@ -356,7 +356,7 @@ def test_scaling_takes_the_micro_batch_auto_picks_at_each_size():
 
     out = run_cli("pretrain", "plan", "--config", "gpt2-medium", "--gpu", "a100-80gb", "--nodes", "32").stdout
     rows = out[out.index("scaling with the same global batch, the micro batch as auto"):].splitlines()[2:]
-    cfg, memory = load("gpt2-medium"), speed.gpu("a100-80gb").memory_gib
+    cfg, memory = load("gpt2-medium"), hardware.gpu("a100-80gb").memory_gib
     picks = []
     for r in rows:
         nodes, gpus, micro, acc = map(int, _numbers(r)[:4])
@@ -382,7 +382,7 @@ def test_compare_ranks_the_layouts_that_fit_by_predicted_time():
     best = speed.predict(load("bert-large", ["precision=bf16", "train.global_batch_size=1024", f"parallel.tp={tp}",
                                              f"zero.stage={zero}", f"train.micro_batch_size={micro}",
                                              f"model.activation_checkpointing={ckpt == 'yes'}"]),
-                         speed.gpu("a100-40gb"), 16)
+                         hardware.gpu("a100-40gb"), 16)
     assert _numbers(rows[0].split("ms")[0])[-1] == pytest.approx(1e3 * best.step, abs=0.06)
 
 
@@ -393,9 +393,9 @@ def test_a_scaling_efficiency_over_100_percent_says_why():
 
     for preset, sets, gpu, over in (("xlnet-large", ["precision=fp16"], "v100-32gb", True),
                                     ("gpt2-medium", [], "a100-80gb", False)):
-        cfg, hw = load(preset, sets), speed.gpu(gpu)
+        cfg, hw = load(preset, sets), hardware.gpu(gpu)
         at = lambda gpus: with_micro_batch(cfg, gpus, hw.memory_gib)  # noqa: E731
-        out = speed.report(at(32), hw, 32, speed.Efficiency(), None, at)
+        out = speed.report(at(32), hw, 32, hardware.Efficiency(), None, at)
         rows = out[out.index("scaling with the same global batch"):].splitlines()[2:5]
         assert (max(_numbers(r)[6] for r in rows) > 100) == over == ("(over 100%: on more GPUs each holds" in out)
 
@@ -407,7 +407,7 @@ def test_compare_prices_counted_launches_and_says_when_the_host_bounds_a_layout(
     from pretrain import plan
     from pretrain.cost import Launches
 
-    cfg, hw, eff = _bert("train.global_batch_size=256"), speed.gpu("h100"), speed.Efficiency()
+    cfg, hw, eff = _bert("train.global_batch_size=256"), hardware.gpu("h100"), hardware.Efficiency()
     counted = Launches(first=9000, per_micro_batch=9000, optimizer=300)  # a count far above the estimate
     out = plan.ranking(cfg, hw, 8, eff, hw.memory_gib, counted, top=100)
     rows = [r.split() for r in out.splitlines()[2:] if r.split()[0].isdigit()]
@@ -422,12 +422,12 @@ def test_compare_prices_counted_launches_and_says_when_the_host_bounds_a_layout(
 
 
 def test_hardware_is_data_and_bad_hardware_is_one_line(tmp_path):
-    entry = yaml.safe_load(open(speed.HARDWARE_FILE))["gpus"]["a100-80gb"]
+    entry = yaml.safe_load(open(hardware.HARDWARE_FILE))["gpus"]["a100-80gb"]
     own = tmp_path / "my-gpu.yaml"
     own.write_text(yaml.safe_dump({**entry, "hbm_gbps": entry["hbm_gbps"] / 2}))
     cfg = _bert("train.global_batch_size=256")
-    slower = speed.predict(cfg, speed.gpu(str(own)), 8)
-    same = speed.predict(cfg, speed.gpu("a100-80gb"), 8)
+    slower = speed.predict(cfg, hardware.gpu(str(own)), 8)
+    same = speed.predict(cfg, hardware.gpu("a100-80gb"), 8)
     assert slower.memory > same.memory and slower.compute == same.compute
     cases = {("--gpu", "b200"): "unknown GPU; known: h100-nvl", ("--gpu", "a100-80gb", "--interconnect", "8xfoo"):
              "unknown network 'foo'", ("--gpu", "a100-80gb", "--interconnect", "hdr"): "is not NICSxNAME",
@@ -451,17 +451,17 @@ def test_hardware_is_data_and_bad_hardware_is_one_line(tmp_path):
               "network": ("fast", "network: 'fast' is not NICSxNAME"), "matmul": (3, "matmul: 3 is a fraction")}
     for field, (value, message) in fields.items():
         (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**entry, field: value}))
-        with pytest.raises(speed.HardwareError, match=re.escape(message)):
-            speed.gpu(str(tmp_path / "bad.yaml"))
+        with pytest.raises(hardware.HardwareError, match=re.escape(message)):
+            hardware.gpu(str(tmp_path / "bad.yaml"))
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**entry, "peak_tflops": {"bf16": float("nan")}}))
-    with pytest.raises(speed.HardwareError, match="peak_tflops.bf16: nan is not a positive number"):
-        speed.gpu(str(tmp_path / "bad.yaml"))
+    with pytest.raises(hardware.HardwareError, match="peak_tflops.bf16: nan is not a positive number"):
+        hardware.gpu(str(tmp_path / "bad.yaml"))
     (tmp_path / "bad.yaml").write_text("a: [\n")
-    with pytest.raises(speed.HardwareError, match="not valid YAML"):
-        speed.gpu(str(tmp_path / "bad.yaml"))
+    with pytest.raises(hardware.HardwareError, match="not valid YAML"):
+        hardware.gpu(str(tmp_path / "bad.yaml"))
     for spec in ("8x-100", "8xnan", "8xinf"):
-        with pytest.raises(speed.HardwareError, match="a NIC's rate is a positive number"):
-            speed.gpu("h100", spec)
+        with pytest.raises(hardware.HardwareError, match="a NIC's rate is a positive number"):
+            hardware.gpu("h100", spec)
 
 
 @pytest.mark.distributed
@@ -490,14 +490,14 @@ def test_check_puts_the_prediction_next_to_a_real_run(train_data, tmp_path):
     out = run_cli("pretrain", "plan", "--check", str(run), "--gpu", str(accelerator), "--launch-us", "0.001").stdout
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
     measured = statistics.median(r["step_time_s"] for r in rows[2:])
-    device = dataclasses.replace(speed.gpu(str(accelerator), gpus_per_node=1), launch_us=0.001)  # (a host at no cost)
+    device = dataclasses.replace(hardware.gpu(str(accelerator), gpus_per_node=1), launch_us=0.001)  # (a host at no cost)
     predicted = speed.predict(load(str(run / "config.yaml")), device, 1)
     line = next(x for x in out.splitlines() if x.strip().startswith("step time"))
     assert _numbers(line)[:3] == pytest.approx([1e3 * predicted.step, 1e3 * measured, measured / predicted.step],
                                                abs=0.06)
     assert "(4 steps)" in out and "(a CPU run: its measures are not slow's" in out
     fitted = float(re.search(r"--efficiency matmul=([\d.]+)", out).group(1))
-    refit = speed.predict(load(str(run / "config.yaml")), device, 1, speed.Efficiency(matmul=fitted))
+    refit = speed.predict(load(str(run / "config.yaml")), device, 1, hardware.Efficiency(matmul=fitted))
     assert refit.step == pytest.approx(measured, rel=0.01)
     # a host that takes 0.1 s a launch bounds the step: the launches counted on the run's data, the host's time fitted
     # (from another directory than the run's: its relative data.path is the run's, counted on the run's data)
@@ -506,7 +506,7 @@ def test_check_puts_the_prediction_next_to_a_real_run(train_data, tmp_path):
                           check=True).stdout
     assert "bound by the host" in host and "x 100000 us" in host
     counted = int(re.search(r"([\d,]+) launches \(counted\)", host).group(1).replace(",", ""))
-    assert counted > speed.predict(load(str(run / "config.yaml")), speed.gpu(str(accelerator), gpus_per_node=1),
+    assert counted > speed.predict(load(str(run / "config.yaml")), hardware.gpu(str(accelerator), gpus_per_node=1),
                                    1).launches / 2  # (not the estimate's by construction: BERT's, narrowed)
     fitted_us = float(re.search(r"--launch-us ([\d.e+-]+) \(now 100000\)", host).group(1))
     assert fitted_us * counted * 1e-6 == pytest.approx(measured, rel=0.01)
