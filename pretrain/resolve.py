@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pretrain import checkpoint as C
+from pretrain.checkpoint_manager import Checkpoints, adopt_model_shape, run_identity
 from pretrain import device as dev
 from pretrain import heartbeat, memory, objectives
 from pretrain.config import AUTO, Config, ConfigError
@@ -25,9 +26,9 @@ class Resolved:
     cfg: Config  # final: validated, with the dataset's vocabulary and padding id
     world: int
     corpora: list  # the datasets of data.path
-    identity: dict  # what the run trains on, as checkpoints record it (`checkpoint.run_identity`)
+    identity: dict  # what the run trains on, as checkpoints record it (`checkpoint_manager.run_identity`)
     objective: objectives.Objective  # configured
-    checkpoints: C.Checkpoints
+    checkpoints: Checkpoints
     resume: str | None  # the checkpoint to resume, or None
     meta: dict | None  # its meta.json
     init: str | None  # checkpoint.init_from's checkpoint, when not resuming
@@ -42,7 +43,7 @@ def resolve(cfg: Config) -> Resolved:
     collective_timeout_s = heartbeat.collective_timeout_s(cfg.parallel)
     mcore.init_processes(cfg.parallel.timeout_s, collective_timeout_s)
     heartbeat.start(cfg.parallel)  # from here a rank gone silent ends every rank with one line
-    checkpoints = C.Checkpoints(cfg.out_dir, cfg.checkpoint.keep, log=log)
+    checkpoints = Checkpoints(cfg.out_dir, cfg.checkpoint.keep, log=log)
     resume = checkpoints.newest_complete()
     meta = C.read_meta(resume) if resume else None
     seed = (meta or {}).get("run", {}).get("seed", cfg.seed)
@@ -52,7 +53,7 @@ def resolve(cfg: Config) -> Resolved:
     init = None
     if cfg.checkpoint.init_from and not resume:
         init = C.resolve(cfg.checkpoint.init_from)
-        taken = C.adopt_model_shape(cfg, init)
+        taken = adopt_model_shape(cfg, init)
         if taken:
             log(f"model sizes from {init}: " + ", ".join(f"{k}={getattr(cfg.model, k)}" for k in taken))
     readable = all(os.path.isfile(os.path.join(p, "manifest.json")) for p in cfg.data.paths if p)
@@ -66,7 +67,7 @@ def resolve(cfg: Config) -> Resolved:
     dev.deterministic(cfg.train.deterministic)
     mcore.initialize(cfg.parallel.tp, cfg.seed, cfg.parallel.timeout_s, collective_timeout_s)
     sample = corpora[0].shards[0].values["input_ids"][:10_000_000]
-    return Resolved(cfg=cfg, world=world, corpora=corpora, identity=C.run_identity(cfg, corpora),
+    return Resolved(cfg=cfg, world=world, corpora=corpora, identity=run_identity(cfg, corpora),
                     objective=objectives.get(cfg.data.objective).configured(cfg), checkpoints=checkpoints,
                     resume=resume, meta=meta, init=init,
                     most_frequent=int(np.bincount(sample, minlength=cfg.model.vocab_size).argmax()))

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain import checkpoint as C
+from pretrain.checkpoint_manager import resume_mismatches
 from pretrain import cost, engine, hardware, heartbeat, losses, models, optim, signals
 from pretrain import device as dev
 from pretrain import kernels as K
@@ -99,7 +100,7 @@ class Trainer:
         """Refuse, before anything is built, a checkpoint to resume of another model config, tokenizer, objective or
         dataset, and a checkpoint.init_from of another tokenizer."""
         if self.run.resume:
-            problems = C.resume_mismatches(self.run.resume, self.run.meta, self.cfg, self.run.identity)
+            problems = resume_mismatches(self.run.resume, self.run.meta, self.cfg, self.run.identity)
             if problems:
                 raise C.CheckpointError("\n".join(problems))
         elif self.run.init:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pretrain import checkpoint as C
+from pretrain.checkpoint_manager import Checkpoints
 from pretrain.models.config import ModelConfig
 
 HIDDEN = "step_00000002"
@@ -48,7 +49,7 @@ def _rank(rank: int, store: str, out: str, hide_s: float, tries: int) -> None:
         builtins.open = old_latest
     dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
-    checkpoints = C.Checkpoints(out, keep=0, log=lambda msg: None)
+    checkpoints = Checkpoints(out, keep=0, log=lambda msg: None)
     checkpoints.visibility_tries, checkpoints.visibility_wait_s = tries, 0.25
     try:
         answer = os.path.basename(checkpoints.newest_complete())

@@ -13,6 +13,7 @@ import torch
 
 from conftest import ROOT, call_cli, free_port, run_cli
 from pretrain import checkpoint as C
+from pretrain.checkpoint_manager import Checkpoints, resume_mismatches
 from runs import (assert_same_checkpoints, config, facts, kill_when, latest_step, launch, losses_by_step,
                   max_rel_diff, start, summary, weights)
 
@@ -263,13 +264,13 @@ def test_a_checkpoint_from_before_model_features_resumes_as_its_arch():
     identity = {"tokenizer_sha256": "a", "vocab_size": 100, "objective": "clm", "datasets": [], "seed": cfg.seed}
     old = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k not in FEATURES}
     meta = {"model": old, "run": identity}
-    assert C.resume_mismatches("ckpt", meta, cfg, identity) == []
+    assert resume_mismatches("ckpt", meta, cfg, identity) == []
     cfg.model.norm = "post"
-    assert "model.norm='post' (checkpoint: 'pre')" in C.resume_mismatches("ckpt", meta, cfg, identity)[0]
+    assert "model.norm='post' (checkpoint: 'pre')" in resume_mismatches("ckpt", meta, cfg, identity)[0]
     cfg.model.norm, cfg.model.vocab_size = "pre", 108  # a vocabulary of 8 more (sentinels): said once
-    odd = C.resume_mismatches("ckpt", meta, cfg, {**identity, "vocab_size": 108})[0]
+    odd = resume_mismatches("ckpt", meta, cfg, {**identity, "vocab_size": 108})[0]
     assert "model.vocab_size=108 (checkpoint: 100)" in odd and "vocabulary size" not in odd
-    odd = C.resume_mismatches("ckpt", meta, cfg, {**identity, "vocab_size": 104})[0]  # the dataset's is another
+    odd = resume_mismatches("ckpt", meta, cfg, {**identity, "vocab_size": 104})[0]  # the dataset's is another
     assert "model.vocab_size=108 (checkpoint: 100)" in odd and "vocabulary size 104 (checkpoint: 100)" in odd
 
 
@@ -418,7 +419,7 @@ def test_a_damaged_latest_falls_back_to_the_newest_complete_checkpoint(train_dat
     assert (tmp_path / "checkpoints" / "damaged-step_00000004").is_dir() and latest_step(tmp_path) == 6
     for step in (4, 6):  # step_4, trained again, is damaged again: damaged-step_00000004 is taken
         damage(tmp_path / "checkpoints" / f"step_{step:08d}", how)
-    assert C.Checkpoints(str(tmp_path), 0).newest_complete() == str(tmp_path / "checkpoints" / "step_00000002")
+    assert Checkpoints(str(tmp_path), 0).newest_complete() == str(tmp_path / "checkpoints" / "step_00000002")
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["damaged-step_00000004", "damaged-step_00000004.1",
                                                             "damaged-step_00000006", "latest", "step_00000002"]
     assert latest_step(tmp_path) == 2
@@ -444,13 +445,13 @@ def test_keep_prunes_old_checkpoints_but_never_the_one_latest_names(train_data, 
     C.mark_latest(str(tmp_path), "step_00000004")  # e.g. a resume fell back to it; step_5 is newer
     for step in (6, 7):
         shutil.copytree(folder / "step_00000005", folder / f"step_{step:08d}")
-    C.Checkpoints(str(tmp_path), keep=2).prune()
+    Checkpoints(str(tmp_path), keep=2).prune()
     assert sorted(p.name for p in folder.iterdir()) == ["latest", "step_00000004", "step_00000006", "step_00000007"]
 
 
 def test_checkpoint_files_and_directories_reach_the_disk_before_latest_moves(train_data, tmp_path, monkeypatch):
     """Every file of the checkpoint and every directory on its path is fsynced before `latest` is rewritten."""
-    import pretrain.checkpoint as ckpt_module
+    import pretrain.checkpoint_manager as ckpt_module
     from pretrain.train import train
 
     synced, order = set(), []

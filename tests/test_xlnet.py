@@ -371,6 +371,7 @@ def test_training_with_a_memory_computes_hfs_losses_along_the_streams(preset, tr
     import json
 
     from pretrain import checkpoint as C
+    from pretrain.checkpoint_manager import adopt_model_shape
     from pretrain.config import load
     from pretrain.data.factory import build_sources
     from pretrain.train import train
@@ -394,7 +395,7 @@ def test_training_with_a_memory_computes_hfs_losses_along_the_streams(preset, tr
     # checkpoint.init_from with the preset's max_position_embeddings: no weight has that shape here (an XLNet from
     # from-hf says 512, HF's XLNet has no such limit), so it is no disagreement
     init = load(preset, [*overrides, *memory, "model.max_position_embeddings=128", f"checkpoint.init_from={ckpt}"])
-    assert C.adopt_model_shape(init, ckpt) == [] and init.model.max_position_embeddings == 128
+    assert adopt_model_shape(init, ckpt) == [] and init.model.max_position_embeddings == 128
     m, adapter = C.model_config(C.read_meta(ckpt)), get("xlnet").adapter
     hf = transformers.XLNetLMHeadModel(adapter.hf_config(m, {})).eval()
     hf.load_state_dict(adapter.to_hf(C.load_full_model(ckpt), m.num_layers, m.num_heads, m.vocab_size))
