@@ -1,5 +1,5 @@
 """`python -m launchers` (also `ptm launch`): what the launcher told this process, a deepspeed hostfile from a
-Slurm allocation, and the prep -> train -> convert chain submitted to Slurm."""
+Slurm allocation, the prep -> train -> convert chain submitted to Slurm, and torchrun ending as its ranks agreed."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("master", help="print the master address and port of the current Slurm allocation",
                    description="`ADDR PORT`: the first node of SLURM_JOB_NODELIST (its Slurm NodeAddr when the name "
                                "does not resolve) and a port derived from the job id, what srun tasks compute too.")
+    sub.add_parser("torchrun", help="torchrun ARGS... (its --help): a stop signal ends with the ranks' line and "
+                                    "status (75, 130), not torchrun's traceback")  # (parsed by torchrun: `main`)
     c = sub.add_parser("slurm", help="submit prep -> train -> convert to Slurm, each job after the one before succeeds",
                        description="Submit the whole chain with --dependency=afterok and print the job ids: a "
                                    "tokenizer job (unless --tokenizer), the data_prep array (slurm/prep.sbatch, one "
@@ -177,6 +179,45 @@ def submit_chain(a) -> int:
     return 1
 
 
+def torchrun(argv: list[str]) -> int:
+    """torchrun ARGS in this process; returns its exit status. Where the ranks noted how they end (a stop signal that
+    torchrun passed on to them, a bad input: `pretrain.signals.note_end`), that status, and the line one of them said
+    stands alone, without torchrun's traceback; a signal that ended them before they noted one is one line and 128 +
+    its number; any other failure is torchrun's own report (ChildFailedError's traceback, exit 1)."""
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    from pretrain.signals import END_ENV
+
+    sys.argv[0] = f"{parser().prog} torchrun"  # (torchrun's usage line)
+    with tempfile.TemporaryDirectory(prefix="ptm-torchrun.") as end:
+        note = os.environ[END_ENV] = os.path.join(end, "status")  # (the ranks of this node note their status there)
+
+        def agreed() -> int | None:
+            with contextlib.suppress(OSError, ValueError), open(note) as f:
+                return int(f.read())
+            return None
+
+        try:
+            torchrun_main(argv)
+        except SignalException as e:
+            code = agreed()
+            if code is None:  # (no rank noted how it ended)
+                code = 128 + e.sigval
+                print(f"launchers: stopped by {e.sigval.name} before the ranks could checkpoint (exit {code}); re-run "
+                      "the same command to resume from the last checkpoint", file=sys.stderr)
+            return code
+        except ChildFailedError as e:
+            code = agreed()
+            if code is None or any(f.exitcode != code for f in e.failures.values()):
+                raise
+            return code
+    return 0
+
+
 def job_states(job: str, env=None) -> list[str]:
     """A Slurm job's state, one per task of an array job; ["UNKNOWN"] for a job Slurm does not know (any more)."""
     import re
@@ -212,7 +253,10 @@ def _sbatch_options_joined(argv: list[str]) -> list[str]:
 
 
 def main(argv=None) -> None:
-    a = parser().parse_args(_sbatch_options_joined(sys.argv[1:] if argv is None else list(argv)))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["torchrun"]:  # (the rest is torchrun's, passed on as it is)
+        sys.exit(torchrun(argv[1:]))
+    a = parser().parse_args(_sbatch_options_joined(argv))
     try:
         if a.command == "env":
             print(json.dumps(describe(), indent=2))

@@ -117,9 +117,12 @@ def main(argv=None) -> None:
         if _rank() == 0:
             print(f"pretrain: error: {e}", file=sys.stderr)
         sys.exit(3)
-    except KeyboardInterrupt:  # Ctrl-C: the loader's workers have ended (`Trainer.fit`); no traceback
-        print("pretrain: interrupted (SIGINT); re-run the same command to resume from the last checkpoint",
-              file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C: the loader's workers have ended (`Trainer.fit`); no traceback, one line
+        if _rank() == 0:
+            signals.end_line("pretrain: interrupted (SIGINT); re-run the same command to resume from the last "
+                             "checkpoint", 130)
+        else:
+            signals.note_end(130)
         sys.exit(130)
     except Stopped as e:  # (rank 0 said why before the ranks' last collective)
         signals.ignore()

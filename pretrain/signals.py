@@ -27,7 +27,7 @@ received: str | None = None  # the name of the first stop signal this process go
 trained_steps = 0  # steps trained since this process started (a failure while a stop is pending reads it)
 training = False  # the training loop has begun: from here it acts on stop signals at its step boundaries
 PAUSE_ENV = "PTM_TEST_PAUSE"  # "PHASE:DIR" makes `pause(PHASE)` wait (tests: a signal at a named moment)
-END_ENV = "PTM_END_NOTE"  # a file for the exit status the ranks agreed on (slurm/pretrain.sbatch reads it)
+END_ENV = "PTM_END_NOTE"  # a file for the exit status the ranks agreed on (slurm/pretrain.sbatch, launchers read it)
 _waiter: threading.Thread | None = None
 _paused: set[str] = set()
 
@@ -106,11 +106,11 @@ def pause(phase: str) -> None:
 
 def note_end(code: int, line: str | None = None) -> None:
     """Record the exit status this rank ends with, having stopped on a signal or refused its input (2), in
-    $PTM_END_NOTE (set by slurm/pretrain.sbatch: a file in a directory of the batch host, so ranks elsewhere find no
-    directory and write nothing), and the `line` that says why, if this rank says it, beside it ($PTM_END_NOTE.line).
-    A launcher that sees one rank exit kills the ranks still ending (srun --kill-on-bad-exit) and reports that
-    kill, not the status the ranks agreed on; the script reads this note instead. Atomic; callable from any
-    thread."""
+    $PTM_END_NOTE (set by slurm/pretrain.sbatch and `ptm launch torchrun`: a file in a directory on the batch host, or
+    on torchrun's, so ranks elsewhere find no directory and write nothing), and the `line` that says why, if this
+    rank says it, beside it ($PTM_END_NOTE.line). A launcher that sees one rank exit kills the ranks still ending (srun
+    --kill-on-bad-exit) and reports that kill, not the status the ranks agreed on; the script reads this note
+    instead. Atomic; callable from any thread."""
     from ptm.files import write_text  # (stdlib only)
 
     path = os.environ.get(END_ENV)
