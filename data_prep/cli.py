@@ -1,4 +1,5 @@
-"""`python -m data_prep` (also `ptm prep`): build, train-tokenizer, finalize, verify, inspect, corpus."""
+"""`python -m data_prep` (also `ptm prep`): build, train-tokenizer, finalize, verify, inspect, words,
+sentinels, similar-words, corpus."""
 from __future__ import annotations
 
 import argparse
@@ -153,6 +154,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="the new dataset directory")
     s.add_argument("--count", type=whole("a count (1, 2, ...; T5: 100)"), default=100,
                    help="sentinels to add (T5: 100)")
+    m = sub.add_parser("similar-words", help="MacBERT's similar-words file (data.similar_words) from word vectors",
+                       description="Write each word followed by its --top nearest words by cosine similarity, one "
+                                   "word a line: the file data.similar_words (MacBERT's correction masking) reads. "
+                                   "A model's words are its tokenizer's pieces that spell a word in one token "
+                                   "(special tokens left out), their vectors its input word embeddings.")
+    m.add_argument("vectors", help="a word2vec/fastText text vectors file (word v1 v2 ... a line, with or without "
+                                   "the `count dim` header), a Hugging Face model directory, or a ptm run or "
+                                   "checkpoint")
+    m.add_argument("--out", required=True, help="the similar-words file to write")
+    m.add_argument("--top", type=whole("a count (1, 2, ...)"), default=5, help="nearest words per word (default 5)")
+    m.add_argument("--min-similarity", type=float, metavar="COSINE",
+                   help="leave out neighbours less similar than this (-1 to 1; default: keep all --top)")
+    m.add_argument("--dataset", metavar="DIR", help="only the words of this ptm dataset's vocabulary (a dataset or "
+                                                    "tokenizer directory; those it spells in one token)")
+    m.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     c = sub.add_parser("corpus", help="write the embedded default corpus (real English and Chinese text)",
                        description="English: docstrings of Python's standard library. Chinese: Debian's "
                                    "fortunes-zh (installed by scripts/setup.sh).")
@@ -221,6 +237,11 @@ def run(argv=None) -> int:
 
         m = add_sentinels(a.dir, a.out, a.count)
         print(f"{a.out}: {m['num_documents']} documents, vocabulary {m['vocab_size']} with {a.count} sentinels")
+    elif a.command == "similar-words":
+        from data_prep.similar import similar_words
+
+        n = similar_words(a.vectors, a.out, a.top, a.min_similarity, a.dataset, a.progress)
+        print(f"wrote {a.out}: {n} words with their similar words")
     elif a.command == "corpus":
         from data_prep.corpus import write_default_corpus
 

@@ -149,7 +149,7 @@ class SimilarWords:
             rows = [line.split() for line in f if line.strip()]
         words = sorted({w for row in rows for w in row})
         for prefix in ("", " ", "\u3002"):  # text start; after a space; inside text (after a CJK full stop)
-            encoded = dict(zip(words, _encode_after(tokenizer, prefix, words)))
+            encoded = dict(zip(words, encode_after(tokenizer, prefix, words)))
             for word, *similar in rows:
                 key = encoded[word]
                 if key is None:
@@ -167,7 +167,7 @@ class SimilarWords:
         return choices[int(rng.integers(len(choices)))] if choices else None
 
 
-def _encode_after(tokenizer, prefix: str, words: list[str]) -> list[tuple[int, ...] | None]:
+def encode_after(tokenizer, prefix: str, words: list[str]) -> list[tuple[int, ...] | None]:
     """Each word's token ids as they stand after `prefix` in running text: from the first token that reaches into
     the word (a token that also holds the space before it, as GPT-2's "Ġword", or a zero-width one, as
     sentencepiece's lone "▁", belongs to the word, as data_prep assigns it); None where a token straddles a
