@@ -87,7 +87,7 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
 
 def import_tokenizer(hf_dir: str, out: str) -> None:
     """A ptm tokenizer directory from a Hugging Face model directory."""
-    from data_prep.tokenizer import META, load_tokenizer
+    from data_prep.tokenizer import META, load_tokenizer, unigram_without_model
 
     if os.path.isfile(os.path.join(hf_dir, META)):
         source = hf_dir
@@ -99,10 +99,10 @@ def import_tokenizer(hf_dir: str, out: str) -> None:
             os.makedirs(out, exist_ok=True)
             Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json")).model.save(out)
             source = _tokenizer_files(out)  # vocab.txt (WordPiece) or vocab.json + merges.txt (BPE) now live here
-        if source is None:  # (a sentencepiece model saved by transformers 5 is a Unigram tokenizer.json alone)
-            raise C.CheckpointError(f"{hf_dir} has no tokenizer files ptm can use (a sentencepiece .model, "
-                                    "vocab.txt or vocab.json + merges.txt); copy the original model's tokenizer files "
-                                    "into it")
+        if source is None:
+            raise C.CheckpointError(unigram_without_model(hf_dir) or f"{hf_dir} has no tokenizer files ptm can use (a "
+                                    "sentencepiece .model, vocab.txt or vocab.json + merges.txt); copy the original "
+                                    "model's tokenizer files into it")
     load_tokenizer(source).save(out)
 
 

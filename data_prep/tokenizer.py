@@ -216,7 +216,8 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
         for candidate in (*models, "vocab.txt", "vocab.json"):
             if candidate in names:
                 return load_tokenizer(os.path.join(path, candidate), threads)
-        raise PrepError(f"no tokenizer in {path}: expected a .model, vocab.txt or vocab.json + merges.txt")
+        raise PrepError(unigram_without_model(path) or
+                        f"no tokenizer in {path}: expected a .model, vocab.txt or vocab.json + merges.txt")
     directory, name = os.path.split(os.path.abspath(path))
     if name.endswith(".model"):
         return _opened(path, lambda: Tokenizer("sentencepiece", directory, [name], threads=threads))
@@ -224,10 +225,26 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
         return _opened(path, lambda: Tokenizer("wordpiece", directory, [name], lowercase=_vocab_is_uncased(path),
                                                threads=threads))
     if name.endswith(".json"):
+        if name == "tokenizer.json" and (problem := unigram_without_model(directory)):
+            raise PrepError(problem)
         if not os.path.isfile(os.path.join(directory, "merges.txt")):
             raise PrepError(f"GPT-2 BPE vocabulary {path} needs merges.txt beside it")
         return _opened(path, lambda: Tokenizer("bpe", directory, [name, "merges.txt"], threads=threads))
     raise PrepError(f"cannot tell what tokenizer {path} is; pass a .model, vocab.txt or vocab.json")
+
+
+def unigram_without_model(directory: str) -> str | None:
+    """What to do where `directory`'s tokenizer is a Hugging Face tokenizer.json of a Unigram model alone (what
+    transformers 5 saves of a sentencepiece tokenizer: T5's, ALBERT's, XLNet's), or None: ptm encodes with the
+    sentencepiece model itself."""
+    path = os.path.join(directory, "tokenizer.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            unigram = json.load(f)["model"]["type"] == "Unigram"
+    except (OSError, ValueError, KeyError, TypeError):  # none there, or not a tokenizer.json
+        return None
+    return (f"{path} is a sentencepiece (Unigram) tokenizer without its sentencepiece model, which ptm reads: copy the "
+            f"model's .model file (e.g. spiece.model, as released) into {directory}") if unigram else None
 
 
 def _from_meta(directory: str, threads: int) -> Tokenizer:

@@ -304,7 +304,8 @@ def test_albert_to_hf_and_back(sp_model, tmp_path):
     transformers.AlbertModel(hf.config).save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")  # transformers 5 writes a Unigram tokenizer.json alone: nothing ptm reads
     proc = call_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt", check=False)
-    assert proc.returncode == 2 and f"{tmp_path / 'base'} has no tokenizer files ptm can use" in proc.stderr
+    assert proc.returncode == 2 and f"{tmp_path / 'base' / 'tokenizer.json'} is a sentencepiece (Unigram) tokenizer " \
+        "without its sentencepiece model, which ptm reads: copy the model's .model file" in proc.stderr
     for f in out.glob("*.model"):  # beside it the sentencepiece model (a released ALBERT ships its spiece.model)
         shutil.copy(f, tmp_path / "base")
     proc = call_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")

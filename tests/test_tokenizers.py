@@ -103,6 +103,32 @@ def test_too_large_vocab_is_a_clear_error(tmp_path):
         quick_build([src], tmp_path / "ds", vocab_size=50000)
 
 
+def test_unigram_tokenizer_json_without_its_model_names_the_file_and_the_fix(tmp_path):
+    """transformers 5 saves a sentencepiece tokenizer (T5's, ALBERT's, XLNet's) as a Unigram tokenizer.json alone:
+    data_prep (a directory or the file itself) and from-hf name that file and the .model to copy beside it."""
+    from tokenizers import Tokenizer, models
+
+    from checkpoints_tools.hf import import_tokenizer
+    from pretrain.checkpoint import CheckpointError
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    unigram = models.Unigram([("<unk>", 0.0), ("\u2581a", -1.0), ("b", -2.0)], unk_id=0)
+    Tokenizer(unigram).save(str(hf / "tokenizer.json"))
+    says = (f"{hf / 'tokenizer.json'} is a sentencepiece (Unigram) tokenizer without its sentencepiece model, which "
+            f"ptm reads: copy the model's .model file (e.g. spiece.model, as released) into {hf}")
+    for path in (hf, hf / "tokenizer.json"):
+        with pytest.raises(PrepError) as e:
+            load_tokenizer(str(path))
+        assert str(e.value) == says
+    with pytest.raises(CheckpointError) as e:
+        import_tokenizer(str(hf), str(tmp_path / "out"))
+    assert str(e.value) == says
+    src = write_jsonl(tmp_path / "d.jsonl", [{"text": "a b"}])
+    proc = run_cli("data_prep", "build", src, "--out", tmp_path / "ds", "--tokenizer", hf, check=False)
+    assert proc.returncode == 2 and proc.stderr == f"data_prep: error: {says}\n"
+
+
 def test_byte_level_bpe_trained_by_data_prep_has_roberta_specials(corpus, tmp_path):
     """`--model-type byte_bpe`: RoBERTa's specials at ids 0-4 (padding 1), every text encoded without unknowns and
     decoded back exactly, and transformers' RoBERTa tokenizer gives the same ids."""
