@@ -45,6 +45,9 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     tokens (its HF config's), which a sentencepiece model's tokenizer names; the original files are copied too, so
     `from-hf` brings the same tokenizer back."""
     import transformers
+    from tokenizers import normalizers
+
+    from data_prep.tokenizer import hf_normalizers
 
     if template not in TEMPLATES:
         raise ValueError(f"tokenizer template {template!r} is not one of {' | '.join(TEMPLATES)}")
@@ -66,18 +69,18 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
         pass
     else:
         inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if template == "bert" else [])
-        hf = transformers.PreTrainedTokenizerFast(tokenizer_object=sentencepiece_to_fast(files[0], template),
-                                                  unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                                  sep_token="[SEP]", mask_token="[MASK]", model_input_names=inputs)
+        tok, ids = sentencepiece_to_fast(files[0], template), meta["special_ids"]
+        hf = transformers.PreTrainedTokenizerFast(  # (the model's own pieces: [UNK] or <unk>, ...)
+            tokenizer_object=tok, model_input_names=inputs, **{f"{role}_token": tok.id_to_token(ids[role])
+                                                               for role in ("unk", "pad", "cls", "sep", "mask")
+                                                               if ids.get(role) is not None})
         for name, token_id in zip(("bos_token", "eos_token"), ends):
             if token_id is not None:
                 setattr(hf, name, hf.convert_ids_to_tokens(token_id))
-    if nfkc:  # data_prep normalised the text with NFKC before tokenizing; the exported tokenizer does too
-        from tokenizers import normalizers
-
+    before = ([normalizers.NFKC()] if nfkc else []) + hf_normalizers(meta.get("rewrites", ()))
+    if before:  # data_prep normalised the text with NFKC, an imported tokenizer rewrites it: the export does too
         backend = hf.backend_tokenizer
-        backend.normalizer = normalizers.Sequence(
-            [normalizers.NFKC()] + ([backend.normalizer] if backend.normalizer is not None else []))
+        backend.normalizer = normalizers.Sequence(before + ([backend.normalizer] if backend.normalizer else []))
     hf.model_max_length = max_length
     hf.save_pretrained(out)
     for path in files:

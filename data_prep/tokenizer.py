@@ -2,8 +2,8 @@
 vocabularies (`words`: bilm-tf's vocabulary file, one word per line; data_prep/words.py builds them).
 
 A dataset keeps its tokenizer in `DIR/tokenizer/`: the original files plus `ptm_tokenizer.json`
-(kind, files, lower-casing, special token ids), so training and the Hugging Face export use exactly
-the vocabulary the data was encoded with.
+(kind, files, lower-casing, an imported tokenizer's text rewriting, special token ids), so training and the Hugging
+Face export use exactly the vocabulary the data was encoded with.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import unicodedata
 from itertools import chain
 
 import numpy as np
@@ -35,6 +36,60 @@ _ROLE_PIECES = {
     "eod": ("<|endoftext|>", "[EOD]", "</s>", "[SEP]", "</S>"),
 }
 
+# What a Hugging Face sentencepiece tokenizer (ALBERT's, XLNet's) does to text before its model, in this order, as
+# its tokenizer.json's normalizer names it: `` and '' become ", accents are stripped (NFKD, then no nonspacing
+# marks), letters lowercased.
+REWRITES = {"quotes": ("Replace", "``"), "strip_accents": ("StripAccents", None), "lowercase": ("Lowercase", None)}
+
+
+def _unaccented(c: str) -> str:
+    return c if c.isascii() else "".join(x for x in unicodedata.normalize("NFKD", c) if unicodedata.category(x) != "Mn")
+
+
+def rewrite(text: str, rewrites) -> tuple[str, np.ndarray | None]:
+    """`text` rewritten, and for each of its characters and its end the place in `text` it comes from (None where
+    every character stays one)."""
+    lower = str.lower if "lowercase" in rewrites else str
+    quotes = "quotes" in rewrites and ("``" in text or "''" in text)
+    if not quotes and ("strip_accents" not in rewrites or text.isascii()) and len(lower(text)) == len(text):
+        return lower(text), None
+    units = re.findall("``|''|.", text, re.S) if quotes else list(text)
+    pieces = ['"' if len(u) == 2 else _unaccented(u) if "strip_accents" in rewrites else u for u in units]
+    out, pieces = lower("".join(pieces)), [lower(p) for p in pieces]  # (İ lowercases to two characters)
+    if len(out) != sum(map(len, pieces)):  # (whole, a final sigma lowercases in context: the same length)
+        out = "".join(pieces)
+    widths = np.fromiter(map(len, units), dtype=np.int64, count=len(units))
+    source = np.repeat(np.cumsum(widths) - widths, [len(p) for p in pieces])
+    return out, np.append(source, len(text))
+
+
+def hf_rewrites(directory: str) -> tuple[str, ...]:
+    """The REWRITES of the Hugging Face tokenizer in `directory` (its tokenizer.json's normalizer, or else its
+    tokenizer_config.json's do_lower_case and keep_accents); none where it has neither."""
+    try:
+        with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as f:
+            found = json.dumps(json.load(f).get("normalizer"))
+        return tuple(name for name, (kind, pattern) in REWRITES.items()
+                     if f'"type": "{kind}"' in found and (pattern is None or json.dumps(pattern) in found))
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        with open(os.path.join(directory, "tokenizer_config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return ()
+    return tuple(name for name, on in (("strip_accents", config.get("keep_accents") is False),
+                                       ("lowercase", config.get("do_lower_case") is True)) if on)
+
+
+def hf_normalizers(rewrites) -> list:
+    """The `tokenizers` normalizers that rewrite text as `rewrites` do (an export's tokenizer.json)."""
+    from tokenizers import normalizers as n
+
+    steps = {"quotes": [n.Replace("``", '"'), n.Replace("''", '"')], "strip_accents": [n.NFKD(), n.StripAccents()],
+             "lowercase": [n.Lowercase()]}
+    return [step for name in REWRITES if name in rewrites for step in steps[name]]
+
 
 class Tokenizer:
     """Encodes text to ids with character offsets; `kind` is sentencepiece, wordpiece, bpe or words. `sentinels`: T5's
@@ -42,9 +97,10 @@ class Tokenizer:
     never encodes to them: span corruption puts them in its samples (`sentinel_ids`)."""
 
     def __init__(self, kind: str, directory: str, files: list[str], lowercase: bool = False, threads: int = 1,
-                 sentinels: int = 0):
+                 sentinels: int = 0, rewrites: tuple[str, ...] = ()):
         self.kind, self.directory, self.files, self.lowercase = kind, directory, files, lowercase
         self.threads, self.sentinels = threads, sentinels
+        self.rewrites = tuple(r for r in REWRITES if r in rewrites)  # (sentencepiece: `rewrite`, in its order)
         self._tables = None
         paths = [os.path.join(directory, f) for f in files]
         if kind == "sentencepiece":
@@ -114,8 +170,12 @@ class Tokenizer:
         """sentencepiece's numpy output is ~8x faster than its offset mapping, so character offsets are
         derived from per-piece lengths (a "▁" is one space, the dummy prefix none, a byte-fallback
         character sits on its last byte) and checked against each text's length; texts where they do not
-        add up (unknown pieces, a model that rewrites text) take sentencepiece's own offsets."""
-        arrays = self._sp.encode(texts, out_type="numpy", num_threads=self.threads)
+        add up (unknown pieces, a model that rewrites text) take sentencepiece's own offsets. `rewrites` are
+        applied first, offsets mapped back to the text as given."""
+        sources = None
+        if self.rewrites:
+            texts, sources = zip(*(rewrite(t, self.rewrites) for t in texts)) if texts else ((), ())
+        arrays = self._sp.encode(list(texts), out_type="numpy", num_threads=self.threads)
         counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
         ids = np.frombuffer(b"".join(arrays), dtype=np.int32)  # int32 arrays: joined as bytes, 4x faster
         if not offsets:
@@ -129,6 +189,10 @@ class Tokenizer:
             offs = np.asarray(self._sp.encode(texts[i], out_type="offset_mapping")["offsets"], dtype=np.int64)
             sl = slice(first[i], first[i] + counts[i])
             starts[sl], ends[sl] = offs[:, 0], offs[:, 1]
+        for i, source in enumerate(sources or ()):
+            if source is not None:
+                sl = slice(first[i], first[i] + counts[i])
+                starts[sl], ends[sl] = source[starts[sl]], source[ends[sl]]
         return ids, counts, starts, ends
 
     def _words_encode(self, texts, offsets: bool):
@@ -166,6 +230,8 @@ class Tokenizer:
 
     def sha256(self) -> str:
         h = hashlib.sha256()
+        if self.rewrites:  # (another text, other ids)
+            h.update(" ".join(self.rewrites).encode())
         for f in sorted(self.files):
             h.update(f.encode())
             with open(os.path.join(self.directory, f), "rb") as fh:
@@ -175,7 +241,7 @@ class Tokenizer:
     def meta(self) -> dict:
         return {"kind": self.kind, "files": self.files, "lowercase": self.lowercase,
                 "vocab_size": self.vocab_size, "special_ids": self.special, "sentinels": self.sentinels,
-                "sha256": self.sha256()}
+                "rewrites": list(self.rewrites), "sha256": self.sha256()}
 
     def save(self, directory: str) -> "Tokenizer":
         """Copy the tokenizer files and metadata into `directory`; returns the tokenizer loaded from there."""
@@ -185,11 +251,11 @@ class Tokenizer:
             if os.path.abspath(src) != os.path.abspath(dst):
                 shutil.copyfile(src, dst)
         write_json(os.path.join(directory, META), self.meta())
-        return Tokenizer(self.kind, directory, self.files, self.lowercase, self.threads, self.sentinels)
+        return Tokenizer(self.kind, directory, self.files, self.lowercase, self.threads, self.sentinels, self.rewrites)
 
     def with_sentinels(self, n: int) -> "Tokenizer":
         """This tokenizer with `n` sentinels after its vocabulary instead of its own."""
-        return Tokenizer(self.kind, self.directory, self.files, self.lowercase, self.threads, n)
+        return Tokenizer(self.kind, self.directory, self.files, self.lowercase, self.threads, n, self.rewrites)
 
 
 def sentinel_ids(vocab_size: int, sentinels: int) -> list[int]:
@@ -220,7 +286,8 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
                         f"no tokenizer in {path}: expected a .model, vocab.txt or vocab.json + merges.txt")
     directory, name = os.path.split(os.path.abspath(path))
     if name.endswith(".model"):
-        return _opened(path, lambda: Tokenizer("sentencepiece", directory, [name], threads=threads))
+        return _opened(path, lambda: Tokenizer("sentencepiece", directory, [name], threads=threads,
+                                               rewrites=hf_rewrites(directory)))
     if name.endswith(".txt"):
         return _opened(path, lambda: Tokenizer("wordpiece", directory, [name], lowercase=_vocab_is_uncased(path),
                                                threads=threads))
@@ -250,7 +317,8 @@ def unigram_without_model(directory: str) -> str | None:
 def _from_meta(directory: str, threads: int) -> Tokenizer:
     with open(os.path.join(directory, META)) as f:
         m = json.load(f)
-    return Tokenizer(m["kind"], directory, m["files"], m["lowercase"], threads, m.get("sentinels", 0))
+    return Tokenizer(m["kind"], directory, m["files"], m["lowercase"], threads, m.get("sentinels", 0),
+                     m.get("rewrites", ()))
 
 
 def _opened(path: str, make) -> Tokenizer:

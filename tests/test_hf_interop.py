@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -316,6 +317,40 @@ def test_albert_to_hf_and_back(sp_model, tmp_path):
     _checkpoint(tmp_path / "partial", "albert", sp_model, share_layers="attention")
     proc = run_cli("checkpoints_tools", "to-hf", tmp_path / "partial" / "run", "--out", tmp_path / "no", check=False)
     assert proc.returncode == 2 and "share_layers=attention has no HF class" in proc.stderr
+
+
+def test_an_uncased_albert_tokenizer_imports_and_exports_as_transformers_encodes(tmp_path):
+    """A released ALBERT's tokenizer rewrites text before its sentencepiece model (`` and '' to ", accents stripped,
+    lowercased; pieces <pad> <unk> [CLS] [SEP] [MASK]): data_prep reading the directory, from-hf's tokenizer and
+    to-hf's export of that checkpoint encode as transformers' AlbertTokenizer does, offsets on the original text;
+    the export names the model's own special pieces (no token added to the vocabulary)."""
+    import sentencepiece as spm
+
+    lines = [line.lower() for line in ["Return the sum of two numbers.", "The cafe served creme brulee.",
+                                       '"Quoted" words and more quotes here.', "Hello world, hello again."] * 40]
+    (tmp_path / "src").mkdir()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "src" / "spiece"),
+                                   vocab_size=40, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="<pad>",
+                                   unk_piece="<unk>", control_symbols=["[CLS]", "[SEP]", "[MASK]"], minloglevel=2)
+    base = tmp_path / "base"
+    hf_tok = transformers.AlbertTokenizer.from_pretrained(tmp_path / "src", do_lower_case=True, keep_accents=False)
+    hf_tok.save_pretrained(base)
+    shutil.copy(tmp_path / "src" / "spiece.model", base)  # (transformers 5 saves tokenizer.json alone)
+    config = transformers.AlbertConfig(vocab_size=40, embedding_size=8, hidden_size=16, num_hidden_layers=1,
+                                       num_attention_heads=2, intermediate_size=32, max_position_embeddings=32)
+    transformers.AlbertModel(config).save_pretrained(base)
+    texts = ["Return the Sum of TWO numbers.", "The Café served Crème Brûlée.", "``Quoted'' WORDS and \"more\""]
+    want = [hf_tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    call_cli("checkpoints_tools", "from-hf", base, "--out", tmp_path / "ckpt")
+    for tok in (load_tokenizer(str(base)), load_tokenizer(str(tmp_path / "ckpt" / "tokenizer"))):
+        ids, counts, starts, ends = tok.encode(texts)
+        assert [a.tolist() for a in np.split(ids, counts.cumsum()[:-1])] == want
+        spans = np.split(np.stack([starts, ends], 1), counts.cumsum()[:-1])  # each piece's place in the text given
+        assert ["".join(t[a:b] for a, b in s) for t, s in zip(texts, spans)] == texts  # ("``" for '"', "É" for "e")
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "ckpt", "--out", tmp_path / "hf")
+    out = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert len(out) == len(hf_tok) == 40 and out.unk_token == "<unk>" and out.pad_token == "<pad>"
+    assert [out(t)["input_ids"] for t in texts] == [hf_tok(t)["input_ids"] for t in texts]
 
 
 def test_export_refuses_what_the_family_class_does_not_compute(sp_model, gpt2_vocab, tmp_path):
