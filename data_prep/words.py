@@ -74,7 +74,9 @@ def build_words(src: str, out: str, min_count: int = 1, workers: int = 1, progre
     counts["<S>"] = counts["</S>"] = sum(len(doc) for doc in docs)  # one of each per sentence
     vocab = vocabulary(counts, min_count)
     known = set(vocab)
-    with tempfile.TemporaryDirectory(prefix="words-", dir=os.path.dirname(os.path.abspath(out))) as tmp:
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)  # --out may name a directory in one not made yet, as for `build`
+    with tempfile.TemporaryDirectory(prefix="words-", dir=parent) as tmp:
         tok = os.path.join(tmp, "tokenizer")
         os.makedirs(tok)
         write_bytes(os.path.join(tok, "vocab.txt"), "".join(w + "\n" for w in vocab).encode())

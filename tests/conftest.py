@@ -204,10 +204,11 @@ def train_data(small, sp_model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def words_data(train_data, tmp_path_factory):
-    """The training dataset's words (`data_prep words`): what ELMo trains on."""
+    """The training dataset's words (`data_prep words`): what ELMo trains on. Built into a directory not made yet, as
+    `ptm compare` builds OUT/data/words."""
     from data_prep.words import build_words
 
-    out = str(tmp_path_factory.mktemp("words") / "words")
+    out = str(tmp_path_factory.mktemp("words") / "data" / "words")
     build_words(train_data, out, progress=False)
     return out
 
