@@ -93,7 +93,9 @@ def unmasked(source: Source) -> bool:
     """A left-to-right XLNet (Transformer-XL's export, `attn_type: uni`): transformers' XLNet cannot add a padding
     mask to its causal mask for more than one sequence (an in-place broadcast fails), so it reads right-padded
     batches without a mask (causal attention never sees the padding after a token) and classifies from the last
-    real token (`LinearHead`; XLNet's own head reads the last position, a pad)."""
+    real token (`LinearHead`; XLNet's own head reads the last position, a pad). ELMo (no transformers model): no."""
+    if not source.hf_dir:
+        return False
     with open(os.path.join(source.hf_dir, "config.json")) as f:
         return json.load(f).get("attn_type") == "uni"
 
