@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -74,11 +74,12 @@ def build_words(src: str, out: str, min_count: int = 1, workers: int = 1, progre
     counts["<S>"] = counts["</S>"] = sum(len(doc) for doc in docs)  # one of each per sentence
     vocab = vocabulary(counts, min_count)
     known = set(vocab)
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)  # --out may name a directory in one not made yet, as for `build`
-    with tempfile.TemporaryDirectory(prefix="words-", dir=parent) as tmp:
+    # The words and vocabulary go to a directory of the same name at every run, the build's input: a re-run with the
+    # same source and options is the build's no-op (and continues a build cut short), not "other inputs".
+    tmp = os.path.abspath(out).rstrip(os.sep) + ".words-input"
+    try:
         tok = os.path.join(tmp, "tokenizer")
-        os.makedirs(tok)
+        os.makedirs(tok, exist_ok=True)  # (--out's parent too, if not made yet, as for `build`)
         write_bytes(os.path.join(tok, "vocab.txt"), "".join(w + "\n" for w in vocab).encode())
         write_bytes(os.path.join(tok, "counts.tsv"),
                     "".join(f"{w}\t{counts.get(w, 0)}\n" for w in vocab).encode())
@@ -95,6 +96,8 @@ def build_words(src: str, out: str, min_count: int = 1, workers: int = 1, progre
                             text=TextOptions(nfkc=False, whitespace="keep", min_chars=1, max_chars=0,
                                              structure="none"))
         return build(opts)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def word_counts(tokenizer_dir: str) -> np.ndarray:

@@ -30,9 +30,10 @@ def test_character_ids_are_bilm_tfs():
 def test_the_word_dataset_holds_the_datasets_words_sentence_by_sentence(train_data, words_data):
     """Each document is its sentences as `<S> words </S>` (the last `</S>` is the end-of-document token packing adds),
     a word being a run of tokens from one word start to the next; the vocabulary starts <S>, </S>, <UNK>, then the
-    words by descending count, with the counts beside it."""
+    words by descending count, with the counts beside it. The same build again is a no-op (it once named temporary
+    inputs as "other inputs" and refused)."""
     from data_prep.dataset import Corpus
-    from data_prep.words import sentences, word_counts
+    from data_prep.words import build_words, sentences, word_counts
 
     source, words = Corpus(train_data), Corpus(words_data)
     tok = words.tokenizer()
@@ -45,6 +46,8 @@ def test_the_word_dataset_holds_the_datasets_words_sentence_by_sentence(train_da
     assert len(counts) == tok.vocab_size and (np.diff(counts[3:]) <= 0).all()
     seen = np.bincount(np.concatenate([words.tokens(i) for i in range(len(words))]), minlength=tok.vocab_size)
     assert (seen[3:] == counts[3:]).all() and seen[0] == counts[0] == counts[1] == seen[1] + len(words)
+    assert build_words(train_data, words_data, progress=False) == words.manifest
+    assert os.listdir(os.path.dirname(words_data)) == ["words"]  # nothing left beside it
 
 
 def _reference(options: dict, w: dict, chars: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
