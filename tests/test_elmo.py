@@ -48,6 +48,13 @@ def test_the_word_dataset_holds_the_datasets_words_sentence_by_sentence(train_da
     assert (seen[3:] == counts[3:]).all() and seen[0] == counts[0] == counts[1] == seen[1] + len(words)
     assert build_words(train_data, words_data, progress=False) == words.manifest
     assert os.listdir(os.path.dirname(words_data)) == ["words"]  # nothing left beside it
+    from pretrain.config import load
+    from pretrain.data.factory import build_sources
+
+    # an objective that reads tokens refuses the words (GPT-3 once trained on them; its to-hf failed in protobuf)
+    for preset in ("gpt3-tiny", "bart-tiny"):
+        with pytest.raises(ValueError, match="holds words .* reads tokens: set data.path to a dataset of "):
+            build_sources(load(preset, [f"data.path={words_data}"]))
 
 
 def _reference(options: dict, w: dict, chars: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
