@@ -50,7 +50,7 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
     source, error = dev.rank0s(resolved)
     if error:
         raise TaskError(error)
-    Z.check(source, causal=bool(text or last_word), cloze=cloze and any(t.cloze for t in tasks) and not source.elmo)
+    Z.check(source, causal=bool(text or last_word), cloze=cloze and any(t.cloze for t in tasks))
     os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k not in ("progress", "save_dir")}
     results = {"model": os.path.abspath(model), "family": source.family, "pretrained": opts.pretrained,
@@ -71,7 +71,7 @@ def evaluate(model: str, out: str, task_args: list[str], opts: FT.Options, text:
             if rank == 0:
                 write_json(path, saved)
         results["tasks"][task.name] = saved["result"]
-        if cloze and task.cloze and not source.elmo and rank == 0:
+        if cloze and task.cloze and rank == 0:
             results["zero_shot"][f"{task.name} (cloze)"] = Z.cloze(source, task, opts.max_len)
     if rank == 0:
         if text:

@@ -125,6 +125,8 @@ def _mlm_dir(source: M.Source) -> str:
     """The directory of `source`'s model with an MLM head."""
     import transformers
 
+    if not source.hf_dir:  # ELMo
+        raise TaskError(f"{source.path}: cloze scoring needs a masked language model head; {source.family} has none")
     hf_dir = source.hf_dir
     generator = os.path.join(hf_dir, "generator")  # ELECTRA: the discriminator has no MLM head, its generator has
     if os.path.isfile(os.path.join(generator, "config.json")):

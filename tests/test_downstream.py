@@ -401,6 +401,7 @@ def test_long_texts_keep_head_and_tail(exports):
 
 @pytest.mark.slow
 def test_elmo_trains_a_task_model_over_its_frozen_bilm_and_scalar_mix(words_data, task_dir, tmp_path, monkeypatch):
+    from downstream import evaluate as E
     from downstream import zero_shot as Z
     from pretrain.elmo_vectors import ELMoEmbedder
 
@@ -409,6 +410,8 @@ def test_elmo_trains_a_task_model_over_its_frozen_bilm_and_scalar_mix(words_data
     assert source.elmo and not source.hf_dir
     with pytest.raises(TaskError, match="need a causal language model"):  # --text, --last-word: one line, no traceback
         Z.check(source, causal=True, cloze=False)
+    with pytest.raises(TaskError, match="cloze scoring needs a masked language model head; elmo has none"):
+        E.evaluate(run, str(tmp_path / "cloze"), [str(task_dir / "source")], FT.Options(), cloze=True)  # not silence
     opts = FT.Options(epochs=2, seeds=(1,), batch_size=8, max_len=32, progress=False)
     through_bilm, layers = [], ELMoEmbedder.layers
     monkeypatch.setattr(ELMoEmbedder, "layers", lambda self, texts: through_bilm.extend(map(tuple, texts)) or
