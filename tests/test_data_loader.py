@@ -131,6 +131,10 @@ def test_sources_from_the_data_config(dataset, tmp_path):
         build_sources(Config(data=DataConfig(path=dataset, objective="bort"), seed=3))
     with pytest.raises(ValueError, match="needs the current stage's tasks"):
         build_sources(Config(data=DataConfig(path=dataset, objective="ernie"), seed=3))
+    with pytest.raises(ValueError) as e:  # the fix said once
+        build_sources(Config(data=DataConfig(path=dataset, seq_len=64, valid_fraction=1e-12), seed=3))
+    assert str(e.value) == f"validation split: {dataset}: data.valid_fraction=1e-12 holds out no document; raise it, " \
+        "or set it to 0 to train without validation"
     other = shutil.copytree(dataset, tmp_path / "other", ignore=shutil.ignore_patterns(".ptm_index"))
     manifest = json.loads((other / "manifest.json").read_text())
     manifest["tokenizer"]["sha256"] = "0" * 64

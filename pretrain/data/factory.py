@@ -39,7 +39,7 @@ def build_sources(cfg, phase=None, *, corpora: list[Corpus] | None = None, cache
         try:
             sources = [source(p, c, s[which]) for p, c, s in zip(data.paths, corpora, splits)]
         except ValueError as e:
-            hint = "; raise data.valid_fraction" if which else ""
+            hint = "; raise data.valid_fraction" if which and "valid_fraction" not in str(e) else ""
             raise ValueError(f"{('training', 'validation')[which]} split: {e}{hint}") from None
         return sources[0] if len(sources) == 1 else BlendedDataset(sources, data.weights)
 
