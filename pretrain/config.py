@@ -76,9 +76,9 @@ class TrainConfig:
     grad_clip: float = opt(1.0, "clip the global gradient norm to this; 0: no clipping", range=">= 0")
     log_interval: int = opt(10, "steps between log lines", range="> 0")
     eval_interval: int = opt(1000, "steps between evaluations; 0: only the one every run ends with", range=">= 0")
-    eval_steps: int = opt(10, "micro batches per data-parallel rank per evaluation: it reads eval_steps x "
-                              "micro_batch_size x data-parallel size held-out sequences, so held-out metrics of "
-                              "two layouts compare only where that product is equal", range="> 0")
+    eval_steps: int = opt(10, "global batches per evaluation: the first eval_steps x global_batch_size held-out "
+                              "sequences, each data-parallel rank reading its share in micro batches (the same "
+                              "sequences, so the same held-out metrics, under any layout)", range="> 0")
     deterministic: bool = opt(False, "deterministic kernels (torch.use_deterministic_algorithms): bit-identical resume "
                                      "on GPUs too, at some speed; CPU runs are deterministic anyway")
 

@@ -261,28 +261,29 @@ class Trainer:
                 raise ConfigError(str(e)) from None
         return self._built[index]
 
-    def _loader(self, source, start: int, workers: int, phase=None):
-        """Micro-batches of `source` from sample `start`, with the element indices of the loss terms of `phase` (None:
-        the current step's), found on the host (`Objective.locate`)."""
+    def _loader(self, source, start: int, workers: int, phase=None, end: int | None = None):
+        """Micro-batches of `source` from sample `start` (to `end`; None: endless), with the element indices of the
+        loss terms of `phase` (None: the current step's), found on the host (`Objective.locate`)."""
         phase = self.objective.phase(self.step) if phase is None else phase
         return iter(make_loader(source, self.cfg.train.micro_batch_size, rank=self.dp_rank, world_size=self.dp,
-                                consumed_samples=start, num_workers=workers, unpadded=self.cfg.data.unpadded,
+                                consumed_samples=start, total_samples=end, num_workers=workers,
+                                unpadded=self.cfg.data.unpadded,
                                 locate=functools.partial(self.objective.locate, phase=phase)))
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Metrics over `eval_steps` validation batches on every data-parallel rank: global means (sums over
-        every batch and rank, divided by the element counts), for the phase the last step was in."""
+        """Metrics over the first `eval_steps` global batches of the held-out samples, each rank its share in
+        micro-batches (the same samples under any layout): global means (sums over every batch and rank, divided by
+        the element counts), for the phase the last step was in."""
         self.engine.eval()
         step = max(self.step - 1, 0)
         _, valid = self._sources(step)
         if valid is None:
             return {}
         tally, phase = losses.Tally(), self.objective.phase(step)
-        for n, batch in enumerate(self._loader(valid, 0, 0, phase)):
+        end = self.cfg.train.eval_steps * self.cfg.train.global_batch_size
+        for n, batch in enumerate(self._loader(valid, 0, 0, phase, end)):
             heartbeat.progress(f"the evaluation after step {self.step}: batch {n + 1}")
-            if n == self.cfg.train.eval_steps:
-                break
             batch = self._to_device(batch)
             signals.pause("evaluation")
             terms = self.objective.compute(self.engine, batch, phase)

@@ -21,12 +21,12 @@ import json
 import pytest
 import torch
 
-from runs import config, launch, losses_by_step, max_rel_diff, weights
+from runs import config, launch, losses_by_step, max_rel_diff, summary, weights
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(3600)]  # the first test waits for every run (`trained`)
 LAUNCH_TIMEOUT = 2400  # hang guards: `trained` takes ~15 min beside make test's other worker
 
-# train.eval_steps=1: every run ends with an evaluation, a quarter of its time at 10 batches; no test here reads it
+# train.eval_steps=1: every run ends with an evaluation of one global batch (a quarter of its time at 10)
 COMMON = ["data.num_workers=0", "data.seq_len=32", "model.max_position_embeddings=32", "model.hidden_dropout=0",
           "model.attention_dropout=0", "train.global_batch_size=8", "train.micro_batch_size=2", "train.grad_clip=0.5",
           "optimizer.warmup_steps=1", "optimizer.lr=0.01", "train.eval_interval=0", "data.valid_fraction=0.02",
@@ -212,6 +212,17 @@ def test_the_logged_loss_is_the_global_mean(trained, model):
     for other in ("mb8", "dp2", "lamb-z3"):
         got = losses_by_step(trained / f"{model}-{other}", key)
         assert got[1] == pytest.approx(ref[1], rel=1e-6) and got[4] == pytest.approx(ref[4], rel=1e-4), other
+
+
+@pytest.mark.parametrize("model", [*MODELS, *RECURRENT])
+def test_held_out_metrics_are_the_same_on_every_layout(trained, model):
+    """The evaluation every run ends with reads the first train.eval_steps global batches of the held-out samples
+    whatever the layout: micro batch 2 x 4, micro batch 8, DP=2 and TP=2 x DP=2 report the same held-out loss (as
+    closely as their weights agree). Reading eval_steps micro batches per rank, they read 2, 8, 4 and 4 samples."""
+    key = "valid_" + {**MODELS, **RECURRENT}[model][2]
+    ref = summary(trained / f"{model}-{'ref' if model in RECURRENT else 'lamb-ref'}")[key]
+    for other in ("mb8", "dp2", "z2" if model in RECURRENT else "lamb-z3"):
+        assert summary(trained / f"{model}-{other}")[key] == pytest.approx(ref, rel=1e-4), other
 
 
 @pytest.mark.parametrize("model", MODELS)
