@@ -21,7 +21,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("distilled", help="the out_dir of the run with data.objective=distil or tinybert")
     ap.add_argument("scratch", help="the out_dir of the same student trained without a teacher")
-    ap.add_argument("--eval-steps", type=int, default=100, help="validation batches (default: %(default)s)")
+    ap.add_argument("--eval-steps", type=int, default=50, help="held-out global batches (train.eval_steps; default: "
+                                                               "%(default)s)")
     args = ap.parse_args()
     trainer, rows = trainer_of(args.distilled, args.eval_steps), {}
     try:

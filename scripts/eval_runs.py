@@ -16,7 +16,8 @@ from pretrain.train import Trainer  # noqa: E402
 
 
 def trainer_of(run: str, eval_steps: int) -> Trainer:
-    """A one-process trainer of `run`'s config, resumed from its latest checkpoint, evaluating `eval_steps` batches."""
+    """A one-process trainer of `run`'s config, resumed from its latest checkpoint, evaluating `eval_steps` global
+    batches."""
     return Trainer(load(os.path.join(run, "config.yaml"),
                         ["parallel.tp=1", "zero.stage=1", f"out_dir={run}", f"train.eval_steps={eval_steps}"]))
 

@@ -24,7 +24,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("with_memory", help="the out_dir of the run trained with model.mem_len > 0")
     ap.add_argument("without_memory", help="the out_dir of the same config trained with model.mem_len=0")
-    ap.add_argument("--eval-steps", type=int, default=100, help="validation batches (default: %(default)s)")
+    ap.add_argument("--eval-steps", type=int, default=50, help="held-out global batches (train.eval_steps; default: "
+                                                               "%(default)s)")
     args = ap.parse_args()
     trainer, rows = trainer_of(args.with_memory, args.eval_steps), {}
     try:
