@@ -28,18 +28,17 @@ from ptm.files import write_bytes, write_json
 SPECIALS = ("<S>", "</S>", "<UNK>")
 
 
-def sentences(corpus: Corpus, i: int, words: dict) -> list[list[str]]:
-    """Document `i`'s sentences as lists of words (`words`: a cache, token ids' bytes -> word)."""
+def sentences(corpus: Corpus, i: int, words: dict, tok) -> list[list[str]]:
+    """Document `i`'s sentences as lists of words (`words`: a cache, token ids' bytes -> word; `tok`: the corpus's
+    tokenizer)."""
     ids = corpus.tokens(i)
     starts = np.flatnonzero(corpus.word_start(i)).tolist() + [len(ids)]
     breaks = set(corpus.sentence_starts(i).tolist())
     out: list[list[str]] = []
-    tok = None
     for a, b in zip(starts, starts[1:]):
         key = ids[a:b].tobytes()
         word = words.get(key)
         if word is None:
-            tok = tok or corpus.tokenizer()
             word = words[key] = "".join(tok.decode(ids[a:b].tolist()).split())
         if a in breaks or not out:
             out.append([])
@@ -66,9 +65,9 @@ def build_words(src: str, out: str, min_count: int = 1, workers: int = 1, progre
                         f"rebuild it with --structure words (or full)")
     if min_count < 1:
         raise PrepError(f"--min-count {min_count} must be at least 1")
-    cache, docs, counts = {}, [], Counter()
+    cache, docs, counts, tok = {}, [], Counter(), corpus.tokenizer()
     for i in range(len(corpus)):
-        doc = sentences(corpus, i, cache)
+        doc = sentences(corpus, i, cache, tok)
         counts.update(w for s in doc for w in s)
         docs.append(doc)
     counts["<S>"] = counts["</S>"] = sum(len(doc) for doc in docs)  # one of each per sentence

@@ -27,11 +27,12 @@ def test_character_ids_are_bilm_tfs():
     assert raw("中") == [258, 228, 184, 173, 259] + [260] * 45
 
 
-def test_the_word_dataset_holds_the_datasets_words_sentence_by_sentence(train_data, words_data):
+def test_the_word_dataset_holds_the_datasets_words_sentence_by_sentence(train_data, words_data, monkeypatch):
     """Each document is its sentences as `<S> words </S>` (the last `</S>` is the end-of-document token packing adds),
     a word being a run of tokens from one word start to the next; the vocabulary starts <S>, </S>, <UNK>, then the
     words by descending count, with the counts beside it. The same build again is a no-op (it once named temporary
-    inputs as "other inputs" and refused)."""
+    inputs as "other inputs" and refused), and loads the source's tokenizer once (it once did per document: 25 of
+    32 s on the demo's data)."""
     from data_prep.dataset import Corpus
     from data_prep.words import build_words, sentences, word_counts
 
@@ -40,13 +41,16 @@ def test_the_word_dataset_holds_the_datasets_words_sentence_by_sentence(train_da
     assert tok.kind == "words" and [tok.piece(i) for i in range(3)] == ["<S>", "</S>", "<UNK>"]
     cache = {}
     for i in (0, 1, len(source) - 1):
-        expected = " </S> ".join("<S> " + " ".join(s) for s in sentences(source, i, cache))
+        expected = " </S> ".join("<S> " + " ".join(s) for s in sentences(source, i, cache, source.tokenizer()))
         assert tok.decode(words.tokens(i)) == expected
     counts = word_counts(os.path.join(words_data, "tokenizer"))
     assert len(counts) == tok.vocab_size and (np.diff(counts[3:]) <= 0).all()
     seen = np.bincount(np.concatenate([words.tokens(i) for i in range(len(words))]), minlength=tok.vocab_size)
     assert (seen[3:] == counts[3:]).all() and seen[0] == counts[0] == counts[1] == seen[1] + len(words)
+    loads = []
+    monkeypatch.setattr(Corpus, "tokenizer", lambda self, real=Corpus.tokenizer: loads.append(1) or real(self))
     assert build_words(train_data, words_data, progress=False) == words.manifest
+    assert len(loads) == 1
     assert os.listdir(os.path.dirname(words_data)) == ["words"]  # nothing left beside it
     from pretrain.config import load
     from pretrain.data.factory import build_sources
