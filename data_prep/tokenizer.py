@@ -7,6 +7,7 @@ Face export use exactly the vocabulary the data was encoded with.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -46,12 +47,23 @@ def _unaccented(c: str) -> str:
     return c if c.isascii() else "".join(x for x in unicodedata.normalize("NFKD", c) if unicodedata.category(x) != "Mn")
 
 
+@functools.cache
+def _nonspacing() -> frozenset:
+    """The characters of Unicode's category Mn (what StripAccents removes)."""
+    return frozenset(chr(c) for c in range(0x300, 0x110000) if unicodedata.category(chr(c)) == "Mn")
+
+
+def _accent_free(text: str) -> bool:
+    """Stripping accents leaves `text` as it is (English, Chinese: no decomposable letter, no mark)."""
+    return text.isascii() or unicodedata.is_normalized("NFKD", text) and _nonspacing().isdisjoint(text)
+
+
 def rewrite(text: str, rewrites) -> tuple[str, np.ndarray | None]:
     """`text` rewritten, and for each of its characters and its end the place in `text` it comes from (None where
     every character stays one)."""
     lower = str.lower if "lowercase" in rewrites else str
     quotes = "quotes" in rewrites and ("``" in text or "''" in text)
-    if not quotes and ("strip_accents" not in rewrites or text.isascii()) and len(lower(text)) == len(text):
+    if not quotes and ("strip_accents" not in rewrites or _accent_free(text)) and len(lower(text)) == len(text):
         return lower(text), None
     units = re.findall("``|''|.", text, re.S) if quotes else list(text)
     pieces = ['"' if len(u) == 2 else _unaccented(u) if "strip_accents" in rewrites else u for u in units]
