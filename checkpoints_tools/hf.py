@@ -176,7 +176,7 @@ def _write_hf(family: families.Adapter, cfg: ModelConfig, config, state: dict, c
         setattr(config, key, value)
     # transformers builds the model on the meta device and takes these tensors as its weights: no second copy,
     # no random initialisation (a model built first and loaded into held two)
-    with _quiet_load():
+    with quiet_load():
         model, result = family.hf_model_class(cls).from_pretrained(None, config=config, state_dict=weights,
                                                                     dtype=torch.float32, output_loading_info=True)
     missing, unexpected = sorted(result["missing_keys"]), sorted(result["unexpected_keys"])
@@ -189,7 +189,7 @@ def _write_hf(family: families.Adapter, cfg: ModelConfig, config, state: dict, c
 
 
 @contextlib.contextmanager
-def _quiet_load():
+def quiet_load():
     """No progress bar or load report of transformers' own while it loads weights ptm checks itself."""
     from transformers.utils import logging
 

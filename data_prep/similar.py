@@ -107,10 +107,10 @@ def model_vectors(path: str, keep: set[str] | None = None) -> tuple[list[str], t
 def _hf_embeddings(path: str) -> torch.Tensor:
     import transformers
 
-    from checkpoints_tools.hf import _quiet_load
+    from checkpoints_tools.hf import quiet_load
 
     try:
-        with _quiet_load():
+        with quiet_load():
             return transformers.AutoModel.from_pretrained(path).get_input_embeddings().weight
     except Exception as e:  # transformers' reasons a directory does not load
         raise PrepError(f"{path}: transformers cannot load the model ({str(e).splitlines()[0]}); pass a directory "
