@@ -143,7 +143,11 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
         raise C.CheckpointError("\n".join(f"{ckpt}: {p}" for p in problems))
     tok_dir = os.path.join(ckpt, "tokenizer")
     with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
-        special = json.load(f)["special_ids"]
+        tok_meta = json.load(f)
+    if tok_meta["kind"] == "words":  # (a run of an older ptm: training on words now refuses such an objective)
+        raise C.CheckpointError(f"{ckpt} was trained on words (a `data_prep words` dataset), which a Hugging Face "
+                                f"{cfg.arch} model does not read; train it on a `data_prep build` dataset")
+    special = tok_meta["special_ids"]
     configs = [family.hf_config(m, special) for _, m, _ in models]
     states = family.split(C.load_full_model(ckpt), cfg)
     tmp = f"{out}.tmp"  # (a name of its own: what a run cut short left there goes)

@@ -44,8 +44,9 @@ def _truncate(path: str, size: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def w(small, train_data, sp_model, tmp_path_factory):
-    """Runs of three families (BERT, GPT-2, ELMo), their exports, a dataset, and damaged or foreign copies of each."""
+def w(small, train_data, sp_model, words_data, tmp_path_factory):
+    """Runs of three families (BERT, GPT-2, ELMo; a GPT-2 on words), their exports, a dataset, and damaged or foreign
+    copies of each."""
     from checkpoints_tools.bilm_tf import to_elmo
     from checkpoints_tools.hf import to_hf
 
@@ -63,6 +64,7 @@ def w(small, train_data, sp_model, tmp_path_factory):
 
     for family in ("bert", "gpt2", "elmo"):
         setattr(at, family, _run(os.path.join(root, family), f"{family}-tiny", sp_model))
+    at.gpt2_words = _run(os.path.join(root, "gpt2_words"), "gpt2-tiny", os.path.join(words_data, "tokenizer"))
     at.hf = to_hf(at.bert, os.path.join(root, "hf"))
     at.elmo_files = to_elmo(at.elmo, os.path.join(root, "elmo_files"))
     write(os.path.join(at.elmo_files, "vocab.txt"), "".join(f"w{i}\n" for i in range(100)).encode())  # any words
@@ -165,6 +167,8 @@ def _prep(argv):
 CASES = {
     "to-hf an ELMo run": (_convert, lambda w: [w.elmo, "to-hf", w.elmo, "--out", w.out],
                           ["model.arch=elmo", "no Hugging Face class", "ptm convert to-elmo"]),
+    "to-hf a GPT-2 trained on words": (_convert, lambda w: [w.gpt2_words, "to-hf", w.gpt2_words, "--out", w.out],
+                                       ["was trained on words", "train it on a `data_prep build` dataset"]),
     "to-hf an empty directory": (_convert, lambda w: [w.empty, "to-hf", w.empty, "--out", w.out],
                                  ["neither a ptm checkpoint", "pass a checkpoint directory or a training out_dir"]),
     "to-hf a random file": (_convert, lambda w: [w.random_file, "to-hf", w.random_file, "--out", w.out],
