@@ -164,7 +164,7 @@ def test_bf16_without_native_bf16_is_refused(monkeypatch):
 
 def test_mfu_on_a_mig_slice_is_against_the_slice_s_share_of_the_peak(monkeypatch):
     gpus(monkeypatch, 1, name="NVIDIA A100-SXM4-80GB MIG 3g.40gb")
-    assert hardware.mfu(312e12 * 3 / 7 / 2, torch.cuda.get_device_name(), "bf16") == pytest.approx(0.5)  # as the trainer
+    assert hardware.mfu(312e12 * 3 / 7 / 2, torch.cuda.get_device_name(), "bf16") == pytest.approx(0.5)  # (trainer's)
     assert hardware.peak_flops("NVIDIA H100 80GB HBM3 MIG 1c.3g.40gb", "bf16") == pytest.approx(989e12 / 7)
     assert hardware.peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12 and hardware.mig_share("NVIDIA H200") == 1
 

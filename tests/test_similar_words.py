@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import call_cli, run_cli
+from conftest import call_cli
 from data_prep import similar
 from data_prep.tokenizer import Tokenizer, load_tokenizer
 from pretrain.data.masking import SimilarWords
