@@ -58,21 +58,26 @@ def _accent_free(text: str) -> bool:
     return text.isascii() or unicodedata.is_normalized("NFKD", text) and _nonspacing().isdisjoint(text)
 
 
-def rewrite(text: str, rewrites) -> tuple[str, np.ndarray | None]:
-    """`text` rewritten, and for each of its characters and its end the place in `text` it comes from (None where
-    every character stays one)."""
-    lower = str.lower if "lowercase" in rewrites else str
+def _lower(text: str) -> str:
+    """Each character lowercased alone, as `tokenizers`' Lowercase does (str.lower turns a final Σ into ς)."""
+    return text.lower() if "Σ" not in text else "".join(c.lower() for c in text)
+
+
+def rewrite(text: str, rewrites) -> tuple[str, tuple[np.ndarray, np.ndarray] | None]:
+    """`text` rewritten, and where in `text` each of its character boundaries falls: (starts, ends), of the
+    characters of `text` that the character at or before each boundary came from (None where every character stays
+    one)."""
+    lower = _lower if "lowercase" in rewrites else str
     quotes = "quotes" in rewrites and ("``" in text or "''" in text)
     if not quotes and ("strip_accents" not in rewrites or _accent_free(text)) and len(lower(text)) == len(text):
         return lower(text), None
     units = re.findall("``|''|.", text, re.S) if quotes else list(text)
-    pieces = ['"' if len(u) == 2 else _unaccented(u) if "strip_accents" in rewrites else u for u in units]
-    out, pieces = lower("".join(pieces)), [lower(p) for p in pieces]  # (İ lowercases to two characters)
-    if len(out) != sum(map(len, pieces)):  # (whole, a final sigma lowercases in context: the same length)
-        out = "".join(pieces)
+    pieces = [lower('"' if len(u) == 2 else _unaccented(u) if "strip_accents" in rewrites else u) for u in units]
     widths = np.fromiter(map(len, units), dtype=np.int64, count=len(units))
-    source = np.repeat(np.cumsum(widths) - widths, [len(p) for p in pieces])
-    return out, np.append(source, len(text))
+    lengths = [len(p) for p in pieces]  # (İ lowercases to two characters; a lone mark is stripped to none)
+    ends = np.cumsum(widths)
+    return "".join(pieces), (np.append(np.repeat(ends - widths, lengths), len(text)),
+                             np.insert(np.repeat(ends, lengths), 0, 0))
 
 
 def hf_rewrites(directory: str) -> tuple[str, ...]:
@@ -90,7 +95,8 @@ def hf_rewrites(directory: str) -> tuple[str, ...]:
             config = json.load(f)
     except (OSError, ValueError):
         return ()
-    return tuple(name for name, on in (("strip_accents", config.get("keep_accents") is False),
+    return tuple(name for name, on in (("quotes", "keep_accents" in config),  # (ALBERT's, XLNet's: always)
+                                       ("strip_accents", config.get("keep_accents") is False),
                                        ("lowercase", config.get("do_lower_case") is True)) if on)
 
 
@@ -202,9 +208,10 @@ class Tokenizer:
             sl = slice(first[i], first[i] + counts[i])
             starts[sl], ends[sl] = offs[:, 0], offs[:, 1]
         for i, source in enumerate(sources or ()):
-            if source is not None:
+            if source is not None:  # a piece ends where the character its last character came from ends
                 sl = slice(first[i], first[i] + counts[i])
-                starts[sl], ends[sl] = source[starts[sl]], source[ends[sl]]
+                begin, end = source[0][starts[sl]], source[1][ends[sl]]
+                starts[sl], ends[sl] = begin, np.where(ends[sl] > starts[sl], end, begin)
         return ids, counts, starts, ends
 
     def _words_encode(self, texts, offsets: bool):

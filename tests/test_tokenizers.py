@@ -145,3 +145,24 @@ def test_byte_level_bpe_trained_by_data_prep_has_roberta_specials(corpus, tmp_pa
         ids = c.tokens(i).tolist()
         assert ids == ref(t.strip(), add_special_tokens=False)["input_ids"] and 3 not in ids
         assert ref.decode(ids) == t.strip()
+
+
+def test_text_rewriting_of_an_imported_tokenizer_is_transformers_and_maps_back_to_the_text():
+    """ALBERT's and XLNet's rewriting (`` and '' to ", accents stripped, lowercase) gives the text that the
+    `tokenizers` normalizers of the export give (a final Σ lowercases to σ alone, as there), and every rewritten
+    character maps back to the characters it came from: a ligature's or a Hangul syllable's parts to the whole."""
+    from tokenizers import normalizers
+
+    from data_prep.tokenizer import hf_normalizers, rewrite
+
+    texts = ["Crème ΟΔΟΣ ``x'' İy ﬁne.", "한국 Ångström", "plain ascii", "``''", "", "e\u0301 naïve"]
+    for rewrites in (("quotes", "strip_accents", "lowercase"), ("lowercase",), ("quotes", "strip_accents")):
+        reference = normalizers.Sequence(hf_normalizers(rewrites))
+        for text in texts:
+            out, source = rewrite(text, rewrites)
+            assert out == reference.normalize_str(text), (text, rewrites)
+            starts, ends = source if source else (np.arange(len(out) + 1),) * 2
+            assert len(starts) == len(ends) == len(out) + 1 and ends[-1] == len(text)
+            assert all(text[starts[j]:ends[j + 1]] for j in range(len(out)))  # each character: a non-empty origin
+    out, (starts, ends) = rewrite("한", ("strip_accents",))
+    assert len(out) == 3 and [(int(starts[j]), int(ends[j + 1])) for j in range(3)] == [(0, 1)] * 3
