@@ -155,5 +155,6 @@ def similar_words(source: str, out: str, top: int = 5, min_similarity: float | N
             if similar:
                 lines.append(" ".join([words[first], *similar]) + "\n")
             first += 1
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     write_text(out, "".join(lines))
     return len(lines)

@@ -41,9 +41,10 @@ def test_vectors_file_gives_each_words_nearest_words(tmp_path, small_blocks):
     (tmp_path / "vec.txt").write_text(f"{len(WORDS) + 1} 6\n" + "\n".join(rows + ["w3" + " 9" * 6]) + "\n",
                                       encoding="utf-8")
     vectors = np.array([[float(x) for x in r.split()[1:]] for r in rows])  # as written (6 decimals)
-    proc = call_cli("data_prep", "similar-words", tmp_path / "vec.txt", "--out", tmp_path / "sim.txt", "--top", 3)
+    new = tmp_path / "new" / "sim.txt"  # (its directory made, as `build` makes one)
+    proc = call_cli("data_prep", "similar-words", tmp_path / "vec.txt", "--out", new, "--top", 3)
     assert f"{len(WORDS)} words" in proc.stdout
-    assert (tmp_path / "sim.txt").read_text(encoding="utf-8").splitlines() == expected(WORDS, vectors, 3)
+    assert new.read_text(encoding="utf-8").splitlines() == expected(WORDS, vectors, 3)
     call_cli("data_prep", "similar-words", tmp_path / "vec.txt", "--out", tmp_path / "sim.txt", "--top", 3,
              "--min-similarity", 0.6)
     lines = (tmp_path / "sim.txt").read_text(encoding="utf-8").splitlines()
