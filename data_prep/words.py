@@ -65,9 +65,9 @@ def build_words(src: str, out: str, min_count: int = 1, workers: int = 1, progre
                         f"rebuild it with --structure words (or full)")
     if min_count < 1:
         raise PrepError(f"--min-count {min_count} must be at least 1")
-    cache, docs, counts, tok = {}, [], Counter(), corpus.tokenizer()
+    cache, docs, counts, source = {}, [], Counter(), corpus.tokenizer()
     for i in range(len(corpus)):
-        doc = sentences(corpus, i, cache, tok)
+        doc = sentences(corpus, i, cache, source)
         counts.update(w for s in doc for w in s)
         docs.append(doc)
     counts["<S>"] = counts["</S>"] = sum(len(doc) for doc in docs)  # one of each per sentence

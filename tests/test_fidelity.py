@@ -217,8 +217,9 @@ def test_the_logged_loss_is_the_global_mean(trained, model):
 @pytest.mark.parametrize("model", [*MODELS, *RECURRENT])
 def test_held_out_metrics_are_the_same_on_every_layout(trained, model):
     """The evaluation every run ends with reads the first train.eval_steps global batches of the held-out samples
-    whatever the layout: micro batch 2 x 4, micro batch 8, DP=2 and TP=2 x DP=2 report the same held-out loss (as
-    closely as their weights agree). Reading eval_steps micro batches per rank, they read 2, 8, 4 and 4 samples."""
+    whatever the layout: micro batch 2 x 4, micro batch 8, DP=2 and TP=2 x DP=2 (ZeRO-3; recurrent: ZeRO-2) report
+    the same held-out loss (as closely as their weights agree). Reading eval_steps micro batches per rank, they read
+    2, 8, 4 and 4 samples."""
     key = "valid_" + {**MODELS, **RECURRENT}[model][2]
     ref = summary(trained / f"{model}-{'ref' if model in RECURRENT else 'lamb-ref'}")[key]
     for other in ("mb8", "dp2", "z2" if model in RECURRENT else "lamb-z3"):

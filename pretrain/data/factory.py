@@ -24,12 +24,13 @@ def build_sources(cfg, phase=None, *, corpora: list[Corpus] | None = None, cache
     data, seed = cfg.data, cfg.seed
     objective = objectives.get(data.objective).configured(cfg)
     corpora = corpora or open_corpora(data.paths)
-    splits = [split_documents(len(c), data.valid_fraction, seed) for c in corpora]
-
-    def source(path: str, corpus: Corpus, docs):
+    for path, corpus in zip(data.paths, corpora):
         if objective.reads == "tokens" and corpus.manifest["tokenizer"]["kind"] == "words":
             raise ValueError(f"{path} holds words (`python -m data_prep words`); data.objective={data.objective} "
                              "reads tokens: set data.path to a dataset of `python -m data_prep build`")
+    splits = [split_documents(len(c), data.valid_fraction, seed) for c in corpora]
+
+    def source(path: str, corpus: Corpus, docs):
         if not len(docs):
             raise ValueError(f"{path}: data.valid_fraction={data.valid_fraction} holds out no document; "
                              "raise it, or set it to 0 to train without validation")
