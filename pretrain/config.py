@@ -77,8 +77,9 @@ class TrainConfig:
     log_interval: int = opt(10, "steps between log lines", range="> 0")
     eval_interval: int = opt(1000, "steps between evaluations; 0: only the one every run ends with", range=">= 0")
     eval_steps: int = opt(10, "global batches per evaluation: the first eval_steps x global_batch_size held-out "
-                              "sequences, each data-parallel rank reading its share in micro batches (the same "
-                              "sequences, so the same held-out metrics, under any layout)", range="> 0")
+                              "sequences (at most the whole batches the held-out split fills), each data-parallel "
+                              "rank reading its share in micro batches (the same sequences, so the same held-out "
+                              "metrics, under any layout)", range="> 0")
     deterministic: bool = opt(False, "deterministic kernels (torch.use_deterministic_algorithms): bit-identical resume "
                                      "on GPUs too, at some speed; CPU runs are deterministic anyway")
 

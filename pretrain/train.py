@@ -272,16 +272,17 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Metrics over the first `eval_steps` global batches of the held-out samples, each rank its share in
-        micro-batches (the same samples under any layout): global means (sums over every batch and rank, divided by
-        the element counts), for the phase the last step was in."""
+        """Metrics over the first `eval_steps` global batches of the held-out samples (at most as many as they fill),
+        each rank its share in micro-batches (the same samples under any layout): global means (sums over every batch
+        and rank, divided by the element counts), for the phase the last step was in."""
         self.engine.eval()
         step = max(self.step - 1, 0)
         _, valid = self._sources(step)
         if valid is None:
             return {}
         tally, phase = losses.Tally(), self.objective.phase(step)
-        end = self.cfg.train.eval_steps * self.cfg.train.global_batch_size
+        size = self.cfg.train.global_batch_size  # (no sample twice: at most the held-out set's whole batches)
+        end = min(self.cfg.train.eval_steps, max(1, len(valid) // size)) * size
         for n, batch in enumerate(self._loader(valid, 0, 0, phase, end)):
             heartbeat.progress(f"the evaluation after step {self.step}: batch {n + 1}")
             batch = self._to_device(batch)
