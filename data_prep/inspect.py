@@ -54,7 +54,8 @@ def inspect(directory: str, samples: int = 1, seed: int = 0, top: int = 20) -> s
         bounds = [*(starts.tolist() or [0]), len(ids)]  # (--structure none records no sentences: one run)
         sents = [tok.decode(ids[a:b]).strip() for a, b in zip(bounds[:-1], bounds[1:])]
         shard = m["sources"][int(corpus._locate(i)[0].batch.column("source_file")[corpus._locate(i)[1]].as_py())]
-        out.append(f"document {i} ({len(ids)} tokens, {len(starts)} sentences, from {shard['path']}), "
+        origin = f" ({shard['origin']})" if "origin" in shard else ""  # (data_prep words' staged text)
+        out.append(f"document {i} ({len(ids)} tokens, {len(starts)} sentences, from {shard['path']}{origin}), "
                    "sentences separated by ' | ':")
         text = " | ".join(sents)
         out += [f"  {text[:1500]}{' ...' if len(text) > 1500 else ''}", ""]

@@ -56,7 +56,7 @@ def vocabulary(counts: Counter, min_count: int) -> list[str]:
 def build_words(src: str, out: str, min_count: int = 1, workers: int = 1, progress: bool = True,
                 overwrite: bool = False) -> dict:
     """Build the word-level dataset of `src` in `out`; returns its manifest."""
-    from data_prep.build import BuildOptions, build
+    from data_prep.build import MANIFEST, BuildOptions, build
     from data_prep.text import TextOptions
 
     corpus = Corpus(src)
@@ -94,9 +94,19 @@ def build_words(src: str, out: str, min_count: int = 1, workers: int = 1, progre
                             overwrite=overwrite, dedup=False, max_unk_rate=1.0,
                             text=TextOptions(nfkc=False, whitespace="keep", min_chars=1, max_chars=0,
                                              structure="none"))
-        return build(opts)
+        origin = f"the words of {os.path.abspath(src)} (--min-count {min_count}), staged there and removed after"
+        return _name_origin(os.path.join(out, MANIFEST), build(opts), origin)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _name_origin(path: str, manifest: dict, origin: str) -> dict:
+    """The manifest with its one source (the staged words, removed after the build) saying where they came from."""
+    (source,) = manifest["sources"]
+    if source.get("origin") != origin:
+        source["origin"] = origin
+        write_json(path, manifest)
+    return manifest
 
 
 def word_counts(tokenizer_dir: str) -> np.ndarray:

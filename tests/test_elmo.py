@@ -32,7 +32,7 @@ def test_the_word_dataset_holds_the_datasets_words_sentence_by_sentence(train_da
     a word being a run of tokens from one word start to the next; the vocabulary starts <S>, </S>, <UNK>, then the
     words by descending count, with the counts beside it. The same build again is a no-op (it once named temporary
     inputs as "other inputs" and refused), and loads the source's tokenizer once (it once did per document: 25 of
-    32 s on the demo's data)."""
+    32 s on the demo's data); the manifest's source, the words' staged text (removed), says what it came from."""
     from data_prep.dataset import Corpus
     from data_prep.words import build_words, sentences, word_counts
 
@@ -52,6 +52,10 @@ def test_the_word_dataset_holds_the_datasets_words_sentence_by_sentence(train_da
     assert build_words(train_data, words_data, progress=False) == words.manifest
     assert len(loads) == 1
     assert os.listdir(os.path.dirname(words_data)) == ["words"]  # nothing left beside it
+    from data_prep.inspect import inspect  # the removed staged text names the dataset it came from
+    (staged,) = words.manifest["sources"]
+    assert not os.path.exists(staged["path"]) and staged["origin"].startswith(f"the words of {train_data} (")
+    assert f"from {staged['path']} (the words of {train_data} (--min-count 1)" in inspect(words_data)
     from pretrain.config import load
     from pretrain.data.factory import build_sources
 
