@@ -69,7 +69,8 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
         pass
     else:
         inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if template == "bert" else [])
-        tok, ids = sentencepiece_to_fast(files[0], template), meta["special_ids"]
+        ids = meta["special_ids"]
+        tok = sentencepiece_to_fast(files[0], template, ids)
         hf = transformers.PreTrainedTokenizerFast(  # (the model's own pieces: [UNK] or <unk>, ...)
             tokenizer_object=tok, model_input_names=inputs, **{f"{role}_token": tok.id_to_token(ids[role])
                                                                for role in ("unk", "pad", "cls", "sep", "mask")
@@ -160,6 +161,8 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
                              own=family.sentencepiece_tokenizer,
                              ends=(getattr(config, "bos_token_id", None), getattr(config, "eos_token_id", None)))
         install_dir(tmp, out)
+    except families.ExportError as e:  # (a tokenizer its family's template needs pieces of that it lacks)
+        raise C.CheckpointError(str(e)) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -353,6 +353,39 @@ def test_an_uncased_albert_tokenizer_imports_and_exports_as_transformers_encodes
     assert [out(t)["input_ids"] for t in texts] == [hf_tok(t)["input_ids"] for t in texts]
 
 
+def test_a_sentencepiece_tokenizer_exports_its_own_cls_and_sep_pieces(tmp_path):
+    """An imported sentencepiece model whose cls and sep are <s> and </s> (no [CLS], [SEP]): the export's template
+    puts them where ptm's training inputs do (cls A sep B sep, B of type 1; RoBERTa's cls A sep sep B sep); to-hf of a
+    model whose tokenizer has no cls is refused in one line naming the piece."""
+    import sentencepiece as spm
+
+    from checkpoints_tools.hf import export_tokenizer
+
+    lines = ["Return the sum of two numbers.", "Hello world, hello again."] * 40
+    for name, pieces in (("s", dict(pad_id=3, pad_piece="<pad>", control_symbols=["<mask>"])),  # <unk> <s> </s>
+                         ("no_cls", dict(bos_id=-1))):
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / name), vocab_size=28,
+                                       minloglevel=2, **pieces)
+    tok = load_tokenizer(str(tmp_path / "s.model")).save(str(tmp_path / "tok"))
+    cls, sep = tok.special["cls"], tok.special["sep"]
+    assert (tok.piece(cls), tok.piece(sep)) == ("<s>", "</s>")
+    ids, counts, _, _ = tok.encode(["Return the sum.", "Hello world."])
+    a, b = (x.tolist() for x in np.split(ids, counts[:1]))
+    for template, want in (("bert", [cls, *a, sep, *b, sep]), ("roberta", [cls, *a, sep, sep, *b, sep])):
+        export_tokenizer(str(tmp_path / "tok"), str(tmp_path / template), template, False, 64)
+        hf = transformers.AutoTokenizer.from_pretrained(tmp_path / template)
+        enc = hf("Return the sum.", "Hello world.")
+        assert enc["input_ids"] == want and (hf.cls_token, hf.sep_token) == ("<s>", "</s>"), (template, enc)
+        assert template == "roberta" or enc["token_type_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    load_tokenizer(str(tmp_path / "no_cls.model")).save(str(tmp_path / "no_cls"))
+    _checkpoint(tmp_path, "bert", str(tmp_path / "no_cls"))
+    proc = call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", tmp_path / "hf", check=False)
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]  # (after the weights' progress bar)
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "has no cls piece ([CLS] or <s>), which the bert template puts around" in errors[0]
+    assert not (tmp_path / "hf").exists()
+
+
 def test_export_refuses_what_the_family_class_does_not_compute(sp_model, gpt2_vocab, tmp_path):
     """`arch` picks the HF class, and the class must compute the model: a causal BERT, or a GPT-2 with post-LN and GELU,
     is refused with one line per feature (else the export would load as a different model)."""

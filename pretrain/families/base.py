@@ -347,10 +347,10 @@ def model_common(hf, arch: str) -> dict:
                 attention_dropout=hf.attention_probs_dropout_prob, init_std=hf.initializer_range)
 
 
-def sentencepiece_to_fast(model_file: str, template: str):
+def sentencepiece_to_fast(model_file: str, template: str, special: dict):
     """transformers' own sentencepiece converter (ids identical to sentencepiece's), with byte fallback
-    decoding and, for bidirectional models, BERT's [CLS] A [SEP] B [SEP] template (RoBERTa's [CLS] A [SEP] [SEP] B
-    [SEP], one segment type)."""
+    decoding and, for bidirectional models, BERT's cls A sep B sep template (RoBERTa's cls A sep sep B sep, one
+    segment type) of the model's own cls and sep pieces (`special`: data_prep's special ids: [CLS] or <s>, ...)."""
     from tokenizers import decoders, processors
     from transformers.convert_slow_tokenizer import SpmConverter
 
@@ -365,8 +365,14 @@ def sentencepiece_to_fast(model_file: str, template: str):
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(content=" ", left=1)])
     if template != "none":
-        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-        pair = "[CLS] $A [SEP] [SEP] $B [SEP]" if template == "roberta" else "[CLS] $A [SEP] $B:1 [SEP]:1"
+        missing = [f"{role} piece ({names})" for role, names in (("cls", "[CLS] or <s>"), ("sep", "[SEP] or </s>"))
+                   if special.get(role) is None]
+        if missing:
+            raise ExportError(f"the tokenizer {model_file} has no {' and no '.join(missing)}, which the {template} "
+                              "template puts around each sequence; keep the model in ptm's format, or train it on a "
+                              "tokenizer with both")
+        cls, sep = tok.id_to_token(special["cls"]), tok.id_to_token(special["sep"])
+        pair = f"{cls} $A {sep} {sep} $B {sep}" if template == "roberta" else f"{cls} $A {sep} $B:1 {sep}:1"
         tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair=pair, special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+            single=f"{cls} $A {sep}", pair=pair, special_tokens=[(cls, special["cls"]), (sep, special["sep"])])
     return tok

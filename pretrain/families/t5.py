@@ -53,7 +53,7 @@ class T5Adapter(EncoderDecoderAdapter):
         import transformers
         from tokenizers import processors
 
-        tok = sentencepiece_to_fast(model_file, "none")
+        tok = sentencepiece_to_fast(model_file, "none", meta["special_ids"])
         sentinels = [f"<extra_id_{k}>" for k in range(meta.get("sentinels", 0))]
         tok.add_special_tokens(sentinels[::-1])  # appended in order: <extra_id_0> last
         special = {role: tok.id_to_token(i) for role, i in meta["special_ids"].items() if i is not None}

@@ -51,7 +51,7 @@ class XLNetAdapter(Adapter):
         import transformers
         from tokenizers import processors
 
-        tok = sentencepiece_to_fast(model_file, "none")
+        tok = sentencepiece_to_fast(model_file, "none", meta["special_ids"])
         ids = meta["special_ids"]
         special = {role: tok.id_to_token(i) for role, i in ids.items() if i is not None}
         sep, cls = special["sep"], special["cls"]
