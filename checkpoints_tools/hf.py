@@ -13,7 +13,7 @@ import torch
 from checkpoints_tools.reshard import fresh
 from pretrain import checkpoint as C
 from pretrain import families
-from pretrain.families.base import sentencepiece_to_fast
+from pretrain.families.base import hf_special_tokens, sentencepiece_to_fast
 from pretrain.models.config import ModelConfig, positions_needed
 from ptm.files import install_dir, save_pretrained
 
@@ -61,20 +61,16 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     elif meta["kind"] == "bpe":  # GPT's ends with the vocabulary's own end of document, not <|endoftext|> added
         with open(os.path.join(tok_dir, "vocab.json"), encoding="utf-8") as f:  # past it (data_prep's has </s>)
             piece = {i: token for token, i in json.load(f).items()}
-        roles = {"bos_token": "eod", "eos_token": "eod", "unk_token": "unk", "pad_token": "pad"}
         hf = transformers.GPT2TokenizerFast.from_pretrained(
-            tok_dir, **{name: piece[meta["special_ids"][role]] for name, role in roles.items()
-                        if meta["special_ids"].get(role) is not None})
+            tok_dir, **hf_special_tokens(meta["special_ids"], piece.__getitem__, "unk", "pad", bos="eod", eos="eod"))
     elif own is not None and (hf := own(files[0], meta)) is not None:
         pass
     else:
         inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if template == "bert" else [])
-        ids = meta["special_ids"]
-        tok = sentencepiece_to_fast(files[0], template, ids)
+        tok = sentencepiece_to_fast(files[0], template, meta["special_ids"])
         hf = transformers.PreTrainedTokenizerFast(  # (the model's own pieces: [UNK] or <unk>, ...)
-            tokenizer_object=tok, model_input_names=inputs, **{f"{role}_token": tok.id_to_token(ids[role])
-                                                               for role in ("unk", "pad", "cls", "sep", "mask")
-                                                               if ids.get(role) is not None})
+            tokenizer_object=tok, model_input_names=inputs,
+            **hf_special_tokens(meta["special_ids"], tok.id_to_token, "unk", "pad", "cls", "sep", "mask"))
         for name, token_id in zip(("bos_token", "eos_token"), ends):
             if token_id is not None:
                 setattr(hf, name, hf.convert_ids_to_tokens(token_id))

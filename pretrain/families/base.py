@@ -347,6 +347,15 @@ def model_common(hf, arch: str) -> dict:
                 attention_dropout=hf.attention_probs_dropout_prob, init_std=hf.initializer_range)
 
 
+def hf_special_tokens(ids: dict, piece, *roles: str, null: bool = False, **renamed: str) -> dict:
+    """A Hugging Face tokenizer's `<name>_token` arguments: the piece (`piece(id)`) of each of `roles` in special ids
+    `ids` (data_prep's), and of `renamed`'s (name=role: GPT's bos="eod"); a role without an id is left out, or with
+    `null` is None (saved as null: a tokenizer class loading it does not add its own, XLNet's <pad>)."""
+    names = {**{r: r for r in roles}, **renamed}
+    return {f"{name}_token": None if ids.get(role) is None else piece(ids[role]) for name, role in names.items()
+            if null or ids.get(role) is not None}
+
+
 def sentencepiece_to_fast(model_file: str, template: str, special: dict):
     """transformers' own sentencepiece converter (ids identical to sentencepiece's), with byte fallback
     decoding and, for bidirectional models, BERT's cls A sep B sep template (RoBERTa's cls A sep sep B sep, one

@@ -5,7 +5,7 @@ T5ForConditionalGeneration (transformers 5 always ties its LM head; `tie_word_em
 the scaling off, which is how it reads a 1.1 model)."""
 from __future__ import annotations
 
-from pretrain.families.base import ExportError, Family, sentencepiece_to_fast
+from pretrain.families.base import ExportError, Family, hf_special_tokens, sentencepiece_to_fast
 from pretrain.families.encoder_decoder import MODEL, SECTION, EncoderDecoderAdapter, EncoderDecoderCost
 
 ORDER = 110
@@ -56,12 +56,11 @@ class T5Adapter(EncoderDecoderAdapter):
         tok = sentencepiece_to_fast(model_file, "none", meta["special_ids"])
         sentinels = [f"<extra_id_{k}>" for k in range(meta.get("sentinels", 0))]
         tok.add_special_tokens(sentinels[::-1])  # appended in order: <extra_id_0> last
-        special = {role: tok.id_to_token(i) for role, i in meta["special_ids"].items() if i is not None}
-        eos = special["eod"]
+        special = hf_special_tokens(meta["special_ids"], tok.id_to_token, "unk", "pad", null=True, eos="eod")
+        eos = special["eos_token"]
         tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B {eos}",
                                                            special_tokens=[(eos, meta["special_ids"]["eod"])])
-        return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=special.get("unk"),
-                                                    pad_token=special.get("pad"), eos_token=eos,
+        return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special,
                                                     additional_special_tokens=sentinels,
                                                     model_input_names=["input_ids", "attention_mask"])
 

@@ -4,8 +4,8 @@ Transformer-XL style (causal, with memory, no permutation; no adaptive softmax) 
 `model.causal: true`. Exports as XLNetLMHeadModel (attn_type bi, or uni when causal) and imports it and XLNetModel."""
 from __future__ import annotations
 
-from pretrain.families.base import (VOCAB_ROWS, Adapter, Cost, ExportError, Family, interleave_heads,
-                                    sentencepiece_to_fast, split_heads, take)
+from pretrain.families.base import (VOCAB_ROWS, Adapter, Cost, ExportError, Family, hf_special_tokens,
+                                    interleave_heads, sentencepiece_to_fast, split_heads, take)
 from pretrain.schema import opt
 from pretrain.stacks import Stack
 
@@ -51,16 +51,14 @@ class XLNetAdapter(Adapter):
         import transformers
         from tokenizers import processors
 
-        tok = sentencepiece_to_fast(model_file, "none", meta["special_ids"])
         ids = meta["special_ids"]
-        special = {role: tok.id_to_token(i) for role, i in ids.items() if i is not None}
-        sep, cls = special["sep"], special["cls"]
+        tok = sentencepiece_to_fast(model_file, "none", ids)
+        special = hf_special_tokens(ids, tok.id_to_token, "unk", "pad", "sep", "cls", "mask", null=True)
+        sep, cls = special["sep_token"], special["cls_token"]
         tok.post_processor = processors.TemplateProcessing(single=f"$A {sep} {cls}:2",
                                                            pair=f"$A {sep} $B:1 {sep}:1 {cls}:2",
                                                            special_tokens=[(sep, ids["sep"]), (cls, ids["cls"])])
-        return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=special.get("unk"),
-                                                    pad_token=special.get("pad"), sep_token=sep, cls_token=cls,
-                                                    mask_token=special.get("mask"), padding_side="left",
+        return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special, padding_side="left",
                                                     model_input_names=["input_ids", "token_type_ids", "attention_mask"])
 
     def hf_config(self, cfg, special):
