@@ -37,10 +37,12 @@ _ROLE_PIECES = {
     "eod": ("<|endoftext|>", "[EOD]", "</s>", "[SEP]", "</S>"),
 }
 
-# What a Hugging Face sentencepiece tokenizer (ALBERT's, XLNet's) does to text before its model, in this order, as
-# its tokenizer.json's normalizer names it: `` and '' become ", accents are stripped (NFKD, then no nonspacing
-# marks), letters lowercased.
-REWRITES = {"quotes": ("Replace", "``"), "strip_accents": ("StripAccents", None), "lowercase": ("Lowercase", None)}
+# What a Hugging Face sentencepiece tokenizer (ALBERT's, XLNet's) does to text before its model, in this order (ptm:
+# `rewrite`): `` and '' become ", accents are stripped (NFKD, then no nonspacing marks), letters lowercased. Each: the
+# normalizer type (and pattern) that names it in a tokenizer.json, and the `tokenizers` normalizers that do it.
+REWRITES = {"quotes": ("Replace", "``", lambda n: [n.Replace("``", '"'), n.Replace("''", '"')]),
+            "strip_accents": ("StripAccents", None, lambda n: [n.NFKD(), n.StripAccents()]),
+            "lowercase": ("Lowercase", None, lambda n: [n.Lowercase()])}
 
 
 def _unaccented(c: str) -> str:
@@ -86,7 +88,7 @@ def hf_rewrites(directory: str) -> tuple[str, ...]:
     try:
         with open(os.path.join(directory, "tokenizer.json"), encoding="utf-8") as f:
             found = json.dumps(json.load(f).get("normalizer"))
-        return tuple(name for name, (kind, pattern) in REWRITES.items()
+        return tuple(name for name, (kind, pattern, _) in REWRITES.items()
                      if f'"type": "{kind}"' in found and (pattern is None or json.dumps(pattern) in found))
     except (OSError, ValueError, AttributeError):
         pass
@@ -102,11 +104,9 @@ def hf_rewrites(directory: str) -> tuple[str, ...]:
 
 def hf_normalizers(rewrites) -> list:
     """The `tokenizers` normalizers that rewrite text as `rewrites` do (an export's tokenizer.json)."""
-    from tokenizers import normalizers as n
+    from tokenizers import normalizers
 
-    steps = {"quotes": [n.Replace("``", '"'), n.Replace("''", '"')], "strip_accents": [n.NFKD(), n.StripAccents()],
-             "lowercase": [n.Lowercase()]}
-    return [step for name in REWRITES if name in rewrites for step in steps[name]]
+    return [step for name, (_, _, steps) in REWRITES.items() if name in rewrites for step in steps(normalizers)]
 
 
 class Tokenizer:
