@@ -144,12 +144,11 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     if tok_meta["kind"] == "words":  # (a run of an older ptm: training on words now refuses such an objective)
         raise C.CheckpointError(f"{ckpt} was trained on words (a `data_prep words` dataset), which a Hugging Face "
                                 f"{cfg.arch} model does not read; train it on a `data_prep build` dataset")
-    special = tok_meta["special_ids"]
-    configs = [family.hf_config(m, special) for _, m, _ in models]
-    states = family.split(C.load_full_model(ckpt), cfg)
     tmp = f"{out}.tmp"  # (a name of its own: what a run cut short left there goes)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
+        configs = [family.hf_config(m, tok_meta["special_ids"]) for _, m, _ in models]
+        states = family.split(C.load_full_model(ckpt), cfg)
         for (sub, model_cfg, cls), config, weights in zip(models, configs, states):
             where = os.path.join(tmp, sub) if sub else tmp
             _write_hf(family, model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
@@ -157,8 +156,8 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
                              own=family.sentencepiece_tokenizer,
                              ends=(getattr(config, "bos_token_id", None), getattr(config, "eos_token_id", None)))
         install_dir(tmp, out)
-    except families.ExportError as e:  # (a tokenizer its family's template needs pieces of that it lacks)
-        raise C.CheckpointError(str(e)) from None
+    except families.ExportError as e:  # a feature its config cannot hold, pieces its tokenizer's template needs
+        raise C.CheckpointError(f"{ckpt}: {e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

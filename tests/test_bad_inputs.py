@@ -16,8 +16,9 @@ COMMON = ["data.seq_len=32", "model.max_position_embeddings=32", "train.global_b
           "data.num_workers=0", "data.valid_fraction=0.02", "optimizer.warmup_steps=1"]
 
 
-def _run(out: str, preset: str, tok_dir: str) -> str:
-    """A run directory holding one checkpoint of `preset`'s model, freshly initialised, with the tokenizer."""
+def _run(out: str, preset: str, tok_dir: str, overrides: tuple = ()) -> str:
+    """A run directory holding one checkpoint of `preset`'s model (with `overrides`), freshly initialised, with the
+    tokenizer."""
     import torch
 
     from data_prep.tokenizer import load_tokenizer
@@ -26,7 +27,7 @@ def _run(out: str, preset: str, tok_dir: str) -> str:
     from pretrain.config import load
     from pretrain.parallel import mcore
 
-    cfg = load(preset, [f"model.vocab_size={load_tokenizer(tok_dir).vocab_size}"]).model
+    cfg = load(preset, [f"model.vocab_size={load_tokenizer(tok_dir).vocab_size}", *overrides]).model
     torch.manual_seed(0)
     model = models.build(cfg, tp=mcore.OneRank())
     ckpt = os.path.join(out, "checkpoints", "step_00000001")
@@ -65,6 +66,8 @@ def w(small, train_data, sp_model, words_data, tmp_path_factory):
     for family in ("bert", "gpt2", "elmo"):
         setattr(at, family, _run(os.path.join(root, family), f"{family}-tiny", sp_model))
     at.gpt2_words = _run(os.path.join(root, "gpt2_words"), "gpt2-tiny", os.path.join(words_data, "tokenizer"))
+    at.xlnet_dropouts = _run(os.path.join(root, "xlnet_dropouts"), "xlnet-tiny", sp_model,
+                             ["model.hidden_dropout=0.1", "model.attention_dropout=0.0"])
     at.hf = to_hf(at.bert, os.path.join(root, "hf"))
     at.elmo_files = to_elmo(at.elmo, os.path.join(root, "elmo_files"))
     write(os.path.join(at.elmo_files, "vocab.txt"), "".join(f"w{i}\n" for i in range(100)).encode())  # any words
@@ -169,6 +172,8 @@ CASES = {
                           ["model.arch=elmo", "no Hugging Face class", "ptm convert to-elmo"]),
     "to-hf a GPT-2 trained on words": (_convert, lambda w: [w.gpt2_words, "to-hf", w.gpt2_words, "--out", w.out],
                                        ["was trained on words", "train it on a `data_prep build` dataset"]),
+    "to-hf an XLNet with two dropouts": (_convert, lambda w: [w.xlnet_dropouts, "to-hf", w.xlnet_dropouts, "--out",
+                                                              w.out], ["XLNetConfig has one dropout", "set them equal"]),
     "to-hf an empty directory": (_convert, lambda w: [w.empty, "to-hf", w.empty, "--out", w.out],
                                  ["neither a ptm checkpoint", "pass a checkpoint directory or a training out_dir"]),
     "to-hf a random file": (_convert, lambda w: [w.random_file, "to-hf", w.random_file, "--out", w.out],
