@@ -195,6 +195,7 @@ def torchrun(argv: list[str]) -> int:
     sys.argv[0] = f"{parser().prog} torchrun"  # (torchrun's usage line)
     with tempfile.TemporaryDirectory(prefix="ptm-torchrun.") as end:
         note = os.environ[END_ENV] = os.path.join(end, "status")  # (the ranks of this node note their status there)
+        _note_per_attempt(note)
 
         def agreed() -> int | None:
             with contextlib.suppress(OSError, ValueError), open(note) as f:
@@ -216,6 +217,21 @@ def torchrun(argv: list[str]) -> int:
                 raise
             return code
     return 0
+
+
+def _note_per_attempt(note: str) -> None:
+    """torchrun rendezvouses again before it starts the ranks anew (--max-restarts, a node joining): the note of the
+    ranks before goes then, so that an attempt that ends reads its own ranks' note, not an earlier attempt's."""
+    from torch.distributed.elastic import metrics
+
+    class Attempts(metrics.MetricHandler):
+        def emit(self, metric_data) -> None:  # (`SimpleElasticAgent._rendezvous`'s, before `_start_workers`)
+            if metric_data.name.endswith("._rendezvous.success"):
+                for path in (note, f"{note}.line"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(path)
+
+    metrics.configure(Attempts(), "torchelastic")
 
 
 def job_states(job: str, env=None) -> list[str]:

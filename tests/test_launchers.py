@@ -160,6 +160,27 @@ def test_ptm_launch_torchrun_ends_with_the_ranks_line_and_status_and_reports_a_f
     assert re.search(r"rank +: 1 \(local_rank: 1\)\n +exitcode +: 1 ", failed.stderr), failed.stderr[-3000:]
 
 
+def test_ptm_launch_torchrun_reads_the_note_of_the_attempt_that_ended(tmp_path):
+    """With --max-restarts, ranks that noted 75 and exited (checkpointed on a stop signal) are restarted; SIGTERM
+    to the launcher before the new ranks noted anything is a stop they could not checkpoint for (143, its line), not
+    the earlier attempt's 75."""
+    proc = subprocess.Popen([sys.executable, "-m", "launchers", "torchrun", "--nproc_per_node", "2", "--max-restarts",
+                             "1", "--monitor-interval", "0.1", f"--master_port={free_port()}", "--no-python", "sh",
+                             "-c", '[ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && { echo 75 > "$PTM_END_NOTE"; exit 75; }; '
+                             f'touch {tmp_path}/again.$RANK; exec sleep 600'],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not all((tmp_path / f"again.{rank}").exists() for rank in (0, 1)):
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and "launchers: stopped by SIGTERM before the ranks could checkpoint" in err, \
+        err[-3000:]
+
 BUSY_THEN_TRAIN = """import os, sys, time
 from pretrain.config import load
 from pretrain.train import Trainer
