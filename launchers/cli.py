@@ -182,8 +182,10 @@ def submit_chain(a) -> int:
 def torchrun(argv: list[str]) -> int:
     """torchrun ARGS in this process; returns its exit status. Where the ranks noted how they end (a stop signal that
     torchrun passed on to them, a bad input: `pretrain.signals.note_end`), that status, and the line one of them said
-    stands alone, without torchrun's traceback; a signal that ended them before they noted one is one line and 128 +
-    its number; any other failure is torchrun's own report (ChildFailedError's traceback, exit 1)."""
+    stands alone, without torchrun's traceback (where none of them said it, rank 0 being on another node, a line of
+    this launcher's: one per node); a signal that ended them before they noted one is one line and 128 + its number;
+    any other failure is torchrun's own report (ChildFailedError's traceback, exit 1)."""
+    import socket
     import tempfile
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -205,18 +207,22 @@ def torchrun(argv: list[str]) -> int:
         try:
             torchrun_main(argv)
         except SignalException as e:
-            code = agreed()
+            code, how = agreed(), f"stopped on {e.sigval.name}"
             if code is None:  # (no rank noted how it ended)
                 code = 128 + e.sigval
                 print(f"launchers: stopped by {e.sigval.name} before the ranks could checkpoint (exit {code}); re-run "
                       "the same command to resume from the last checkpoint", file=sys.stderr)
-            return code
+                return code
         except ChildFailedError as e:
-            code = agreed()
+            code, how = agreed(), "ended"
             if code is None or any(f.exitcode != code for f in e.failures.values()):
                 raise
-            return code
-    return 0
+        else:
+            return 0
+        if not os.path.exists(f"{note}.line"):  # (no rank of this node said why: rank 0 is on another)
+            print(f"launchers: the ranks on {socket.gethostname()} {how} as the job's ranks agreed (exit {code}); "
+                  "rank 0's node says why", file=sys.stderr)
+        return code
 
 
 def _note_per_attempt(note: str) -> None:

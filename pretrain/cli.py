@@ -105,13 +105,15 @@ def main(argv=None) -> None:
         summary = train(load(a.config, a.overrides))
         signals.ignore()
     except DeviceError as e:  # this rank's own problem: every rank says it, naming itself
-        print(f"pretrain: error: rank {_rank()} on {socket.gethostname()}: {e}", file=sys.stderr)
-        signals.note_end(2)
+        said = f"pretrain: error: rank {_rank()} on {socket.gethostname()}: {e}"
+        print(said, file=sys.stderr)
+        signals.note_end(2, said)
         sys.exit(2)
     except (ConfigError, CheckpointError, PrepError, RendezvousError) as e:  # the same on every rank: said once
-        if _rank() == 0:
-            print("\n".join(f"pretrain: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
-        signals.note_end(2)  # (srun kills the ranks still ending when one exits, and reports that kill: 143)
+        said = "\n".join(f"pretrain: error: {line}" for line in str(e).splitlines()) if _rank() == 0 else None
+        if said:
+            print(said, file=sys.stderr)
+        signals.note_end(2, said)  # (srun kills the ranks still ending when one exits, and reports that kill: 143)
         sys.exit(2)
     except FloatingPointError as e:
         if _rank() == 0:

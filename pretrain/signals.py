@@ -108,9 +108,9 @@ def note_end(code: int, line: str | None = None) -> None:
     """Record the exit status this rank ends with, having stopped on a signal or refused its input (2), in
     $PTM_END_NOTE (set by slurm/pretrain.sbatch and `ptm launch torchrun`: a file in a directory on the batch host, or
     on torchrun's, so ranks elsewhere find no directory and write nothing), and the `line` that says why, if this
-    rank says it, beside it ($PTM_END_NOTE.line). A launcher that sees one rank exit kills the ranks still ending (srun
-    --kill-on-bad-exit) and reports that kill, not the status the ranks agreed on; the script reads this note
-    instead. Atomic; callable from any thread."""
+    rank says it, beside it ($PTM_END_NOTE.line; `ptm launch torchrun` on a node without one says a line of its
+    own). A launcher that sees one rank exit kills the ranks still ending (srun --kill-on-bad-exit) and reports that
+    kill, not the status the ranks agreed on; the script reads this note instead. Atomic; callable from any thread."""
     from ptm.files import write_text  # (stdlib only)
 
     path = os.environ.get(END_ENV)

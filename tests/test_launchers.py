@@ -129,30 +129,40 @@ def test_a_master_port_in_use_is_one_line_not_a_lost_contact(train_data, tmp_pat
 
 
 def test_ptm_launch_torchrun_ends_with_the_ranks_line_and_status_and_reports_a_failed_rank(train_data, tmp_path):
-    """SIGTERM to `ptm launch torchrun` (as `kill` or Slurm sends it) mid-run: torchrun passes it to the ranks, they
-    checkpoint at a step boundary, and it ends with their line and exit 75, not torchrun's SignalException traceback
-    and exit 1 (plain torchrun's). A worker that fails otherwise, though another noted 75, is still torchrun's report
+    """SIGTERM to `ptm launch torchrun` (as `kill` or Slurm sends it) mid-run, on each of two (simulated) nodes:
+    torchrun passes it to the ranks, they checkpoint at a step boundary, and it ends with their line and exit 75, not
+    torchrun's SignalException traceback and exit 1 (plain torchrun's); on the node without rank 0, which says the
+    line, with one line of its own. A worker that fails otherwise, though another noted 75, is still torchrun's report
     (ChildFailedError naming the rank and its exit status) and exit 1."""
-    torchrun = [sys.executable, "-m", "launchers", "torchrun", "--nproc_per_node", "2", f"--master_port={free_port()}"]
-    run = tmp_path / "run"
-    proc = subprocess.Popen([*torchrun, "-m", "pretrain", "train", "--config", "bert-tiny", "--set",
-                             f"data.path={train_data}", "data.num_workers=0", "data.seq_len=32",
-                             "model.max_position_embeddings=32", "train.global_batch_size=4",
-                             "train.micro_batch_size=2", "train.steps=100000", "train.eval_interval=0",
-                             "checkpoint.interval=0", f"out_dir={run}"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launch = [sys.executable, "-m", "launchers", "torchrun"]
+    torchrun = [*launch, "--nproc_per_node", "2", f"--master_port={free_port()}"]
+    run, port = tmp_path / "run", free_port()
+    procs = [subprocess.Popen([*launch, "--nnodes", "2", "--node-rank", str(node), "--nproc_per_node", "1",
+                               "--master_addr", "127.0.0.1", f"--master_port={port}", "-m", "pretrain", "train",
+                               "--config", "bert-tiny", "--set", f"data.path={train_data}", "data.num_workers=0",
+                               "data.seq_len=32", "model.max_position_embeddings=32", "train.global_batch_size=4",
+                               "train.micro_batch_size=2", "train.steps=100000", "train.eval_interval=0",
+                               "checkpoint.interval=0", f"out_dir={run}"],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for node in (0, 1)]
     try:
         deadline = time.time() + 300
         while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
-            assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+            assert all(p.poll() is None for p in procs) and time.time() < deadline, \
+                "".join(p.stderr.read()[-3000:] for p in procs if p.poll() is not None)
             time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        err, other = (proc.communicate(timeout=120)[1] for proc in procs)
     finally:
-        proc.kill()
+        for proc in procs:
+            proc.kill()
     said = re.search(r"\npretrain: stopped by SIGTERM at step (\d+): (\S+) written; exit 75: .*\n$", err)
-    assert proc.returncode == 75 and said and "Traceback" not in err, err[-3000:]
+    assert procs[0].returncode == 75 and said and "Traceback" not in err, err[-3000:]
     assert said[2] == str(run / "checkpoints" / f"step_{int(said[1]):08d}") and os.path.isdir(said[2])
+    assert procs[1].returncode == 75 and "Traceback" not in other and other.endswith(
+        f"\nlaunchers: the ranks on {socket.gethostname()} stopped on SIGTERM as the job's ranks agreed (exit 75); "
+        "rank 0's node says why\n"), other[-3000:]
     failed = subprocess.run([*torchrun, "--no-python", "sh", "-c",
                              'echo 75 > "$PTM_END_NOTE"; [ "$RANK" = 1 ] && exit 1; exec sleep 600'],
                             capture_output=True, text=True, timeout=120)
