@@ -181,20 +181,24 @@ def submit_chain(a) -> int:
 
 def torchrun(argv: list[str]) -> int:
     """torchrun ARGS in this process; returns its exit status. Where the ranks noted how they end (a stop signal that
-    torchrun passed on to them, a bad input: `pretrain.signals.note_end`), that status, and the line one of them said
-    stands alone, without torchrun's traceback (where none of them said it, rank 0 being on another node, a line of
-    this launcher's: one per node); a signal that ended them before they noted one is one line and 128 + its number;
-    any other failure is torchrun's own report (ChildFailedError's traceback, exit 1)."""
+    torchrun passed on to them, SIGUSR1 included, a bad input: `pretrain.signals.note_end`), that status, and the line
+    one of them said stands alone, without torchrun's traceback (where none of them said it, rank 0 being on another
+    node, a line of this launcher's: one per node); a signal that ended them before they noted one is one line and
+    128 + its number; any other failure is torchrun's own report (ChildFailedError's traceback, exit 1)."""
+    import signal
     import socket
     import tempfile
 
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     from pretrain.signals import END_ENV
 
     sys.argv[0] = f"{parser().prog} torchrun"  # (torchrun's usage line)
+    # SIGUSR1 (Slurm's --signal=USR1@T, `kill -USR1`) to torchrun itself, which would die of it and orphan the ranks:
+    # handled as it handles SIGTERM, passed on to the ranks (they checkpoint and stop) and waited for
+    signal.signal(signal.SIGUSR1, _terminate_process_handler)
     with tempfile.TemporaryDirectory(prefix="ptm-torchrun.") as end:
         note = os.environ[END_ENV] = os.path.join(end, "status")  # (the ranks of this node note their status there)
         _note_per_attempt(note)

@@ -129,11 +129,12 @@ def test_a_master_port_in_use_is_one_line_not_a_lost_contact(train_data, tmp_pat
 
 
 def test_ptm_launch_torchrun_ends_with_the_ranks_line_and_status_and_reports_a_failed_rank(train_data, tmp_path):
-    """SIGTERM to `ptm launch torchrun` (as `kill` or Slurm sends it) mid-run, on each of two (simulated) nodes:
-    torchrun passes it to the ranks, they checkpoint at a step boundary, and it ends with their line and exit 75, not
-    torchrun's SignalException traceback and exit 1 (plain torchrun's); on the node without rank 0, which says the
-    line, with one line of its own. A worker that fails otherwise, though another noted 75, is still torchrun's report
-    (ChildFailedError naming the rank and its exit status) and exit 1."""
+    """SIGTERM to `ptm launch torchrun` (as `kill` or Slurm sends it) mid-run on one of two (simulated) nodes, SIGUSR1
+    on the other (Slurm's warning, which kills plain torchrun): torchrun passes them to the ranks, they checkpoint at
+    a step boundary, and it ends with their line and exit 75, not torchrun's SignalException traceback and exit 1
+    (plain torchrun's); on the node without rank 0, which says the line, with one line of its own. A worker that
+    fails otherwise, though another noted 75, is still torchrun's report (ChildFailedError naming the rank and its
+    exit status) and exit 1."""
     launch = [sys.executable, "-m", "launchers", "torchrun"]
     torchrun = [*launch, "--nproc_per_node", "2", f"--master_port={free_port()}"]
     run, port = tmp_path / "run", free_port()
@@ -151,17 +152,18 @@ def test_ptm_launch_torchrun_ends_with_the_ranks_line_and_status_and_reports_a_f
             assert all(p.poll() is None for p in procs) and time.time() < deadline, \
                 "".join(p.stderr.read()[-3000:] for p in procs if p.poll() is not None)
             time.sleep(0.2)
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
+        for proc, stop in zip(procs, (signal.SIGTERM, signal.SIGUSR1)):
+            proc.send_signal(stop)
         err, other = (proc.communicate(timeout=120)[1] for proc in procs)
     finally:
         for proc in procs:
             proc.kill()
-    said = re.search(r"\npretrain: stopped by SIGTERM at step (\d+): (\S+) written; exit 75: .*\n$", err)
+    said = re.search(r"\npretrain: stopped by (?:SIGTERM|a signal to another rank) at step (\d+): (\S+) written; "
+                     r"exit 75: .*\n$", err)  # (rank 0's own, or rank 1's first)
     assert procs[0].returncode == 75 and said and "Traceback" not in err, err[-3000:]
     assert said[2] == str(run / "checkpoints" / f"step_{int(said[1]):08d}") and os.path.isdir(said[2])
     assert procs[1].returncode == 75 and "Traceback" not in other and other.endswith(
-        f"\nlaunchers: the ranks on {socket.gethostname()} stopped on SIGTERM as the job's ranks agreed (exit 75); "
+        f"\nlaunchers: the ranks on {socket.gethostname()} stopped on SIGUSR1 as the job's ranks agreed (exit 75); "
         "rank 0's node says why\n"), other[-3000:]
     failed = subprocess.run([*torchrun, "--no-python", "sh", "-c",
                              'echo 75 > "$PTM_END_NOTE"; [ "$RANK" = 1 ] && exit 1; exec sleep 600'],
