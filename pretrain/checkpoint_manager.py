@@ -5,7 +5,9 @@ restores any layout's into this one and prunes, every rank deciding together.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
+import io
 import json
 import os
 import random
@@ -22,7 +24,7 @@ from pretrain import signals
 from pretrain.checkpoint import (KINDS, LATEST, CheckpointError, Pieces, copy_tokenizer, file_records, mark_latest,
                                  model_config, read_meta, verify, write_meta, write_pieces)
 from pretrain.models.config import FEATURES
-from ptm.files import fsync_dir, save_safetensors, write_text
+from ptm.files import fsync_dir, save_safetensors, write_bytes, write_text
 
 MODEL_SHAPE = ("arch", "vocab_size", "hidden_size", "num_layers", "decoder_layers", "num_heads", "head_dim",
                "ffn_hidden_size", "max_position_embeddings", "position_offset", "relative_buckets",
@@ -199,48 +201,75 @@ class Checkpoints:
 
         name = f"step_{step:08d}"
         final, tmp = os.path.join(self.root, name), os.path.join(self.root, f".{name}.tmp")
-        rank0 = dist.get_rank() == 0
-        if rank0:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        def start() -> None:  # (what an earlier write left, cut short by a crash or a full disk, goes first)
+            for stale in glob.glob(os.path.join(self.root, ".step_*.tmp")):
+                shutil.rmtree(stale, ignore_errors=True)
             os.makedirs(os.path.join(tmp, "rng"))
-        dist.barrier()
-        layout, state, written = run.layout, optimizer.state, []
-        if layout.owner:
-            for kind in KINDS:
-                pieces = {f"{s.name}@{s.start}": (master if kind == "param" else state[master][kind]
-                                                  ).reshape(-1)[s.offset:s.offset + s.length]
-                          for master, segments in layout.tensors if kind == "param" or state[master]
-                          for s in segments}
-                if pieces:
-                    written.append(write_pieces(tmp, kind, tp_rank, dp_rank if layout.partitioned else 0, pieces))
-        for relative, tensors in (rank_files or {}).items():
-            path = os.path.join(tmp, relative)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            save_safetensors({k: v.contiguous() for k, v in tensors.items()}, path)  # (flushed by file_records)
-            written.append(path)
-        rng = os.path.join(tmp, "rng", f"rank{dist.get_rank():05d}.pt")
-        torch.save(_rng_states(), rng)
+
+        self._written(final, tmp, [dev.rank0s(lambda: _attempt(start))])
+        layout, state = run.layout, optimizer.state
+
+        def own() -> dict:
+            written = []
+            if layout.owner:
+                for kind in KINDS:
+                    pieces = {f"{s.name}@{s.start}": (master if kind == "param" else state[master][kind]
+                                                      ).reshape(-1)[s.offset:s.offset + s.length]
+                              for master, segments in layout.tensors if kind == "param" or state[master]
+                              for s in segments}
+                    if pieces:
+                        written.append(write_pieces(tmp, kind, tp_rank, dp_rank if layout.partitioned else 0, pieces))
+            for relative, tensors in (rank_files or {}).items():
+                path = os.path.join(tmp, relative)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                save_safetensors({k: v.contiguous() for k, v in tensors.items()}, path)  # (flushed by file_records)
+                written.append(path)
+            rng = os.path.join(tmp, "rng", f"rank{dist.get_rank():05d}.pt")
+            write_bytes(rng, _torch_bytes(_rng_states()))
+            return file_records(tmp, [*written, rng])
+
+        mine = _attempt(own)
         signals.pause("checkpoint")
         every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, file_records(tmp, [*written, rng]))
-        if rank0:
+        dist.all_gather_object(every, mine)
+        self._written(final, tmp, every)
+
+        def finish() -> None:
             steps = [s["step"] for s in state.values() if s]
-            torch.save({**trainer_state, "optimizer_steps": steps[0] if steps else 0,
-                        "loss_scaler": loss_scale_state(run.engine.optimizer),
-                        "engine": engine_counters(run.engine)}, os.path.join(tmp, "trainer.pt"))
+            write_bytes(os.path.join(tmp, "trainer.pt"), _torch_bytes(
+                {**trainer_state, "optimizer_steps": steps[0] if steps else 0,
+                 "loss_scaler": loss_scale_state(run.engine.optimizer), "engine": engine_counters(run.engine)}))
             copy_tokenizer(tokenizer_dir, tmp)
             write_text(os.path.join(tmp, "config.yaml"), config_yaml)
-            files = {k: v for records in every for k, v in records.items()}
-            own = [os.path.join(d, f) for d, _, fs in os.walk(tmp) for f in fs]
-            files.update(file_records(tmp, [p for p in own if os.path.relpath(p, tmp) not in files]))
+            files = {k: v for records, _ in every for k, v in records.items()}
+            rest = [os.path.join(d, f) for d, _, fs in os.walk(tmp) for f in fs]
+            files.update(file_records(tmp, [p for p in rest if os.path.relpath(p, tmp) not in files]))
             write_meta(tmp, **meta, files=files)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)  # complete checkpoints only ever appear under their final name
             fsync_dir(self.root)
             mark_latest(self.out_dir, name)
             self.prune()
-        dist.barrier()
+
+        self._written(final, tmp, [dev.rank0s(lambda: _attempt(finish))])
         return final
+
+    def _written(self, final: str, tmp: str, outcomes: list) -> None:
+        """Every rank's (result, problem) of a part of writing checkpoint `final`; on a problem (a full disk, a quota:
+        `_attempt`), rank 0 removes what was written and every rank raises the same CheckpointError."""
+        failed = [(rank, problem) for rank, (_, problem) in enumerate(outcomes) if problem]
+        if not failed:
+            return
+        if dist.get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        name, (rank, problem) = os.path.basename(final), failed[0]
+        last = [n for n in self._listed() if n != name][:1]
+        raise CheckpointError(
+            f"cannot write checkpoint {name} in {self.root}" + (f" (rank {rank})" if len(outcomes) > 1 else "")
+            + f": {problem}; " + ("" if os.path.isdir(final) else "what it wrote is removed; ")
+            + (f"{last[0]}, the last checkpoint, is untouched" if last else "the run has no earlier checkpoint")
+            + "; free space there (or raise the quota) and re-run the same command to resume")
 
     def prune(self) -> None:
         """Keep the newest `keep` checkpoints (all when 0), and always the one `latest` names."""
@@ -307,3 +336,19 @@ def _set_rng_states(rng: dict) -> None:
     np.random.set_state(rng["numpy"])
     random.setstate(rng["python"])
     mcore.rng_tracker().set_states(rng["tracker"])
+
+
+def _attempt(write) -> tuple:
+    """(`write()`'s result, None), or (None, what stopped it) when the system refused a write: a full disk, a quota,
+    permissions."""
+    try:
+        return write(), None
+    except OSError as e:
+        return None, f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+
+
+def _torch_bytes(obj) -> bytes:
+    """`obj` as torch.save writes it (written by ptm.files: a full disk is an OSError, not torch's RuntimeError)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 
 
@@ -75,10 +76,18 @@ def umask_mode(paths) -> None:
 
 
 def save_safetensors(tensors: dict, path: str) -> None:
-    """safetensors.torch.save_file, with the file's mode as umask gives (`umask_mode`)."""
+    """safetensors.torch.save_file, with the file's mode as umask gives (`umask_mode`); a write that fails (a full
+    disk, a quota) raises the OSError any other write would (safetensors raises its own error, naming the errno)."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    save_file(tensors, path)
+    try:
+        save_file(tensors, path)
+    except SafetensorError as e:
+        errno = re.search(r"os error (\d+)", str(e))
+        if errno is None:
+            raise
+        raise OSError(int(errno[1]), os.strerror(int(errno[1])), path) from e
     umask_mode([path])
 
 

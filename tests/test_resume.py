@@ -483,6 +483,36 @@ def test_checkpoint_files_and_directories_reach_the_disk_before_latest_moves(tra
     assert {"trainer.pt", "config.yaml", "rng/rank00000.pt"} <= meta["files"].keys()
 
 
+def test_a_checkpoint_the_disk_refuses_ends_every_rank_in_one_line_and_keeps_the_last(trained_bert, train_data,
+                                                                                       tmp_path):
+    """A checkpoint write the system refuses (here files over RLIMIT_FSIZE: EFBIG, as a full disk's ENOSPC or a
+    quota's EDQUOT) ends both ranks together with exit 2 and one line naming the checkpoint, the error and the fix,
+    without a traceback; what it wrote is removed, and what a crash left before it too; the last checkpoint is
+    untouched and `latest` still names it."""
+    import resource
+
+    run = copy_run(trained_bert, tmp_path / "run")
+    stale = run / "checkpoints" / ".step_00000001.tmp" / "shards"  # (a write cut short by a crash)
+    stale.mkdir(parents=True)
+    (stale / "param-tp00-dp000.safetensors.tmp").write_bytes(b"x" * 1000)
+    limit = 256 << 10  # below a shard of bert-tiny's (MBs), above every other file the run writes
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    cmd = [sys.executable, "-m", "launchers", "torchrun", "--nproc_per_node", "2", f"--master_port={free_port()}",
+           "-m", "pretrain", "train", "--config", "bert-tiny", "--set",
+           *bert(train_data, "train.steps=3", "checkpoint.interval=1", f"out_dir={run}")[1:]]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=small_files)
+    lines = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[0].startswith("pretrain: error: cannot write checkpoint step_00000003 in ") and all(
+        s in lines[0] for s in ("File too large", "step_00000002, the last checkpoint, is untouched",
+                                "re-run the same command")), lines[0]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000002"]
+    assert C.resolve(str(run)).endswith("step_00000002") and C.verify(C.resolve(str(run))) is None
+
+
 def test_a_memory_resumes_exactly_and_re_splits_for_another_layout(straight, killed, tmp_path):
     """XLNet with a memory carried along streams (reuse_len 16 of 32, mem_len 24) at DP=2: killed after the step-4
     checkpoint and restarted with seed 99, it ends bit-identical to a run that never stopped: the checkpoint holds each
