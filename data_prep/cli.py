@@ -11,6 +11,7 @@ import time
 from data_prep import PrepError
 from data_prep.text import STRUCTURES, TextOptions
 from ptm.cli import whole
+from ptm.files import refused_write
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -255,6 +256,12 @@ def main(argv=None) -> None:
         sys.exit(run(argv))
     except PrepError as e:
         print(f"data_prep: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # a full disk, a quota: a build resumes after its last finished shard
+        line = refused_write(e, "the output (--out)")
+        if line is None:
+            raise
+        print(f"data_prep: error: {line}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("data_prep: interrupted; re-run the same command to resume", file=sys.stderr)

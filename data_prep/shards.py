@@ -95,11 +95,18 @@ def write_table_atomic(path: str, table_or_batch, schema_: pa.Schema) -> dict:
     if isinstance(batch, pa.Table):
         batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else pa.RecordBatch.from_pylist([], schema_)
     tmp = f"{path}.tmp{os.getpid()}"
-    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema_) as writer:
-        writer.write_batch(batch)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema_) as writer:
+            writer.write_batch(batch)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:  # (a full disk: what was written of it goes)
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError) and e.errno and not e.filename:  # (pyarrow's names no file)
+            raise OSError(e.errno, os.strerror(e.errno), path) from e
+        raise
     return shard_entry(path, batch)
 
 

@@ -3,11 +3,23 @@
 hashes, and safetensors files as readable as any other file written here."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+
+REFUSED = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write the system refused: full disk, quota, file size
+
+
+def refused_write(e: OSError, where: str) -> str | None:
+    """One line for a write the system refused (`REFUSED`): the error, the file (or `where`), the fix; else None."""
+    if e.errno not in REFUSED:
+        return None
+    return (f"cannot write {e.filename or where}: {os.strerror(e.errno)}; free space there (or raise the quota) and "
+            "re-run the same command")
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -75,23 +87,34 @@ def umask_mode(paths) -> None:
         os.chmod(path, 0o666 & ~mask)
 
 
-def save_safetensors(tensors: dict, path: str) -> None:
-    """safetensors.torch.save_file, with the file's mode as umask gives (`umask_mode`); a write that fails (a full
-    disk, a quota) raises the OSError any other write would (safetensors raises its own error, naming the errno)."""
+@contextlib.contextmanager
+def safetensors_errors(path: str):
+    """A write that the system refused (a full disk, a quota) in safetensors, which raises its own error naming the
+    errno, raised as the OSError any other write would raise."""
     from safetensors import SafetensorError
-    from safetensors.torch import save_file
 
     try:
-        save_file(tensors, path)
+        yield
     except SafetensorError as e:
-        errno = re.search(r"os error (\d+)", str(e))
-        if errno is None:
+        found = re.search(r"os error (\d+)", str(e))
+        if found is None:
             raise
-        raise OSError(int(errno[1]), os.strerror(int(errno[1])), path) from e
+        raise OSError(int(found[1]), os.strerror(int(found[1])), path) from e
+
+
+def save_safetensors(tensors: dict, path: str) -> None:
+    """safetensors.torch.save_file, with the file's mode as umask gives (`umask_mode`); a refused write is an
+    OSError (`safetensors_errors`)."""
+    from safetensors.torch import save_file
+
+    with safetensors_errors(path):
+        save_file(tensors, path)
     umask_mode([path])
 
 
 def save_pretrained(model, out: str, **options) -> None:
-    """transformers' `model.save_pretrained(out, **options)`, with its weights' mode as umask gives (`umask_mode`)."""
-    model.save_pretrained(out, **options)
+    """transformers' `model.save_pretrained(out, **options)`, with its weights' mode as umask gives (`umask_mode`); a
+    refused write is an OSError (`safetensors_errors`)."""
+    with safetensors_errors(out):
+        model.save_pretrained(out, **options)
     umask_mode([os.path.join(out, f) for f in os.listdir(out) if f.endswith(".safetensors")])

@@ -3,6 +3,7 @@ import gzip
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -183,6 +184,17 @@ def test_killed_build_is_invalid_then_resumes_to_the_same_dataset(corpus, sp_mod
     done = _shards(out)
     check = run_cli("data_prep", "verify", out, check=False)
     assert check.returncode == 1 and "unfinished build" in check.stdout
+
+    # a full disk (files over RLIMIT_FSIZE: EFBIG, as ENOSPC or a quota's EDQUOT) is one line; the shard it was writing
+    # goes, the journal stays as it was
+    was = json.load(open(out / ".partial" / "part00000.json"))
+    full = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: resource.setrlimit(
+        resource.RLIMIT_FSIZE, (16 << 10, 16 << 10)))
+    said = full.communicate(timeout=120)[1]
+    assert full.returncode == 2 and re.fullmatch(
+        rf"(data_prep: .*\n)*data_prep: error: cannot write {out}/part00000-\d+\.arrow: File too large; free space "
+        r"there \(or raise the quota\) and re-run the same command\n", said), said[-3000:]
+    assert not list(out.glob(f"*.tmp{full.pid}")) and json.load(open(out / ".partial" / "part00000.json")) == was
 
     # damage the last finished shard: resume must notice by hash and rebuild from there
     journal = json.load(open(out / ".partial" / "part00000.json"))
