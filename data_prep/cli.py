@@ -261,7 +261,8 @@ def main(argv=None) -> None:
         line = refused_write(e, "the output (--out)")
         if line is None:
             raise
-        print(f"data_prep: error: {line}", file=sys.stderr)
+        print(f"data_prep: error: {line}; free space there (or raise the quota) and re-run the same command",
+              file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("data_prep: interrupted; re-run the same command to resume", file=sys.stderr)

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from ptm.files import write_json, write_text
+from ptm.files import refused_write, write_json, write_text
 
 
 def log(msg: str) -> None:
@@ -24,6 +24,7 @@ class RunLog:
     def __init__(self, out_dir: str, rank0: bool, log):
         self.out_dir, self.rank0, self.log = out_dir, rank0, log
         self.bar = self.writer = None
+        self.refused = False
 
     def start(self, config_yaml: str, launch: dict, total: int, done: int) -> None:
         """The resolved config, the launch (what `ptm plan --check` predicts for), the progress bar and TensorBoard."""
@@ -46,9 +47,7 @@ class RunLog:
         """A training step's metrics: TensorBoard and metrics.jsonl, a log line when `show`, the bar's postfix."""
         if not self.rank0:
             return
-        for k, v in metrics.items():
-            self.writer.add_scalar(f"train/{k}", v, step)
-        _append_jsonl(os.path.join(self.out_dir, "metrics.jsonl"), {"step": step, **metrics})
+        self._kept("metrics.jsonl", "train", step, metrics)
         if show:
             self.line(f"step {step}: " + fmt(metrics, tuple(metrics)))
         self.bar.update(1)
@@ -58,10 +57,24 @@ class RunLog:
     def evaluation(self, step: int, metrics: dict) -> None:
         """An evaluation's metrics (`valid_*`): TensorBoard, valid.jsonl and a log line."""
         if self.rank0:
-            for k, v in metrics.items():
-                self.writer.add_scalar(f"valid/{k[6:]}", v, step)
-            _append_jsonl(os.path.join(self.out_dir, "valid.jsonl"), {"step": step, **metrics})
+            self._kept("valid.jsonl", "valid", step, {k[6:]: v for k, v in metrics.items()}, metrics)
         self.log(f"step {step}: " + fmt(metrics, tuple(metrics)))
+
+    def _kept(self, name: str, group: str, step: int, scalars: dict, row: dict | None = None) -> None:
+        """TensorBoard's `group/KEY` scalars and a row of `name`. A write the system refuses (a full disk, a quota)
+        is a warning, once: the run goes on (its next checkpoint, which every rank agrees on, ends it if it cannot be
+        written) rather than rank 0 alone ending in a traceback."""
+        try:
+            for k, v in scalars.items():
+                self.writer.add_scalar(f"{group}/{k}", v, step)
+            _append_jsonl(os.path.join(self.out_dir, name), {"step": step, **(row or scalars)})
+        except OSError as e:
+            line = refused_write(e, os.path.join(self.out_dir, name))
+            if line is None:
+                raise
+            if not self.refused:
+                self.log(f"warning: {line}; the run goes on, its logs missing steps until there is space")
+            self.refused = True
 
     def close(self) -> None:
         for done in (self.bar, self.writer):

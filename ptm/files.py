@@ -15,11 +15,9 @@ REFUSED = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write the system refuse
 
 
 def refused_write(e: OSError, where: str) -> str | None:
-    """One line for a write the system refused (`REFUSED`): the error, the file (or `where`), the fix; else None."""
-    if e.errno not in REFUSED:
-        return None
-    return (f"cannot write {e.filename or where}: {os.strerror(e.errno)}; free space there (or raise the quota) and "
-            "re-run the same command")
+    """`cannot write FILE: ERROR` for a write the system refused (`REFUSED`; FILE: the error's, else `where`); else
+    None."""
+    return f"cannot write {e.filename or where}: {os.strerror(e.errno)}" if e.errno in REFUSED else None
 
 
 def write_bytes(path: str, data: bytes) -> None:

@@ -488,7 +488,8 @@ def test_a_checkpoint_the_disk_refuses_ends_every_rank_in_one_line_and_keeps_the
     """A checkpoint write the system refuses (here files over RLIMIT_FSIZE: EFBIG, as a full disk's ENOSPC or a
     quota's EDQUOT) ends both ranks together with exit 2 and one line naming the checkpoint, the error and the fix,
     without a traceback; what it wrote is removed, and what a crash left before it too; the last checkpoint is
-    untouched and `latest` still names it."""
+    untouched and `latest` still names it. A log row refused before it is a warning, once: rank 0 alone does not end
+    in a traceback."""
     import resource
 
     run = copy_run(trained_bert, tmp_path / "run")
@@ -496,6 +497,8 @@ def test_a_checkpoint_the_disk_refuses_ends_every_rank_in_one_line_and_keeps_the
     stale.mkdir(parents=True)
     (stale / "param-tp00-dp000.safetensors.tmp").write_bytes(b"x" * 1000)
     limit = 256 << 10  # below a shard of bert-tiny's (MBs), above every other file the run writes
+    with open(run / "metrics.jsonl", "a") as f:  # but this one: its next row is refused, and the run goes on
+        f.write(" " * limit + "\n")
 
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
@@ -511,6 +514,8 @@ def test_a_checkpoint_the_disk_refuses_ends_every_rank_in_one_line_and_keeps_the
                                 "re-run the same command")), lines[0]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000002"]
     assert C.resolve(str(run)).endswith("step_00000002") and C.verify(C.resolve(str(run))) is None
+    assert proc.stderr.count(f"pretrain: warning: cannot write {run}/metrics.jsonl: File too large; the run goes on"
+                             ) == 1, proc.stderr[-3000:]
 
 
 def test_a_memory_resumes_exactly_and_re_splits_for_another_layout(straight, killed, tmp_path):
