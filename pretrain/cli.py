@@ -97,6 +97,7 @@ def main(argv=None) -> None:
     from launchers.rendezvous import rank as _rank
     from pretrain.checkpoint import CheckpointError
     from pretrain.config import ConfigError, load
+    from pretrain.data.loader import worker_death
     from pretrain.device import DeviceError
     from pretrain import heartbeat
     from pretrain.train import Stopped, train
@@ -137,6 +138,12 @@ def main(argv=None) -> None:
             if _rank() == 0:  # (the rank that says it notes it: the script says it otherwise)
                 signals.end_line(line, code)
             sys.exit(code)
+        died = worker_death(e)  # (this rank's own problem: it says it, naming itself)
+        if died is not None:
+            said = f"pretrain: error: rank {_rank()} on {socket.gethostname()}: {died}"
+            print(said, file=sys.stderr)
+            signals.note_end(2, said)
+            sys.exit(2)
         if not isinstance(e, RuntimeError) or not _lost_contact(e, torch.distributed.DistError):
             raise
         print(heartbeat.lost_contact(_rank(), f"{heartbeat.first_line(e)}; the launcher's log names the rank that "

@@ -202,13 +202,17 @@ def test_ernie2_semantic_task_from_labelled_pairs(dataset, corpus, sp_model, tmp
     assert "valid_ir_relevance_acc" in summary and "valid_mlm_acc" in summary
 
 
-@pytest.mark.parametrize("how", ["SIGINT", "failure"])
+@pytest.mark.parametrize("how", ["SIGINT", "failure", "a worker killed", "a worker's SIGBUS"])
 def test_sigint_or_a_failure_mid_run_ends_the_process_and_its_loader_workers(dataset, tmp_path, how):
     """SIGINT to the training process alone (Ctrl-C) ends it with one line and exit 130; an unexpected failure (here
-    a test pause's child that dies) with its traceback and exit 1; both while data-loader workers run, which ignore
-    SIGTERM (pretrain/data/loader.py) and once kept the process waiting for them at its exit, forever."""
+    a test pause's child that dies) with its traceback and exit 1; a data-loader worker killed (SIGKILL: the
+    out-of-memory killer's; SIGBUS: a full /dev/shm's) with one line naming the worker and what to do, and exit 2,
+    not torch's traceback; all
+    while data-loader workers run, which ignore SIGTERM (pretrain/data/loader.py) and once kept the process waiting
+    for them at its exit, forever."""
     import os
     import signal
+    import socket
     import subprocess
     import sys
 
@@ -238,16 +242,26 @@ def test_sigint_or_a_failure_mid_run_ends_the_process_and_its_loader_workers(dat
         assert len(waiter) == 1 and len(workers) >= 2
         if how == "SIGINT":
             proc.send_signal(signal.SIGINT)
-        else:
+        elif how == "failure":
             waiter[0].kill()
+        else:
+            workers[0].send_signal(signal.SIGKILL if how == "a worker killed" else signal.SIGBUS)
+            (pause / "go.workers").touch()
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             kill_when(proc, lambda: True)
+    err = err.replace("\0", "")  # (torch's bus error message in the worker ends in its C string's NUL)
     lines = [line for line in err.splitlines() if "arning" not in line]
     if how == "SIGINT":
         assert proc.returncode == 130 and lines[-1].startswith("pretrain: interrupted (SIGINT)"), err[-3000:]
         assert "Traceback" not in err
-    else:
+    elif how == "failure":
         assert proc.returncode == 1 and "Traceback" in err and "CalledProcessError" in lines[-1], err[-3000:]
+    else:
+        said = ("was killed (Killed), most often by the system's out-of-memory killer" if how == "a worker killed" else
+                "was killed by SIGBUS: shared memory (/dev/shm) ran out")
+        assert proc.returncode == 2 and "Traceback" not in err and lines[-1].startswith(
+            f"pretrain: error: rank 0 on {socket.gethostname()}: data-loader worker (pid {workers[0].pid}) {said}") \
+            and "data.num_workers lower" in lines[-1], err[-3000:]
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import signal
 
 import numpy as np
@@ -104,3 +105,23 @@ def _ignore_stop_signals(worker_id: int) -> None:
     it exits; they end with it (`end_workers`)."""
     for s in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(s, signal.SIG_IGN)
+
+
+# torch's words for a worker that died (torch/csrc/DataLoader.cpp, torch/utils/data/dataloader.py)
+_DIED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited unexpectedly)")
+
+
+def worker_death(e: BaseException) -> str | None:
+    """What torch's loader raises when one of its workers died, said as what to do; None for any other failure."""
+    died = _DIED.search(str(e))
+    if died is None:
+        return None
+    pid, signal_name = died[1], died[2]
+    if signal_name == "Bus error":  # what a worker's tensors in a full /dev/shm get
+        return (f"data-loader worker (pid {pid}) was killed by SIGBUS: shared memory (/dev/shm) ran out; raise its "
+                "size (docker --shm-size) or set data.num_workers lower, then re-run the same command to resume "
+                "from the last checkpoint")
+    how = f"was killed ({signal_name})" if signal_name else "exited unexpectedly"
+    return (f"data-loader worker (pid {pid}) {how}, most often by the system's out-of-memory killer (the job's memory "
+            "report or `dmesg` says so); give the job more memory or set data.num_workers lower, then re-run the "
+            "same command to resume from the last checkpoint")
