@@ -398,7 +398,8 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
         # Pool.imap reads its input as fast as it can; the semaphore keeps at most 4 chunks per worker in
         # flight, so memory stays bounded when reading outpaces tokenizing.
         in_flight, stop = threading.Semaphore(4 * opts.workers), threading.Event()
-        results = _released(pool.imap(_process, _acquired(chunks, in_flight, stop), chunksize=1), in_flight)
+        results = _released(pool.imap(_process, _acquired(chunks, in_flight, stop), chunksize=1), in_flight,
+                            mp.active_children())
     else:
         _init_worker(*init)
         results = map(_process, chunks)
@@ -502,8 +503,23 @@ def _acquired(items, sem, stop):
         yield item
 
 
-def _released(results, sem):
-    for r in results:
+def _released(results, sem, workers):
+    """imap's results in order, each freeing a place in flight. A worker that dies (the out-of-memory killer) is an
+    error, not a wait forever: Pool starts another, but the chunk the dead one held never comes back."""
+    while True:
+        try:
+            r = results.next(timeout=1)
+        except StopIteration:
+            return
+        except mp.TimeoutError:
+            dead = next((w for w in workers if w.exitcode is not None), None)
+            if dead is None:
+                continue
+            how = (f"was killed by {signal.Signals(-dead.exitcode).name}" if dead.exitcode < 0 else
+                   f"exited with status {dead.exitcode}")
+            raise PrepError(f"build worker (pid {dead.pid}) {how}, most often by the system's out-of-memory killer "
+                            "(`dmesg` says so); give the build more memory or fewer --workers, then re-run the same "
+                            "command to resume after its last finished shard") from None
         sem.release()
         yield r
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from conftest import ROOT, run_cli, write_jsonl
@@ -174,6 +175,22 @@ def test_killed_build_is_invalid_then_resumes_to_the_same_dataset(corpus, sp_mod
     os.killpg(ctrl_c.pid, signal.SIGINT)
     assert (ctrl_c.wait(60), ctrl_c.stderr.read()) == (130, "data_prep: interrupted; re-run the same command to "
                                                              "resume\n")
+    # a worker killed (the out-of-memory killer): one line, not a wait forever for the chunk it held (Pool starts
+    # another worker and says nothing)
+    args = [str(tmp_path / "oom") if a == str(tmp_path / "int") else a for a in ctrl_c.args]
+    killed = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not _shards(tmp_path / "oom") and killed.poll() is None:
+        time.sleep(0.02)
+    worker = psutil.Process(killed.pid).children()[0]
+    worker.kill()
+    try:
+        said = killed.communicate(timeout=60)[1]
+    finally:
+        killed.kill()
+    assert killed.returncode == 2 and said.splitlines()[-1] == (
+        f"data_prep: error: build worker (pid {worker.pid}) was killed by SIGKILL, most often by the system's "
+        "out-of-memory killer (`dmesg` says so); give the build more memory or fewer --workers, then re-run the same "
+        "command to resume after its last finished shard"), said[-3000:]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while len(_shards(out)) < 4 and time.time() < deadline and proc.poll() is None:
