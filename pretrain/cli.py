@@ -98,7 +98,7 @@ def main(argv=None) -> None:
     from pretrain.checkpoint import CheckpointError
     from pretrain.config import ConfigError, load
     from pretrain.data.loader import worker_death
-    from pretrain.device import DeviceError
+    from pretrain.device import DeviceError, out_of_memory
     from pretrain import heartbeat
     from pretrain.train import Stopped, train
 
@@ -138,9 +138,9 @@ def main(argv=None) -> None:
             if _rank() == 0:  # (the rank that says it notes it: the script says it otherwise)
                 signals.end_line(line, code)
             sys.exit(code)
-        died = worker_death(e)  # (this rank's own problem: it says it, naming itself)
-        if died is not None:
-            said = f"pretrain: error: rank {_rank()} on {socket.gethostname()}: {died}"
+        own = worker_death(e) or out_of_memory(e, signals.trained_steps)  # this rank's problem: it says it
+        if own is not None:
+            said = f"pretrain: error: rank {_rank()} on {socket.gethostname()}: {own}"
             print(said, file=sys.stderr)
             signals.note_end(2, said)
             sys.exit(2)

@@ -202,6 +202,45 @@ def test_ernie2_semantic_task_from_labelled_pairs(dataset, corpus, sp_model, tmp
     assert "valid_ir_relevance_acc" in summary and "valid_mlm_acc" in summary
 
 
+def test_running_out_of_memory_is_one_line_naming_the_fix(dataset, tmp_path):
+    """A micro batch the device's memory cannot hold (here the host's, capped by RLIMIT_AS; on a GPU torch's
+    OutOfMemoryError) ends the rank in one line saying what ran out and what to set, exit 2, not a traceback."""
+    import resource
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))  # twice what a tiny run maps, 16 GiB short
+
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "bert-tiny", "--set",
+                           f"data.path={dataset}", f"out_dir={tmp_path}", "data.num_workers=0", "data.seq_len=32",
+                           "model.max_position_embeddings=32", "model.ffn_hidden_size=131072",
+                           "train.global_batch_size=1024", "train.micro_batch_size=1024", "train.steps=1",
+                           "optimizer.warmup_steps=0", "train.eval_interval=0", "checkpoint.interval=0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=capped)
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[0] == (f"pretrain: error: rank 0 on {socket.gethostname()}: host memory ran out (tried to allocate "
+                         "16.00 GiB) before the first step: lower train.micro_batch_size (gradient accumulation keeps "
+                         "the global batch) or set it to auto (the largest `ptm plan` fits), or set "
+                         "model.activation_checkpointing=true; then re-run to resume from the last checkpoint")
+
+
+def test_a_gpu_out_of_memory_names_what_it_tried_to_allocate():
+    import torch
+
+    from pretrain.device import out_of_memory
+
+    said = out_of_memory(torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which 1.05 GiB is "
+        "free. Including non-PyTorch memory, this process has 78.05 GiB memory in use."), 12)
+    assert said.startswith("the GPU ran out of memory (tried to allocate 2.00 GiB) after 12 steps: lower ")
+    assert out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"), 12) is None
+
+
 @pytest.mark.parametrize("how", ["SIGINT", "failure", "a worker killed", "a worker's SIGBUS"])
 def test_sigint_or_a_failure_mid_run_ends_the_process_and_its_loader_workers(dataset, tmp_path, how):
     """SIGINT to the training process alone (Ctrl-C) ends it with one line and exit 130; an unexpected failure (here
