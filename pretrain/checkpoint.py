@@ -26,6 +26,7 @@ the newest complete one.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import os
@@ -233,6 +234,9 @@ class Pieces:
         try:
             return safe_open(path, framework="pt")
         except Exception as e:
+            if os.strerror(errno.ENOMEM) in str(e):  # (the mapping was refused: the file is not at fault)
+                raise CheckpointError(f"{path} could not be mapped: host memory ran out ({os.strerror(errno.ENOMEM)}); "
+                                      "free memory (or raise the limit, ulimit -v) and re-run") from None
             raise CheckpointError(f"{path} is unreadable ({e}); the checkpoint is damaged: use an earlier one") from None
 
     def has(self, kind: str) -> bool:

@@ -339,6 +339,19 @@ def test_elmo_on_a_gpt2_run_through_the_real_cli(w):
                                                 f"weights.hdf5 (`ptm convert to-elmo`)"]
 
 
+def test_a_checkpoint_memory_cannot_map_is_not_called_damaged(w, capsys, monkeypatch):
+    """A shard that mmap was refused (ENOMEM: a memory limit) is not called damaged (its user would delete it)."""
+    from pretrain import checkpoint as C
+
+    def refused(path, **_):
+        raise OSError(f"unable to mmap 1000 bytes from file <{path}>: Cannot allocate memory (12)")
+
+    monkeypatch.setattr(C, "safe_open", refused)
+    line = error_line(capsys, _convert, ["to-hf", w.bert, "--out", w.out])
+    assert "could not be mapped: host memory ran out" in line and "damaged" not in line, line
+    assert not os.path.exists(w.out)
+
+
 @pytest.mark.parametrize("dataset", ["data_foreign", "data_list"])
 def test_verify_names_another_tools_manifest(dataset, w, capsys):
     """`data_prep verify` on a directory whose manifest.json is another tool's: INVALID, naming the file; exit 1."""
