@@ -12,6 +12,7 @@ an import continues pretraining with it (without it, the softmax starts afresh a
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import torch
 
 from pretrain import checkpoint as C
 from pretrain.models.config import ModelConfig
+from ptm.files import whole_dir, write_bytes, write_json
 
 LSTM = "RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/"
 DIRECTIONS = ("forward_lstms", "backward_lstms")
@@ -123,28 +125,32 @@ def from_files(options: dict, weights: dict[str, np.ndarray], vocab_size: int = 
 
 
 def to_elmo(ckpt_or_run: str, out: str) -> str:
-    """Write options.json, weights.hdf5 and the vocabulary of an ELMo checkpoint (or a run's latest) to `out`."""
+    """Write options.json, weights.hdf5 and the vocabulary of an ELMo checkpoint (or a run's latest) to `out`, whole
+    beside it first (`whole_dir`: an earlier export there is replaced, a refused write or Ctrl-C leaves nothing)."""
     import h5py
 
+    out = out.rstrip("/") or out
+    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "options.json")):
+        raise C.CheckpointError(f"{out} holds files but no options.json: not ELMo files to replace; pass a new or "
+                                "empty directory, or an earlier export")
     ckpt = C.check_complete(C.resolve(ckpt_or_run))
     cfg = C.model_config(C.read_meta(ckpt))
     if not cfg.char_filters:
         raise C.CheckpointError(f"{ckpt} holds model.arch={cfg.arch}, no character CNN; to-elmo writes ELMo's files "
                                 f"(use to-hf)")
     options, weights = to_files(C.load_full_model(ckpt), cfg)
-    os.makedirs(out, exist_ok=True)
-    tmp = os.path.join(out, "weights.hdf5.partial")
-    with h5py.File(tmp, "w") as f:
-        for name, array in weights.items():
-            f.create_dataset(name, data=array)
-    os.replace(tmp, os.path.join(out, "weights.hdf5"))
-    from ptm.files import write_json
-
-    write_json(os.path.join(out, "options.json"), options)
-    for name in TOKENIZER_FILES:
-        path = os.path.join(ckpt, "tokenizer", name)
-        if os.path.isfile(path):
-            shutil.copy(path, os.path.join(out, name))
+    with whole_dir(out) as tmp:
+        os.makedirs(tmp)
+        built = io.BytesIO()  # (HDF5 writing to a full disk itself ends the process in a segmentation fault)
+        with h5py.File(built, "w") as f:
+            for name, array in weights.items():
+                f.create_dataset(name, data=array)
+        write_bytes(os.path.join(tmp, "weights.hdf5"), built.getbuffer())
+        write_json(os.path.join(tmp, "options.json"), options)
+        for name in TOKENIZER_FILES:
+            path = os.path.join(ckpt, "tokenizer", name)
+            if os.path.isfile(path):
+                shutil.copy(path, os.path.join(tmp, name))
     return out
 
 
@@ -202,7 +208,6 @@ def from_elmo(elmo_dir: str, out: str) -> tuple[str, list[str]]:
         meta = os.path.join(tmp, "tokenizer", "ptm_tokenizer.json")
         if not os.path.isfile(meta):
             from data_prep.tokenizer import load_tokenizer
-            from ptm.files import write_json
 
             write_json(meta, {"kind": "words", "files": ["vocab.txt"], "lowercase": False})
             write_json(meta, load_tokenizer(os.path.join(tmp, "tokenizer")).meta())

@@ -10,6 +10,7 @@ import re
 import sys
 
 from ptm.cli import whole
+from ptm.files import refused_write
 
 
 def _shard_size(value: str) -> str | int:
@@ -92,6 +93,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     a = parser().parse_args(argv)
     from pretrain.checkpoint import CheckpointError  # torch: after --help
+    from pretrain.device import memory_ran_out
 
     try:
         if os.path.exists(a.out) and not os.path.isdir(a.out):
@@ -122,5 +124,17 @@ def main(argv=None) -> None:
             if initialised:
                 print(f"initialised (not in {source}): {', '.join(initialised)}")
     except (CheckpointError, OSError) as e:
-        print("\n".join(f"checkpoints_tools: error: {line}" for line in str(e).splitlines()), file=sys.stderr)
+        refused = refused_write(e, a.out) if isinstance(e, OSError) else None
+        said = f"{refused}; free space there (or raise the quota) and re-run the same command" if refused else str(e)
+        print("\n".join(f"checkpoints_tools: error: {line}" for line in said.splitlines()), file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: what was written goes (OUT.tmp), an earlier OUT stays
+        print(f"checkpoints_tools: interrupted; nothing was written to {a.out}: re-run the same command",
+              file=sys.stderr)
+        sys.exit(getattr(e, "status", 130))
+    except Exception as e:
+        if memory_ran_out(e) is None:
+            raise
+        print(f"checkpoints_tools: error: {memory_ran_out(e)}; nothing was written to {a.out}: run it where more "
+              "memory is free", file=sys.stderr)
         sys.exit(2)

@@ -15,7 +15,7 @@ from pretrain import checkpoint as C
 from pretrain import families
 from pretrain.families.base import hf_special_tokens, sentencepiece_to_fast
 from pretrain.models.config import ModelConfig, positions_needed
-from ptm.files import install_dir, save_pretrained
+from ptm.files import save_pretrained, whole_dir
 
 
 def adapter(arch: str) -> families.Adapter:
@@ -120,7 +120,7 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     """Write a transformers model directory (config, safetensors weights, tokenizer) from a ptm checkpoint; a family
     whose export is two models (ELECTRA) writes the second in its subdirectory. A model whose features its family's
     HF class does not compute is refused, one line per feature. The directory is written whole beside `out`, then
-    replaces it (`install_dir`): an earlier export there leaves no file behind (save_pretrained into it would keep a
+    replaces it (`whole_dir`): an earlier export there leaves no file behind (save_pretrained into it would keep a
     model.safetensors beside new shards, or an index naming shards no longer there); a directory that is not a model
     directory is refused."""
     out = out.rstrip("/") or out
@@ -144,22 +144,18 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
     if tok_meta["kind"] == "words":  # (a run of an older ptm: training on words now refuses such an objective)
         raise C.CheckpointError(f"{ckpt} was trained on words (a `data_prep words` dataset), which a Hugging Face "
                                 f"{cfg.arch} model does not read; train it on a `data_prep build` dataset")
-    tmp = f"{out}.tmp"  # (a name of its own: what a run cut short left there goes)
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        configs = [family.hf_config(m, tok_meta["special_ids"]) for _, m, _ in models]
-        states = family.split(C.load_full_model(ckpt), cfg)
-        for (sub, model_cfg, cls), config, weights in zip(models, configs, states):
-            where = os.path.join(tmp, sub) if sub else tmp
-            _write_hf(family, model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
-            export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), _longest(cfg),
-                             own=family.sentencepiece_tokenizer,
-                             ends=(getattr(config, "bos_token_id", None), getattr(config, "eos_token_id", None)))
-        install_dir(tmp, out)
+        with whole_dir(out) as tmp:
+            configs = [family.hf_config(m, tok_meta["special_ids"]) for _, m, _ in models]
+            states = family.split(C.load_full_model(ckpt), cfg)
+            for (sub, model_cfg, cls), config, weights in zip(models, configs, states):
+                where = os.path.join(tmp, sub) if sub else tmp
+                _write_hf(family, model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
+                export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), _longest(cfg),
+                                 own=family.sentencepiece_tokenizer,
+                                 ends=(getattr(config, "bos_token_id", None), getattr(config, "eos_token_id", None)))
     except families.ExportError as e:  # a feature its config cannot hold, pieces its tokenizer's template needs
         raise C.CheckpointError(f"{ckpt}: {e}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -14,16 +14,23 @@ class DeviceError(RuntimeError):
     """A process/device mismatch; the message names the variable and the fix."""
 
 
-def out_of_memory(e: BaseException, steps: int) -> str | None:
-    """What to do about a device that ran out of memory (torch.OutOfMemoryError on a GPU; the CPU allocator's error),
-    `steps` steps into the run; None for any other failure."""
+def memory_ran_out(e: BaseException) -> str | None:
+    """What ran out, for a device that ran out of memory (torch.OutOfMemoryError on a GPU; the CPU allocator's error,
+    or MemoryError); None for any other failure."""
     if isinstance(e, torch.OutOfMemoryError):
         asked = re.search(r"Tried to allocate ([\d.]+ \w+)", str(e))
-        what = f"the GPU ran out of memory ({f'tried to allocate {asked[1]}' if asked else str(e).splitlines()[0]})"
-    elif isinstance(e, RuntimeError) and (asked := re.search(r"can't allocate memory: you tried to allocate (\d+)",
-                                                             str(e))):
-        what = f"host memory ran out (tried to allocate {int(asked[1]) / 2**30:.2f} GiB)"
-    else:
+        return f"the GPU ran out of memory ({f'tried to allocate {asked[1]}' if asked else str(e).splitlines()[0]})"
+    if isinstance(e, RuntimeError) and (asked := re.search(r"can't allocate memory: you tried to allocate (\d+)",
+                                                           str(e))):
+        return f"host memory ran out (tried to allocate {int(asked[1]) / 2**30:.2f} GiB)"
+    return "host memory ran out" if isinstance(e, MemoryError) else None
+
+
+def out_of_memory(e: BaseException, steps: int) -> str | None:
+    """What to do about a device that ran out of memory (`memory_ran_out`), `steps` steps into the run; None for any
+    other failure."""
+    what = memory_ran_out(e)
+    if what is None:
         return None
     return (f"{what} {f'after {steps} steps' if steps else 'before the first step'}: lower train.micro_batch_size "
             "(gradient accumulation keeps the global batch) or set it to auto (the largest `ptm plan` fits), or set "

@@ -5,6 +5,7 @@ import importlib.util
 import math
 import os
 import runpy
+import signal
 import sys
 
 CORE = {
@@ -70,6 +71,19 @@ def run(main) -> None:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush would fail again)
         sys.exit(141)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, scancel) raised where the process is, as Ctrl-C's KeyboardInterrupt is (`stop_on_sigterm`)."""
+    status = 128 + signal.SIGTERM
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM raises `Terminated` in the main thread: `finally` blocks remove partial outputs, and a
+    command ends in its line for an interruption (with status `Terminated.status`), not killed where it stood."""
+    def stop(signum, frame):
+        raise Terminated()
+    signal.signal(signal.SIGTERM, stop)
 
 
 def main(argv=None) -> None:

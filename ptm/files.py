@@ -54,6 +54,19 @@ def install_dir(tmp: str, out: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def whole_dir(out: str):
+    """Where a directory to put at `out` is written: OUT.tmp, emptied of what a run cut short left there (not made);
+    when the block ends it replaces `out` (`install_dir`); on an error (a refused write, Ctrl-C) it goes."""
+    tmp = f"{out.rstrip('/') or out}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield tmp
+        install_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def fsync_dir(path: str) -> None:
     """Flush a directory's entries (new names, renames) to disk."""
     fd = os.open(path, os.O_RDONLY)

@@ -4,12 +4,16 @@ a non-zero exit status and no traceback. The runs are built once (untrained weig
 damaged copy by copy; the commands run in this process (their `main`), but for a few through the real CLI."""
 import json
 import os
+import resource
 import shutil
+import signal
+import subprocess
+import sys
 import types
 
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 
 COMMON = ["data.seq_len=32", "model.max_position_embeddings=32", "train.global_batch_size=8",
           "train.micro_batch_size=8", "train.steps=1", "train.eval_interval=0", "checkpoint.interval=0",
@@ -337,6 +341,35 @@ def test_elmo_on_a_gpt2_run_through_the_real_cli(w):
                                                 f"model.arch=gpt2, not an ELMo; pass an ELMo checkpoint or run "
                                                 f"(model.arch=elmo), or a directory of bilm-tf's options.json + "
                                                 f"weights.hdf5 (`ptm convert to-elmo`)"]
+
+
+STOP_AT = ("import importlib, os, runpy, sys; where, name = sys.argv[1].rsplit('.', 1); signum = int(sys.argv[2]); "
+           "setattr(importlib.import_module(where), name, lambda *_, **__: os.kill(os.getpid(), signum)); "
+           "sys.argv = sys.argv[3:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+
+
+def _command(argv: list, limit: int = 0, stop: tuple = ()) -> subprocess.CompletedProcess:
+    """`python -m ARGV...` with files limited to `limit` bytes (RLIMIT_FSIZE: EFBIG, as a full disk's ENOSPC), or
+    sent signal `stop[1]` by itself where it calls `stop[0]` (module.function)."""
+    cmd = [sys.executable, *(["-c", STOP_AT, stop[0], str(int(stop[1]))] if stop else ["-m"]), *map(str, argv)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=lambda: limit and (
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))))
+
+
+def test_a_full_disk_or_a_stop_signal_in_convert_is_one_line_leaving_nothing_partial(w, tmp_path):
+    """A refused write (a full disk), Ctrl-C and SIGTERM in `ptm convert`: one line naming what happened and what to
+    do, the status (2, 130, 143), and no half-written output (OUT.tmp, OUT's weights.hdf5.partial)."""
+    out = tmp_path / "out"
+    full = _command(["checkpoints_tools", "to-elmo", w.elmo, "--out", out], limit=20_000)
+    assert full.returncode == 2 and full.stderr.splitlines() == [
+        f"checkpoints_tools: error: cannot write {out}: File too large; free space there (or raise "
+        "the quota) and re-run the same command"], full.stderr
+    for signum, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        stopped = _command(["checkpoints_tools", "to-hf", w.bert, "--out", out],
+                       stop=("checkpoints_tools.hf.export_tokenizer", signum))  # (the weights are written)
+        assert stopped.returncode == status and stopped.stderr.splitlines()[-1:] == [
+            f"checkpoints_tools: interrupted; nothing was written to {out}: re-run the same command"], stopped.stderr
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_checkpoint_memory_cannot_map_is_not_called_damaged(w, capsys, monkeypatch):
