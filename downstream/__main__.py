@@ -1,4 +1,5 @@
-from downstream.cli import main
+from downstream.cli import main, stop_alone
 from ptm.cli import run
 
+stop_alone()
 run(main)

@@ -7,7 +7,8 @@ import os
 import sys
 
 from downstream import TaskError
-from ptm.cli import positive, whole
+from ptm.cli import positive, stop_on_sigterm, whole
+from ptm.files import refused_write
 
 
 def _finetune_options(p: argparse.ArgumentParser) -> None:
@@ -194,13 +195,41 @@ def default_out(model: str, pretrained: bool, features: str | None) -> str:
     return os.path.join("eval", name + ("" if pretrained else "-scratch") + (f"-{features}" if features else ""))
 
 
+def stop_alone() -> None:
+    """SIGTERM ends a single process as Ctrl-C does (`stop_on_sigterm`); ranks a launcher started keep the default
+    (a rank waiting in a collective would act on it only once the collective returned)."""
+    from launchers.rendezvous import RendezvousError, detect
+
+    try:
+        found = detect()
+    except RendezvousError:  # (main says it)
+        return
+    if found is None or found.world_size == 1:
+        stop_on_sigterm()
+
+
 def main(argv=None) -> None:
     from launchers.rendezvous import RendezvousError
     from pretrain.checkpoint import CheckpointError
+    from pretrain.device import memory_ran_out
     from pretrain.yaml_config import ConfigError
 
+    again = "re-run the same command (what finished is kept)"
     try:
         sys.exit(run(argv))
     except (TaskError, CheckpointError, ConfigError, RendezvousError) as e:  # a config's (compare's --set), a launch's
         print(f"downstream: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM (`stop_alone`): a half-written export or model goes
+        print(f"downstream: interrupted; {again}", file=sys.stderr)
+        sys.exit(getattr(e, "status", 130))
+    except Exception as e:
+        refused = refused_write(e, "the results (--out)") if isinstance(e, OSError) else None
+        if refused:
+            print(f"downstream: error: {refused}; free space there (or raise the quota) and {again}", file=sys.stderr)
+        elif memory_ran_out(e):
+            print(f"downstream: error: {memory_ran_out(e)}; lower --batch-size (or --max-len) or free memory, and "
+                  f"{again}", file=sys.stderr)
+        else:
+            raise
         sys.exit(2)

@@ -136,7 +136,11 @@ def plot(results: dict, out: str) -> str:
         axes[1, col].legend(fontsize=7)
     fig.suptitle(os.path.basename(results["model"].rstrip("/")))
     tmp = f"{out}.tmp{os.getpid()}.png"
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
+    try:
+        fig.savefig(tmp, dpi=90)
+    except OSError as e:  # (a refused write: PIL's error names no file)
+        raise OSError(e.errno, e.strerror, e.filename or out) from e
+    finally:
+        plt.close(fig)
     os.replace(tmp, out)
     return out

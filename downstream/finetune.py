@@ -23,6 +23,7 @@ from downstream import models as M
 from downstream.encode import IGNORE, Encoder
 from downstream.tasks import Task
 from pretrain import device as D
+from ptm.files import whole_dir
 
 
 @dataclass
@@ -283,5 +284,6 @@ def finetune(source: M.Source, task: Task, opts: Options) -> dict:
            "seeds": len(values), "train_examples": len(task.train[:opts.max_train] if opts.max_train else task.train),
            "dev_examples": len(task.dev), "skipped": task.skipped, "grid": grid, "head": head}
     if best is not None and world()[0] == 0:
-        best[1].save(opts.save_dir, best[2].tok)
+        with whole_dir(opts.save_dir) as tmp:  # (a refused write, Ctrl-C: no config.json without its weights)
+            best[1].save(tmp, best[2].tok)
     return out

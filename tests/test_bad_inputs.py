@@ -372,6 +372,26 @@ def test_a_full_disk_or_a_stop_signal_in_convert_is_one_line_leaving_nothing_par
     assert os.listdir(tmp_path) == []
 
 
+def test_a_full_disk_or_a_stop_signal_in_eval_is_one_line_leaving_nothing_partial(w, tmp_path):
+    """A refused write (a full disk) and SIGTERM in `ptm eval`: one line naming what happened and what to do, the
+    status (2, 143), and no half-written model (--save-model's config.json without its weights)."""
+    out = tmp_path / "out"
+    task = tmp_path / "sst2"
+    task.mkdir()
+    for split in ("train", "dev"):
+        (task / f"{split}.tsv").write_text("sentence\tlabel\n" + "a fine text\t1\nnot so good\t0\n" * 4)
+    evaluate = ["downstream", "eval", w.hf, "--task", f"sst2={task}", "--out", out, "--epochs", "1", "--seeds", "1",
+                "--lrs", "1e-3", "--batch-size", "4", "--max-len", "16", "--no-progress"]
+    full = _command(evaluate + ["--save-model"], limit=200_000)  # (the results fit, the model does not)
+    assert full.returncode == 2 and full.stderr.splitlines()[-1] == (
+        f"downstream: error: cannot write {out}/models/sst2.tmp: File too large; free space there "
+        "(or raise the quota) and re-run the same command (what finished is kept)"), full.stderr
+    assert "Traceback" not in full.stderr and os.listdir(out / "models") == []
+    stopped = _command(evaluate, stop=("downstream.finetune.run_one", signal.SIGTERM))
+    assert stopped.returncode == 143 and stopped.stderr.splitlines() == [
+        "downstream: interrupted; re-run the same command (what finished is kept)"], stopped.stderr
+
+
 def test_a_checkpoint_memory_cannot_map_is_not_called_damaged(w, capsys, monkeypatch):
     """A shard that mmap was refused (ENOMEM: a memory limit) is not called damaged (its user would delete it)."""
     from pretrain import checkpoint as C

@@ -197,7 +197,7 @@ def test_a_task_directory_whose_path_holds_an_equals_sign(task_dir, tmp_path):
     assert (task.name, len(task.dev)) == ("next", len(T.load(str(task_dir / "next")).dev))
 
 
-def test_save_model_keeps_the_reported_rates_best_seed(monkeypatch):
+def test_save_model_keeps_the_reported_rates_best_seed(monkeypatch, tmp_path):
     """--save-model saves the best seed at the learning rate the result reports (best median), not the best single
     run of the grid, which may be of another rate."""
     scores = {(1e-3, 1): 0.9, (1e-3, 2): 0.1, (1e-4, 1): 0.6, (1e-4, 2): 0.7}  # medians 0.5 and 0.65
@@ -208,6 +208,7 @@ def test_save_model_keeps_the_reported_rates_best_seed(monkeypatch):
             self.run = (lr, seed)
 
         def save(self, directory, tok):
+            os.makedirs(directory)  # (written beside models/, then put there whole)
             saved.append(self.run)
 
     def run_one(source, task, lr, seed, opts):
@@ -217,8 +218,9 @@ def test_save_model_keeps_the_reported_rates_best_seed(monkeypatch):
     monkeypatch.setattr(FT.M, "head_name", lambda model: "head")
     task = T.Task("t", "classification", [T.Example(texts=("a",), label="x")], [], ["x"], ["accuracy"])
     out = FT.finetune(types.SimpleNamespace(elmo=False), task, FT.Options(lrs=(1e-3, 1e-4), seeds=(1, 2),
-                                                                           save_dir="models"))
+                                                                           save_dir=str(tmp_path / "models")))
     assert (out["lr"], out["median"], saved) == (1e-4, pytest.approx(0.65), [(1e-4, 2)])
+    assert os.listdir(tmp_path) == ["models"]
 
 
 def test_one_metric_is_named_without_a_list(task_dir, tmp_path):
