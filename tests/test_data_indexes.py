@@ -164,6 +164,35 @@ def test_index_cache_falls_back_to_cache_dir(tmp_path):
     assert np.array_equal(a, b) and not isinstance(b.base, np.memmap)
 
 
+def test_index_cache_never_keeps_a_map_cut_short(tmp_path):
+    """A full disk (here files over RLIMIT_FSIZE, in a child process) that cuts a small map short, which numpy's
+    write does not notice, installs nothing (the map stays in memory); one cut short by an older ptm is built again,
+    not read as the sentences of a shorter split ('mmap length is greater than file size')."""
+    import multiprocessing
+    import resource
+
+    manifest = {"shards": [{"sha256": "ab" * 32}]}
+    table = np.arange(600, dtype=np.int32).reshape(3, 200)  # 2.5 KB: within the buffers numpy writes through
+
+    def capped(out):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+        with pytest.warns(UserWarning, match="kept in memory"):
+            out.put(IndexCache(str(tmp_path), manifest).get("sentences", {}, lambda: table).tolist())
+
+    out = multiprocessing.get_context("fork").Queue()
+    child = multiprocessing.get_context("fork").Process(target=capped, args=(out,))
+    child.start()
+    assert np.array_equal(out.get(timeout=30), table)
+    child.join(60)
+    assert child.exitcode == 0 and list((tmp_path / ".ptm_index").iterdir()) == []
+    cache = IndexCache(str(tmp_path), manifest)
+    path = tmp_path / ".ptm_index" / cache.filename("sentences", {})
+    np.save(path, table)
+    path.write_bytes(path.read_bytes()[:1024])  # as an older ptm left it
+    assert np.array_equal(cache.get("sentences", {}, lambda: table), table)
+    assert np.array_equal(np.load(path), table)
+
+
 def test_indexes_over_100m_tokens():
     """Fake document and sentence lengths for ~100M tokens (the shapes of a Wikipedia-sized shard set): the
     maps still cover their input exactly (build times: bench/index_build.py)."""

@@ -7,7 +7,9 @@ atomically and mapped back with `np.load(mmap_mode="r")`.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
+import errno
 import hashlib
 import json
 import os
@@ -51,7 +53,11 @@ class IndexCache:
         file = self.filename(name, params)
         for d in self.dirs:
             if os.path.isfile(os.path.join(d, file)):
-                return _map(os.path.join(d, file))
+                try:
+                    return _map(os.path.join(d, file))
+                except ValueError:  # cut short (an older ptm on a full disk): built again
+                    with contextlib.suppress(OSError):
+                        os.remove(os.path.join(d, file))
         array = np.ascontiguousarray(build())
         for d in self.dirs:
             try:
@@ -79,6 +85,8 @@ def _save_atomic(path: str, array: np.ndarray) -> None:
             np.save(f, array)
             f.flush()
             os.fsync(f.fileno())
+            if os.fstat(f.fileno()).st_size != f.tell():  # (numpy's write to a full disk can stop short silently)
+                raise OSError(errno.ENOSPC, "the file was cut short", tmp)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; the dataset's readers need it
         os.replace(tmp, path)
     finally:
