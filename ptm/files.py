@@ -28,9 +28,11 @@ def write_bytes(path: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # (e.g. `path` is a directory: nothing is left beside it)
+    except BaseException as e:  # (e.g. `path` is a directory, a full disk: nothing is left beside it)
         if os.path.lexists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError) and e.filename in (None, tmp):  # (the file it was writing, by the name it has)
+            raise type(e)(e.errno, e.strerror, path) from e
         raise
 
 

@@ -363,8 +363,8 @@ def test_a_full_disk_or_a_stop_signal_in_convert_is_one_line_leaving_nothing_par
     out = tmp_path / "out"
     full = _command(["checkpoints_tools", "to-elmo", w.elmo, "--out", out], limit=20_000)
     assert full.returncode == 2 and full.stderr.splitlines() == [
-        f"checkpoints_tools: error: cannot write {out}: File too large; free space there (or raise "
-        "the quota) and re-run the same command"], full.stderr
+        f"checkpoints_tools: error: cannot write {out}.tmp/weights.hdf5: File too large; free space there (or "
+        "raise the quota) and re-run the same command"], full.stderr
     for signum, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
         stopped = _command(["checkpoints_tools", "to-hf", w.bert, "--out", out],
                        stop=("checkpoints_tools.hf.export_tokenizer", signum))  # (the weights are written)

@@ -229,6 +229,29 @@ def test_running_out_of_memory_is_one_line_naming_the_fix(dataset, tmp_path):
                          "model.activation_checkpointing=true; then re-run to resume from the last checkpoint")
 
 
+def test_a_run_whose_out_dir_refuses_its_files_is_one_line(dataset, tmp_path):
+    """A full disk (here files over RLIMIT_FSIZE: EFBIG, as ENOSPC) refusing the run's own files before any checkpoint
+    (its config.yaml, written first) ends the rank in one line naming the file, by the name it was to have, exit 2."""
+    import os
+    import resource
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "bert-tiny", "--set",
+                           f"data.path={dataset}", f"out_dir={tmp_path}", "data.num_workers=0", "train.steps=1",
+                           "optimizer.warmup_steps=0"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024)))
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[0] == (f"pretrain: error: rank 0 on {socket.gethostname()}: cannot write {tmp_path}/config.yaml: "
+                         "File too large; free space there (or raise the quota) and re-run to resume from the last "
+                         "checkpoint")
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_gpu_out_of_memory_names_what_it_tried_to_allocate():
     import torch
 
