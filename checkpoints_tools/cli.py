@@ -124,8 +124,7 @@ def main(argv=None) -> None:
             if initialised:
                 print(f"initialised (not in {source}): {', '.join(initialised)}")
     except (CheckpointError, OSError) as e:
-        refused = refused_write(e, a.out) if isinstance(e, OSError) else None
-        said = f"{refused}; free space there (or raise the quota) and re-run the same command" if refused else str(e)
+        said = refused_write(e, a.out, "re-run the same command") or str(e)
         print("\n".join(f"checkpoints_tools: error: {line}" for line in said.splitlines()), file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: what was written goes (OUT.tmp), an earlier OUT stays

@@ -258,11 +258,10 @@ def main(argv=None) -> None:
         print(f"data_prep: error: {e}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:  # a full disk, a quota: a build resumes after its last finished shard
-        line = refused_write(e, "the output (--out)")
+        line = refused_write(e, "the output (--out)", "re-run the same command")
         if line is None:
             raise
-        print(f"data_prep: error: {line}; free space there (or raise the quota) and re-run the same command",
-              file=sys.stderr)
+        print(f"data_prep: error: {line}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("data_prep: interrupted; re-run the same command to resume", file=sys.stderr)

@@ -224,9 +224,9 @@ def main(argv=None) -> None:
         print(f"downstream: interrupted; {again}", file=sys.stderr)
         sys.exit(getattr(e, "status", 130))
     except Exception as e:
-        refused = refused_write(e, "the results (--out)") if isinstance(e, OSError) else None
+        refused = refused_write(e, "the results (--out)", again)
         if refused:
-            print(f"downstream: error: {refused}; free space there (or raise the quota) and {again}", file=sys.stderr)
+            print(f"downstream: error: {refused}", file=sys.stderr)
         elif memory_ran_out(e):
             print(f"downstream: error: {memory_ran_out(e)}; lower --batch-size (or --max-len) or free memory, and "
                   f"{again}", file=sys.stderr)

@@ -52,14 +52,6 @@ def family_commands() -> dict:
     return {c.name: c for f in families.REGISTRY.values() for c in f.commands}
 
 
-def _refused(e: BaseException) -> str | None:
-    """A write the system refused outside a checkpoint (the run's config, logs, summary, curves): what to do."""
-    from ptm.files import refused_write
-
-    line = refused_write(e, "out_dir") if isinstance(e, OSError) else None
-    return line and f"{line}; free space there (or raise the quota) and re-run to resume from the last checkpoint"
-
-
 def _lost_contact(e: RuntimeError, dist_error: type) -> bool:
     """A failed collective or rendezvous: a rank died, stalled past parallel.timeout_s, or cannot be reached
     (torch raises DistError; gloo reports timeouts and closed peers as RuntimeErrors of its own)."""
@@ -109,6 +101,7 @@ def main(argv=None) -> None:
     from pretrain.device import DeviceError, out_of_memory
     from pretrain import heartbeat
     from pretrain.train import Stopped, train
+    from ptm.files import refused_write
 
     try:
         summary = train(load(a.config, a.overrides))
@@ -146,7 +139,8 @@ def main(argv=None) -> None:
             if _rank() == 0:  # (the rank that says it notes it: the script says it otherwise)
                 signals.end_line(line, code)
             sys.exit(code)
-        own = worker_death(e) or out_of_memory(e, signals.trained_steps) or _refused(e)  # this rank's: it says it
+        own = (worker_death(e) or out_of_memory(e, signals.trained_steps)  # this rank's problem: it says it
+               or refused_write(e, "out_dir", "re-run to resume from the last checkpoint"))  # (config.yaml, logs)
         if own is not None:
             said = f"pretrain: error: rank {_rank()} on {socket.gethostname()}: {own}"
             print(said, file=sys.stderr)

@@ -14,10 +14,13 @@ import shutil
 REFUSED = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write the system refused: full disk, quota, file size
 
 
-def refused_write(e: OSError, where: str) -> str | None:
-    """`cannot write FILE: ERROR` for a write the system refused (`REFUSED`; FILE: the error's, else `where`); else
-    None."""
-    return f"cannot write {e.filename or where}: {os.strerror(e.errno)}" if e.errno in REFUSED else None
+def refused_write(e: BaseException, where: str, then: str | None = None) -> str | None:
+    """`cannot write FILE: ERROR` for a write the system refused (`REFUSED`; FILE: the error's, else `where`), with
+    `; free space there (or raise the quota) and THEN`; None for any other failure."""
+    if not isinstance(e, OSError) or e.errno not in REFUSED:
+        return None
+    line = f"cannot write {e.filename or where}: {os.strerror(e.errno)}"
+    return f"{line}; free space there (or raise the quota) and {then}" if then else line
 
 
 def write_bytes(path: str, data: bytes) -> None:
