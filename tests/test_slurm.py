@@ -39,7 +39,7 @@ def settings(data, out, *more) -> list[str]:
             "checkpoint.keep=0", "train.steps=6", "checkpoint.interval=1000", f"out_dir={out}", *more]
 
 
-LONG = ("train.steps=240", "checkpoint.interval=40")  # ~45 s of training at 2 x 2 on two cores: past the warning
+LONG = ("train.steps=240", "checkpoint.interval=40")  # 30-45 s of training at 2 x 2 on two cores: a stop mid-run
 
 
 def env(slurm, launcher: str = "srun") -> dict:
@@ -47,20 +47,20 @@ def env(slurm, launcher: str = "srun") -> dict:
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PTM_MPIRUN_ARGS": "--mca btl_tcp_if_include lo"}
 
 
-def sbatch(slurm, log, *args, launcher="srun", wait=True):
+def sbatch(slurm, log, *args, launcher="srun", wait=True, more_env=None):
     """Submit slurm/pretrain.sbatch; with wait, the finished CompletedProcess and the job's log."""
     cmd = ["sbatch", *(["--wait"] if wait else ["--parsable"]), "-o", str(log), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(slurm, launcher), cwd=os.path.dirname(log),
-                          timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**env(slurm, launcher), **(more_env or {})},
+                          cwd=os.path.dirname(log), timeout=900)
     return proc, (open(log).read() if wait and os.path.exists(log) else "")
 
 
-def train_job(slurm, tmp_path, name, *more, launcher="srun", sbatch_args=(), data):
+def train_job(slurm, tmp_path, name, *more, launcher="srun", sbatch_args=(), data, more_env=None):
     """A 2 x 2 training job, waited for by `sbatch --wait` and then through any requeue (Slurm's --wait may return
     when the job is requeued)."""
     out = tmp_path / name
     proc, _ = sbatch(slurm, tmp_path / f"{name}.log", *NODES, *sbatch_args, SCRIPT, "bert-tiny", "--set",
-                     *settings(data, out, *more), launcher=launcher)
+                     *settings(data, out, *more), launcher=launcher, more_env=more_env)
     completed = wait_for(proc.stdout.split()[-1], poll_s=0.5, env=slurm.env) == 0
     log = open(tmp_path / f"{name}.log").read()
     assert completed, proc.stderr + log[-4000:]
@@ -104,11 +104,14 @@ def end_dirs(log: str) -> list:
     return list(pathlib.Path(os.environ.get("TMPDIR", "/tmp")).glob(f"ptm-{job}.*"))
 
 
-def release_requeued(slurm, stop: threading.Event):
-    """Slurm holds a requeued job back (BeginTime a couple of minutes ahead); let it start 2 s after the requeue at
-    the earliest: slurmd refuses a job whose credential is from the second its previous run's was revoked in ("Job
-    credential revoked"), and the job would end FAILED."""
+def release_requeued(slurm, stop: threading.Event, pause: pathlib.Path, ranks: int):
+    """Let the ranks paused at their first step's collective (`pause`, PTM_TEST_PAUSE) go once each has recorded the
+    stop signal. Slurm holds a requeued job back (BeginTime a couple of minutes ahead); let it start 2 s after the
+    requeue at the earliest: slurmd refuses a job whose credential is from the second its previous run's was revoked
+    in ("Job credential revoked"), and the job would end FAILED."""
     while not stop.wait(1):
+        if len(list(pause.glob("signalled.*"))) == ranks:
+            (pause / "go.collective").touch()
         jobs = subprocess.run(["squeue", "-h", "-o", "%i %T %r"], capture_output=True, text=True, env=slurm.env).stdout
         for line in jobs.splitlines():
             job, state, reason = (line.split() + ["", ""])[:3]
@@ -123,14 +126,17 @@ def test_a_time_limit_warning_checkpoints_requeues_and_resumes_exactly(slurm, tr
     checkpoint at one step, exit 75, the script requeues the job, which resumes (as often as the limit comes) and ends
     bit-identical to the uninterrupted job. slurmctld sends the warning at its first periodic check (every 30 s)
     within 30 s of the lead, so 25 to 55 s into each start: after start-up (a lead of 20 s could land at 10 s, before
-    the first step, and end the job with exit 5, rightly). Slurm's limits are whole minutes, so the window cannot
-    move later without a run past 85 s: the test runs alone instead (`make test`'s serial phase)."""
+    the first step, and end the job with exit 5, rightly), and the ranks wait for it in their first step (a machine
+    fast enough to train the whole run in the window ended before it). Slurm's limits are whole minutes, so the
+    window cannot move later without a run past 85 s: the test runs alone instead (`make test`'s serial phase)."""
+    pause = tmp_path / "pause"
+    pause.mkdir()
     stop = threading.Event()
-    helper = threading.Thread(target=release_requeued, args=(slurm, stop), daemon=True)
+    helper = threading.Thread(target=release_requeued, args=(slurm, stop, pause, 4), daemon=True)
     helper.start()
     try:
         out, log = train_job(slurm, tmp_path, "limited", *LONG, sbatch_args=("--time=1", "--signal=B:USR1@5"),
-                             data=train_data)
+                             data=train_data, more_env={"PTM_TEST_PAUSE": f"collective:{pause}"})
     finally:
         stop.set()
     assert "stopped by SIGUSR1" in log and "requeueing job" in log and "(restart 1)" in log, log[-3000:]
