@@ -100,6 +100,12 @@ class Corpus:
     def special_ids(self) -> dict:
         return self.manifest["special_ids"]
 
+    def special(self, *roles: str, what: str) -> list[int]:
+        """The ids of special `roles` (pad, cls, sep, mask, eod), or one line naming the pieces `what` lacks."""
+        from data_prep.tokenizer import role_ids
+
+        return role_ids(self.special_ids, roles, what, self.path)
+
     @property
     def sentinel_ids(self) -> list[int]:
         """T5's `<extra_id_k>` ids, k = 0, 1, ...: counting down from the last id (none unless built with

@@ -27,7 +27,7 @@ META = "ptm_tokenizer.json"
 _WORD = re.compile(r"\S+")
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Names that public vocabularies use for the same roles, tried in order.
-_ROLE_PIECES = {
+ROLE_PIECES = {
     "pad": ("[PAD]", "<pad>"),
     "unk": ("[UNK]", "<unk>", "<UNK>"),
     "bos": ("<S>",),
@@ -36,6 +36,21 @@ _ROLE_PIECES = {
     "mask": ("[MASK]", "<mask>"),
     "eod": ("<|endoftext|>", "[EOD]", "</s>", "[SEP]", "</S>"),
 }
+
+
+
+def role_ids(special: dict, roles, what: str, where: str) -> list[int]:
+    """The ids of special `roles` (ROLE_PIECES') in a dataset's `special` ids, refusing in one line a tokenizer
+    without one of them (an imported vocabulary: GPT-2's has <|endoftext|> alone)."""
+    missing = [r for r in roles if special.get(r) is None]
+    if missing:
+        names = [f"{r} ({', '.join(ROLE_PIECES[r])})" for r in missing]
+        names = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        raise ValueError(f"{where}: its tokenizer has no piece for {names}, needed for {what}; build the dataset "
+                         f"with a tokenizer that has {'them' if len(missing) > 1 else 'it'} (`data_prep build` without "
+                         f"--tokenizer trains one with every role)")
+    return [special[r] for r in roles]
+
 
 # What a Hugging Face sentencepiece tokenizer (ALBERT's, XLNet's) does to text before its model, in this order (ptm:
 # `rewrite`): `` and '' become ", accents are stripped (NFKD, then no nonspacing marks), letters lowercased. Each: the
@@ -144,7 +159,7 @@ class Tokenizer:
                 raise PrepError(f"unknown tokenizer kind {kind!r} in {directory}/{META}")
             self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
             self._piece = self._hf.id_to_token
-        self.special = {role: i for role, names in _ROLE_PIECES.items() if (i := self._find(names)) is not None}
+        self.special = {role: i for role, names in ROLE_PIECES.items() if (i := self._find(names)) is not None}
         self.special.setdefault("eod", self.special.get("sep"))
         if kind == "words":  # packed windows of words never pad; the end of a sentence stands in
             self.special.setdefault("pad", self.special.get("eod"))

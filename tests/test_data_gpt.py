@@ -124,3 +124,33 @@ def test_pickles_without_its_memory_maps(dataset):
     data = pickle.dumps(ds)
     assert len(data) < 20_000
     assert np.array_equal(pickle.loads(data).sample(1, 9)["input_ids"], expected["input_ids"])
+
+
+def test_gpt2s_own_vocabulary_pads_with_its_end_token_and_other_samples_name_what_it_lacks(small, gpt2_vocab,
+                                                                                            tmp_path):
+    """GPT-2's vocabulary has <|endoftext|> alone: its unpacked windows are padded with it (labels -100, never
+    attended to by a real token); samples that need more special pieces refuse it in one line naming each (BERT's and
+ERNIE's: their masker)."""
+    from pretrain.data.bart import DenoisingDataset
+    from pretrain.data.masking import Masker
+    from pretrain.data.permutation import PermutationSamples
+    from pretrain.data.t5 import SpanCorruption
+
+    out = str(tmp_path / "ds")
+    quick_build([small["path"]], out, tokenizer=gpt2_vocab)
+    corpus = Corpus(out)
+    assert corpus.special_ids.get("pad") is None and corpus.special_ids["eod"] is not None
+    ds = GPTDataset(out, SEQ, seed=7, pack=False)
+    padded = next(s for s in (ds.sample(0, i) for i in range(len(ds))) if s["labels"][-1] == -100)
+    n = int((padded["labels"] != -100).sum())
+    assert (padded["input_ids"][n:] == corpus.special_ids["eod"]).all()
+    needs = {lambda: PermutationSamples(out, SEQ, 10, 10): "sep ([SEP], </s>) or cls ([CLS], <s>), needed for XLNet's",
+             lambda: SpanCorruption(out, SEQ, [1, 2]): "pad ([PAD], <pad>), needed for T5's",
+             lambda: DenoisingDataset(out, SEQ): "cls ([CLS], <s>), pad ([PAD], <pad>) or mask ([MASK], <mask>), "
+                                                 "needed for denoising",
+             lambda: Masker(corpus.special_ids, corpus.vocab_size, where=out): "needed for token masking"}
+    for make, missing in needs.items():
+        with pytest.raises(ValueError) as e:
+            make()
+        line = str(e.value)
+        assert line.startswith(f"{out}: its tokenizer has no piece for ") and missing in line and "\n" not in line

@@ -65,8 +65,8 @@ class DenoisingDataset(CorpusSource):
         self.require("sentences", "sentence permutation")
         self.seq_len, self.max_tokens = seq_len, seq_len - 2
         self.ratio, self.mean, self.permute = ratio, mean, permute
-        special = self.corpus.special_ids
-        self.bos, self.eos, self.pad, self.mask = special["cls"], special["eod"], special["pad"], special["mask"]
+        self.bos, self.eos, self.pad, self.mask = self.corpus.special(
+            "cls", "eod", "pad", "mask", what="denoising samples (<s> text </s>, padded, noised with <mask>)")
         self._len = len(self.chunks)
         if not self._len:
             raise ValueError(f"{path}: no document holds two tokens")

@@ -10,8 +10,9 @@ streams, each a contiguous run of them (`indexes.stream_order`), so that step t 
 of every stream; samples carry `stream`, `stream_step` and `epoch`. `stride` spaces windows other than seq_len apart
 (XLNet's reuse_len: consecutive samples of a stream share all but reuse_len tokens).
 Unpacked (`pack=False`): a window never crosses a document's end: a document and its end-of-document token
-are cut into windows that start every seq_len tokens, the last one padded ([PAD] inputs, labels -100), so
-samples carry different numbers of predicted tokens.
+are cut into windows that start every seq_len tokens, the last one padded ([PAD] inputs, or the end-of-document
+token's where the tokenizer has no [PAD]: GPT-2's; labels -100), so samples carry different numbers of predicted
+tokens.
 """
 from __future__ import annotations
 
@@ -35,13 +36,17 @@ class GPTDataset(CorpusSource):
     across documents unless `pack` is False; starting every `stride` tokens (default seq_len), read as `streams`
     streams when that is given."""
 
+    roles = ("eod",), "windows of packed documents (each one's end)"  # the special pieces the samples need, for what
+
     def __init__(self, path: str, seq_len: int, *, seed: int = 1234, docs=None, cache_dir: str | None = None,
                  pack: bool = True, stride: int | None = None, streams: int = 0):
         super().__init__(path, seed=seed, docs=docs, cache_dir=cache_dir)
         self.seq_len, self.pack, self.stride, self.streams = seq_len, pack, stride or seq_len, streams
         if streams and not pack:
             raise ValueError("streams of windows (a recurrent model's memory) need packed documents")
-        self.eod, self.pad = self.corpus.special_ids["eod"], self.corpus.special_ids["pad"]
+        self.eod = self.corpus.special(*self.roles[0], what=self.roles[1])[0]
+        pad = self.corpus.special_ids.get("pad")
+        self.pad = self.eod if pad is None else pad  # (never predicted nor attended to by a real token)
         stream = int(self._lengths().sum()) + len(self.docs)
         self._len = (stream - seq_len - 1) // self.stride + 1 if pack else len(self._documents)
         if self._len < 1:

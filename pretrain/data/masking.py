@@ -52,7 +52,9 @@ class Masker:
     def __init__(self, special_ids: dict, vocab_size: int, *, strategy: str = "token", mask_prob: float = 0.15,
                  max_predictions: int | None = None, knowledge_level: str = "entity", span_p: float = 0.2,
                  max_span_words: int = 10, mask_fraction: float = 0.8, random_fraction: float = 0.1,
-                 similar: SimilarWords | None = None):
+                 similar: SimilarWords | None = None, where: str = "the dataset"):
+        from data_prep.tokenizer import role_ids
+
         if strategy not in STRATEGIES:
             raise ValueError(f"masking strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
         if knowledge_level not in KNOWLEDGE_LEVELS:
@@ -61,15 +63,11 @@ class Masker:
         self.span_p, self.max_span_words = span_p, max_span_words
         self.mask_fraction, self.random_fraction = mask_fraction, random_fraction
         self.similar = similar if strategy == "correction" else None
-        special = ("pad", "cls", "sep", "mask", "eod")
-        missing = [k for k in special if k not in special_ids]
-        if missing:  # (e.g. GPT-2's byte-level BPE vocabulary)
-            raise ValueError(f"the dataset's tokenizer has no {', '.join(missing)} token, which {strategy} masking "
-                             "needs; build it with a tokenizer that has them (data_prep's sentencepiece or WordPiece)")
+        special = role_ids(special_ids, ("pad", "cls", "sep", "mask", "eod"), f"{strategy} masking", where)
         self.mask_id = special_ids["mask"]
         self.unmaskable = np.zeros(vocab_size, dtype=bool)  # by token id
-        self.unmaskable[[special_ids[k] for k in special]] = True
-        self.random_ids = np.setdiff1d(np.arange(vocab_size), list(special_ids.values()))
+        self.unmaskable[special] = True
+        self.random_ids = np.setdiff1d(np.arange(vocab_size), [i for i in special_ids.values() if i is not None])
         level = knowledge_level if strategy == "knowledge" else "token"
         self.span_kinds = KNOWLEDGE_LEVELS[level]  # which of the dataset's spans __call__ needs
         self.unit = "token" if strategy == "knowledge" and level == "token" else strategy

@@ -82,13 +82,14 @@ class PermutationSamples(GPTDataset):
     memory keeps the reused part's states. The reused part is a factorisation of its own (half the predicted tokens,
     XLNet's split), blind to the rest; the rest sees all of it."""
 
+    roles = ("eod", "sep", "cls"), "XLNet's A [SEP] B [SEP] [CLS] samples of packed documents"
+
     def __init__(self, path: str, seq_len: int, num_predict: int, perm_size: int, *, reuse_len: int = 0,
                  streams: int = 0, seed: int = 1234, docs=None, cache_dir: str | None = None):
         super().__init__(path, seq_len - 3, seed=seed, docs=docs, cache_dir=cache_dir, pack=True,
                          stride=reuse_len or None, streams=streams)
         self.length, self.num_predict, self.perm_size, self.reuse = seq_len, num_predict, perm_size, reuse_len
-        special = self.corpus.special_ids
-        self.sep, self.cls = special["sep"], special["cls"]
+        self.sep, self.cls = self.corpus.special_ids["sep"], self.corpus.special_ids["cls"]
 
     def _word_start(self, doc: int) -> np.ndarray:
         starts = self.corpus.word_start(doc)

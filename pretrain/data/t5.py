@@ -88,10 +88,13 @@ class SpanCorruption(GPTDataset):
     the loss's per-micro-batch mean is its global-batch mean, and T5's layout runs cannot tell them apart
     (tests/test_data_t5.py checks every sample of an epoch; tests/test_fidelity.py's EQUAL_COUNTS)."""
 
+    roles = ("eod", "pad"), "T5's targets (each ended by </s>; <pad> starts the decoder)"
+
     def __init__(self, path: str, seq_len: int, sentinels, *, seed: int = 1234, docs=None,
                  cache_dir: str | None = None, density: float = DENSITY, mean_span: float = MEAN_SPAN):
         self.raw, self.target_len = lengths(seq_len, density, mean_span)
         super().__init__(path, self.raw, seed=seed, docs=docs, cache_dir=cache_dir, pack=True)
+        self.pad = self.corpus.special_ids["pad"]
         self.sentinels, self.density, self.mean_span = np.asarray(sentinels, dtype=np.int64), density, mean_span
 
     def sample(self, epoch: int, index: int) -> dict[str, np.ndarray]:

@@ -58,7 +58,7 @@ class Masked(Objective):
             _say_similar(data.similar_words, len(similar or ()))
         return Masker(corpus.special_ids, corpus.vocab_size, strategy=strategy, mask_prob=data.mask_prob,
                       max_predictions=self.predicted_tokens(data), similar=similar,
-                      knowledge_level=phase.knowledge_level if phase is not None else "entity")
+                      knowledge_level=phase.knowledge_level if phase is not None else "entity", where=corpus.path)
 
     def baselines(self, batch, terms, most_frequent):
         """Always answering the most frequent token, on the masked tokens."""
