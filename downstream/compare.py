@@ -130,13 +130,30 @@ def _ends_with_parent():
 
 
 def _train(preset: str, sets: list[str], launcher: list[str], out: str) -> None:
-    """`pretrain train` of `preset` under the launcher (re-running it resumes its out_dir)."""
+    """`pretrain train` of `preset` under the launcher (re-running it resumes its out_dir), in a session of its own
+    (a terminal's Ctrl-C reaches the compare alone). Stopped (Ctrl-C, SIGTERM: `stop_alone`), the compare sends the
+    pretraining SIGTERM and waits while it checkpoints where it is and ends (a second Ctrl-C ends it at once)."""
+    import signal
+
     os.makedirs(out, exist_ok=True)
     cmd = [*launcher, "-m", "pretrain", "train", "--config", preset, "--set", *sets]
     with open(os.path.join(out, "train.log"), "a") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ends_with_parent())
-    if proc.returncode:
-        raise TaskError(f"pretraining {preset} failed (exit {proc.returncode}); see {out}/train.log")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ends_with_parent(),
+                                start_new_session=True)
+        try:
+            code = proc.wait()
+        except BaseException:
+            try:
+                print(f"downstream: stopping: the pretraining of {preset} checkpoints where it is (Ctrl-C again ends "
+                      f"it at once)", file=sys.stderr)
+                proc.send_signal(signal.SIGTERM)
+                proc.wait()
+            finally:
+                proc.kill()  # (nothing, if it has ended)
+                proc.wait()
+            raise
+    if code:
+        raise TaskError(f"pretraining {preset} failed (exit {code}); see {out}/train.log")
 
 
 def pretrain(cell: dict, launcher: list[str]) -> dict:

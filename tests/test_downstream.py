@@ -656,22 +656,33 @@ def test_compare_with_a_mistyped_set_is_one_line(train_data, task_dir, tmp_path,
         "downstream: error: --set data.seqlen=64: unknown key 'data.seqlen'")
 
 
+def _compare_training(tmp_path, on_term: str = "") -> tuple[subprocess.Popen, int]:
+    """A `ptm compare` (its `_train`, SIGTERM its Ctrl-C) whose pretraining is a stand-in that runs `on_term` on
+    SIGTERM, once that has started: the compare's process and the stand-in's pid."""
+    import time
+
+    pid_file = tmp_path / "trainer.pid"
+    trainer = (f"import os, signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: ({on_term or 'sys.exit(143)'}))"
+               f"\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)")
+    compare = ("import sys\nfrom ptm.cli import stop_on_sigterm\nfrom downstream.compare import _train\n"
+               f"stop_on_sigterm()\ntry:\n    _train('bert-tiny', [], [sys.executable, '-c', {trainer!r}], "
+               f"{str(tmp_path)!r})\nexcept KeyboardInterrupt as e:\n    sys.exit(getattr(e, 'status', 130))")
+    parent = subprocess.Popen([sys.executable, "-c", compare], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)  # (a process group of its own, as a terminal's command has)
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    return parent, int(pid_file.read_text())
+
+
 def test_a_pretraining_ends_with_the_compare_that_started_it(tmp_path):
     """`ptm compare` killed outright (SIGKILL): the pretraining it started ends too, instead of writing on beside
     the one a re-run starts in the same cell."""
     import signal
     import time
 
-    pid_file = tmp_path / "trainer.pid"
-    trainer = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    parent = subprocess.Popen([sys.executable, "-c", "import sys; from downstream.compare import _train; "
-                               f"_train('bert-tiny', [], [sys.executable, '-c', {trainer!r}], {str(tmp_path)!r})"],
-                              cwd=ROOT)
-    for _ in range(600):
-        if pid_file.exists() and pid_file.read_text():
-            break
-        time.sleep(0.1)
-    child = int(pid_file.read_text())
+    parent, child = _compare_training(tmp_path)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     for _ in range(100):
@@ -683,3 +694,20 @@ def test_a_pretraining_ends_with_the_compare_that_started_it(tmp_path):
     else:
         os.kill(child, signal.SIGKILL)
         raise AssertionError("the pretraining outlived the compare that started it")
+
+
+def test_a_stopped_compare_lets_its_pretraining_checkpoint_first(tmp_path):
+    """`ptm compare` stopped (SIGTERM: kill, scancel; Ctrl-C at its terminal, to its process group): it passes the
+    stop to its pretraining (in a session of its own: Ctrl-C does not end it where it is) and waits while that
+    checkpoints and ends, instead of killing it (subprocess.run's SIGKILL) and losing the steps since the last periodic
+    checkpoint."""
+    import signal
+
+    for signum, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        done = tmp_path / f"checkpointed-{signum}"
+        parent, _ = _compare_training(tmp_path, f"time.sleep(1), open({str(done)!r}, 'w').write('75'), sys.exit(75)")
+        os.killpg(parent.pid, signum)
+        assert parent.wait(60) == status and done.exists(), parent.stderr.read()
+        assert parent.stderr.read().splitlines() == ["downstream: stopping: the pretraining of bert-tiny checkpoints "
+                                                     "where it is (Ctrl-C again ends it at once)"]
+        (tmp_path / "trainer.pid").unlink()
