@@ -13,7 +13,7 @@ import torch
 from checkpoints_tools.reshard import fresh
 from pretrain import checkpoint as C
 from pretrain import families
-from pretrain.families.base import hf_special_tokens, sentencepiece_to_fast
+from pretrain.families.base import hf_special_tokens, sentencepiece_to_fast, with_template
 from pretrain.models.config import ModelConfig, positions_needed
 from ptm.files import save_pretrained, whole_dir
 
@@ -47,7 +47,7 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     import transformers
     from tokenizers import normalizers
 
-    from data_prep.tokenizer import hf_normalizers
+    from data_prep.tokenizer import hf_normalizers, load_tokenizer
 
     if template not in TEMPLATES:
         raise ValueError(f"tokenizer template {template!r} is not one of {' | '.join(TEMPLATES)}")
@@ -63,14 +63,17 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
             piece = {i: token for token, i in json.load(f).items()}
         hf = transformers.GPT2TokenizerFast.from_pretrained(
             tok_dir, **hf_special_tokens(meta["special_ids"], piece.__getitem__, "unk", "pad", bos="eod", eos="eod"))
-    elif own is not None and (hf := own(files[0], meta)) is not None:
+    elif meta["kind"] != "char_bpe" and own is not None and (hf := own(files[0], meta)) is not None:
         pass
-    else:
+    else:  # a sentencepiece model, GPT's char_bpe (the very pipeline data_prep encoded with)
         inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if template == "bert" else [])
-        tok = sentencepiece_to_fast(files[0], template, meta["special_ids"])
+        tok = with_template(load_tokenizer(tok_dir).backend(), template, meta["special_ids"], files[0]) \
+            if meta["kind"] == "char_bpe" else sentencepiece_to_fast(files[0], template, meta["special_ids"])
+        ends_of_text = dict(bos="eod", eos="eod") if template == "none" else {}  # (GPT's config names none)
         hf = transformers.PreTrainedTokenizerFast(  # (the model's own pieces: [UNK] or <unk>, ...)
             tokenizer_object=tok, model_input_names=inputs,
-            **hf_special_tokens(meta["special_ids"], tok.id_to_token, "unk", "pad", "cls", "sep", "mask"))
+            **hf_special_tokens(meta["special_ids"], tok.id_to_token, "unk", "pad", "cls", "sep", "mask",
+                                **ends_of_text))
         for name, token_id in zip(("bos_token", "eos_token"), ends):
             if token_id is not None:
                 setattr(hf, name, hf.convert_ids_to_tokens(token_id))

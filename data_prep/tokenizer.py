@@ -125,7 +125,8 @@ def hf_normalizers(rewrites) -> list:
 
 
 class Tokenizer:
-    """Encodes text to ids with character offsets; `kind` is sentencepiece, wordpiece, bpe or words. `sentinels`: T5's
+    """Encodes text to ids with character offsets; `kind` is sentencepiece, wordpiece, bpe (byte-level: GPT-2's),
+    char_bpe (words of characters ending in </w>, split as BERT splits text: GPT's) or words. `sentinels`: T5's
     `<extra_id_k>` ids appended after the vocabulary, `<extra_id_0>` the last (as T5's vocabularies hold them); text
     never encodes to them: span corruption puts them in its samples (`sentinel_ids`)."""
 
@@ -155,6 +156,9 @@ class Tokenizer:
                 self._hf = impl.BertWordPieceTokenizer(paths[0], lowercase=lowercase)
             elif kind == "bpe":
                 self._hf = impl.ByteLevelBPETokenizer(paths[0], paths[1])
+            elif kind == "char_bpe":  # (transformers' OpenAIGPTTokenizer, which lowercases whatever the vocabulary)
+                self._hf = impl.CharBPETokenizer(paths[0], paths[1], unk_token=_unk_piece(paths[0]) or "<unk>",
+                                                lowercase=lowercase)
             else:
                 raise PrepError(f"unknown tokenizer kind {kind!r} in {directory}/{META}")
             self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
@@ -176,6 +180,10 @@ class Tokenizer:
             if i is not None and self.piece(i) == p:
                 return i
         return None
+
+    def backend(self):
+        """The `tokenizers.Tokenizer` that encodes (wordpiece, bpe, char_bpe)."""
+        return self._hf._tokenizer
 
     def piece(self, i: int) -> str:
         if int(i) >= self.vocab_size - self.sentinels:
@@ -297,9 +305,23 @@ def sentinel_ids(vocab_size: int, sentinels: int) -> list[int]:
     return [vocab_size - 1 - k for k in range(sentinels)]
 
 
-def _vocab_is_uncased(vocab_txt: str) -> bool:
-    with open(vocab_txt, encoding="utf-8") as f:
-        return not any(t.strip() != t.strip().lower() and not t.startswith("[") for t in f)
+def _vocab_is_uncased(vocab: str) -> bool:
+    """No piece of a vocab.txt or vocab.json has an upper-case letter (special pieces aside)."""
+    with open(vocab, encoding="utf-8") as f:
+        pieces = json.load(f) if vocab.endswith(".json") else f
+        return not any(t.strip() != t.strip().lower() and not t.startswith(("[", "<")) for t in pieces)
+
+
+def _ends_words(vocab_json: str) -> bool:
+    """A BPE vocabulary whose pieces end words with </w> (GPT's, tokenizers' CharBPETokenizer), not a byte-level one."""
+    with open(vocab_json, encoding="utf-8") as f:
+        return any(t.endswith("</w>") for t in json.load(f))
+
+
+def _unk_piece(vocab_json: str) -> str | None:
+    with open(vocab_json, encoding="utf-8") as f:
+        vocab = json.load(f)
+    return next((p for p in ROLE_PIECES["unk"] if p in vocab), None)
 
 
 def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
@@ -329,8 +351,10 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
         if name == "tokenizer.json" and (problem := unigram_without_model(directory)):
             raise PrepError(problem)
         if not os.path.isfile(os.path.join(directory, "merges.txt")):
-            raise PrepError(f"GPT-2 BPE vocabulary {path} needs merges.txt beside it")
-        return _opened(path, lambda: Tokenizer("bpe", directory, [name, "merges.txt"], threads=threads))
+            raise PrepError(f"BPE vocabulary {path} needs merges.txt beside it")
+        words = _opened(path, lambda: _ends_words(path))
+        return _opened(path, lambda: Tokenizer("char_bpe" if words else "bpe", directory, [name, "merges.txt"],
+                                               lowercase=words and _vocab_is_uncased(path), threads=threads))
     raise PrepError(f"cannot tell what tokenizer {path} is; pass a .model, vocab.txt or vocab.json")
 
 

@@ -264,6 +264,19 @@ def gpt2_vocab(corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def gpt_vocab(corpus, tmp_path_factory):
+    """GPT's (2018) kind of BPE: vocab.json + merges.txt of lower-cased words of characters ending in </w>, split as
+    BERT splits text, with <unk> and, for its documents' ends, </s> (OpenAI's own has <unk> alone)."""
+    from tokenizers import CharBPETokenizer
+
+    d = str(tmp_path_factory.mktemp("gpt"))
+    tok = CharBPETokenizer(lowercase=True)
+    tok.train_from_iterator(corpus["en"], vocab_size=1500, special_tokens=["<unk>", "</s>"])
+    tok.save_model(d)
+    return os.path.join(d, "vocab.json")
+
+
+@pytest.fixture(scope="session")
 def roberta_vocab(corpus, tmp_path_factory):
     """RoBERTa-style byte-level BPE files: vocab.json + merges.txt with <s> <pad> </s> <unk> <mask> (pad id 1)."""
     from tokenizers import ByteLevelBPETokenizer

@@ -102,10 +102,12 @@ def test_to_hf_gives_its_weights_to_transformers_without_initialising_a_model(sp
                                model.state_dict()["blocks.1.mlp.fc2.weight"], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("arch,vocab", [("gpt2", "gpt2_vocab"), ("gpt", "gpt2_vocab"), ("gpt", "roberta_vocab")])
+@pytest.mark.parametrize("arch,vocab", [("gpt2", "gpt2_vocab"), ("gpt", "gpt2_vocab"), ("gpt", "roberta_vocab"),
+                                       ("gpt", "gpt_vocab")])
 def test_gpt2_and_gpt_to_hf_generate(arch, vocab, request, tmp_path):
     """roberta_vocab: the specials of data_prep's byte_bpe (</s> ends a document): the export's tokenizer ends with
-    it and adds no <|endoftext|> past the model's vocabulary."""
+    it and adds no <|endoftext|> past the model's vocabulary. gpt_vocab: GPT's own kind of BPE (pieces ending words in
+    </w>), exported as the pipeline data_prep encoded with."""
     tok_dir = tmp_path / "tok"
     load_tokenizer(request.getfixturevalue(vocab)).save(str(tok_dir))
     model, cfg = _checkpoint(tmp_path, arch, str(tok_dir), nfkc=False)

@@ -69,6 +69,21 @@ def test_gpt2_bpe_matches_transformers_and_round_trips(gpt2_vocab, corpus, tmp_p
         assert ref.decode(ids) == t.strip()  # byte-level: nothing lost, whitespace included
 
 
+def test_gpts_bpe_of_words_is_not_taken_for_gpt2s_and_encodes_as_transformers(gpt_vocab, corpus, tmp_path):
+    """GPT's (2018) vocab.json + merges.txt (pieces ending words in </w>) encodes as transformers' OpenAIGPTTokenizer
+    does (lower-cased, split as BERT splits text), not as a byte-level BPE, which dropped what its vocabulary lacks
+    ("Construct" became "onstruct") and glued words together."""
+    docs = corpus["en"][:60]
+    src = write_jsonl(tmp_path / "en.jsonl", [{"text": t} for t in docs])
+    m = quick_build([src], tmp_path / "ds", tokenizer=gpt_vocab, dedup=False, text=TextOptions(nfkc=False))
+    assert m["tokenizer"]["kind"] == "char_bpe" and m["tokenizer"]["lowercase"]
+    ref = transformers.OpenAIGPTTokenizer.from_pretrained(os.path.dirname(gpt_vocab))
+    c = Corpus(str(tmp_path / "ds"))
+    for i, t in enumerate(docs):
+        assert c.tokens(i).tolist() == ref(t, add_special_tokens=False)["input_ids"]
+    assert load_tokenizer(gpt_vocab).decode(ref("Construct a Frame")["input_ids"]) == "construct a frame"
+
+
 def test_word_starts_and_spans_decode_to_words_and_entities(sp_model, tmp_path):
     docs = ["The quick brown fox visited New York City and Paris yesterday.",
             "李白和杜甫都是唐代诗人。他们在长安相识。"]

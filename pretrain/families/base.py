@@ -360,7 +360,7 @@ def sentencepiece_to_fast(model_file: str, template: str, special: dict):
     """transformers' own sentencepiece converter (ids identical to sentencepiece's), with byte fallback
     decoding and, for bidirectional models, BERT's cls A sep B sep template (RoBERTa's cls A sep sep B sep, one
     segment type) of the model's own cls and sep pieces (`special`: data_prep's special ids: [CLS] or <s>, ...)."""
-    from tokenizers import decoders, processors
+    from tokenizers import decoders
     from transformers.convert_slow_tokenizer import SpmConverter
 
     class Converter(SpmConverter):
@@ -373,11 +373,19 @@ def sentencepiece_to_fast(model_file: str, template: str, special: dict):
     tok = Converter(Source()).converted()
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(content=" ", left=1)])
+    return with_template(tok, template, special, model_file)
+
+
+def with_template(tok, template: str, special: dict, source: str):
+    """`tok` (a `tokenizers.Tokenizer` of the tokenizer file `source`) with, for bidirectional models, BERT's cls A
+    sep B sep template (RoBERTa's cls A sep sep B sep, one segment type) of its own cls and sep pieces."""
+    from tokenizers import processors
+
     if template != "none":
         missing = [f"{role} piece ({names})" for role, names in (("cls", "[CLS] or <s>"), ("sep", "[SEP] or </s>"))
                    if special.get(role) is None]
         if missing:
-            raise ExportError(f"the tokenizer {model_file} has no {' and no '.join(missing)}, which the {template} "
+            raise ExportError(f"the tokenizer {source} has no {' and no '.join(missing)}, which the {template} "
                               "template puts around each sequence; keep the model in ptm's format, or train it on a "
                               "tokenizer with both")
         cls, sep = tok.id_to_token(special["cls"]), tok.id_to_token(special["sep"])
