@@ -40,10 +40,10 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
                      ends: tuple = (None, None)) -> None:
     """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json) with the
     family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's),
-    or for a sentencepiece model the family's own where it has one (`own(model_file, meta)`, the adapter's
-    `sentencepiece_tokenizer`: T5's sentinels, XLNet's left padding); `ends`: the ids of the model's bos and eos
-    tokens (its HF config's), which a sentencepiece model's tokenizer names; the original files are copied too, so
-    `from-hf` brings the same tokenizer back."""
+    or for a sentencepiece model, GPT's char_bpe or a tokenizer.json the family's own where it has one
+    (`own(pipeline, meta)`, the adapter's `own_tokenizer`: T5's sentinels, XLNet's left padding); `ends`: the ids of
+    the model's bos and eos tokens (its HF config's), which such a tokenizer names; the original files are copied too
+    (a tokenizer.json as data_prep.tokenizer.PIPELINE), so `from-hf` brings the same tokenizer back."""
     import transformers
     from tokenizers import normalizers
 
@@ -54,6 +54,9 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
         meta = json.load(f)
     files = [os.path.join(tok_dir, name) for name in meta["files"]]
+
+    def pipeline():  # a sentencepiece model's, or the very one data_prep encoded with (char_bpe, tokenizer_json)
+        return sentencepiece_to_fast(files[0]) if meta["kind"] == "sentencepiece" else load_tokenizer(tok_dir).backend()
     if meta["kind"] == "wordpiece":
         hf = transformers.BertTokenizerFast.from_pretrained(tok_dir, do_lower_case=meta["lowercase"])
     elif meta["kind"] == "bpe" and template == "roberta":  # <s> A </s></s> B </s> around the byte-level BPE
@@ -63,12 +66,11 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
             piece = {i: token for token, i in json.load(f).items()}
         hf = transformers.GPT2TokenizerFast.from_pretrained(
             tok_dir, **hf_special_tokens(meta["special_ids"], piece.__getitem__, "unk", "pad", bos="eod", eos="eod"))
-    elif meta["kind"] != "char_bpe" and own is not None and (hf := own(files[0], meta)) is not None:
+    elif own is not None and (hf := own(pipeline(), meta)) is not None:
         pass
-    else:  # a sentencepiece model, GPT's char_bpe (the very pipeline data_prep encoded with)
+    else:
         inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if template == "bert" else [])
-        tok = with_template(load_tokenizer(tok_dir).backend(), template, meta["special_ids"], files[0]) \
-            if meta["kind"] == "char_bpe" else sentencepiece_to_fast(files[0], template, meta["special_ids"])
+        tok = with_template(pipeline(), template, meta["special_ids"], files[0])
         ends_of_text = dict(bos="eod", eos="eod") if template == "none" else {}  # (GPT's config names none)
         hf = transformers.PreTrainedTokenizerFast(  # (the model's own pieces: [UNK] or <unk>, ...)
             tokenizer_object=tok, model_input_names=inputs,
@@ -89,32 +91,16 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
 
 
 def import_tokenizer(hf_dir: str, out: str) -> None:
-    """A ptm tokenizer directory from a Hugging Face model directory."""
-    from data_prep.tokenizer import META, load_tokenizer, unigram_without_model
+    """A ptm tokenizer directory from a Hugging Face model directory (its ptm_tokenizer.json's, a sentencepiece
+    .model, vocab.txt, vocab.json + merges.txt or a tokenizer.json alone, which transformers 5 saves)."""
+    from data_prep.tokenizer import META, load_tokenizer
 
-    if os.path.isfile(os.path.join(hf_dir, META)):
-        source = hf_dir
-    else:
-        source = _tokenizer_files(hf_dir)
-        if source is None and os.path.isfile(os.path.join(hf_dir, "tokenizer.json")):  # newer transformers save
-            from tokenizers import Tokenizer  # only this file
-
-            os.makedirs(out, exist_ok=True)
-            Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json")).model.save(out)
-            source = _tokenizer_files(out)  # vocab.txt (WordPiece) or vocab.json + merges.txt (BPE) now live here
-        if source is None:
-            raise C.CheckpointError(unigram_without_model(hf_dir) or f"{hf_dir} has no tokenizer files ptm can use (a "
-                                    "sentencepiece .model, vocab.txt or vocab.json + merges.txt); copy the original "
-                                    "model's tokenizer files into it")
-    load_tokenizer(source).save(out)
-
-
-def _tokenizer_files(directory: str) -> str | None:
-    """The tokenizer file data_prep reads in `directory`: a sentencepiece .model, vocab.txt or vocab.json."""
-    names = sorted(os.listdir(directory))
-    return next((os.path.join(directory, n) for n in names if n.endswith(".model")), None) or (
-        os.path.join(directory, "vocab.txt") if "vocab.txt" in names else
-        os.path.join(directory, "vocab.json") if "vocab.json" in names else None)
+    names = ("vocab.txt", "vocab.json", "tokenizer.json", META)
+    if not any(n.endswith(".model") or n in names for n in os.listdir(hf_dir)):
+        raise C.CheckpointError(f"{hf_dir} has no tokenizer files ptm can use (a sentencepiece .model, vocab.txt, "
+                                "vocab.json + merges.txt or tokenizer.json); copy the original model's tokenizer files "
+                                "into it")
+    load_tokenizer(hf_dir).save(out)
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------
@@ -155,7 +141,7 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
                 where = os.path.join(tmp, sub) if sub else tmp
                 _write_hf(family, model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
                 export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), _longest(cfg),
-                                 own=family.sentencepiece_tokenizer,
+                                 own=family.own_tokenizer,
                                  ends=(getattr(config, "bos_token_id", None), getattr(config, "eos_token_id", None)))
     except families.ExportError as e:  # a feature its config cannot hold, pieces its tokenizer's template needs
         raise C.CheckpointError(f"{ckpt}: {e}") from None

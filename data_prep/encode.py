@@ -89,7 +89,7 @@ class DocEncoder:
         words = T.has(self.opts.structure, "words")
         # Sentences: sentencepiece and WordPiece ignore leading whitespace (a paragraph break would
         # become a "\n" piece in sentencepiece), byte-level BPE keeps it, as GPT-2 does.
-        strip = self.tok.kind != "bpe"
+        strip = not self.tok.keeps_leading_space
         doc_base = np.cumsum([0] + [len(t) + len(_SEP) for t in texts])[:-1]
         chunk = _SEP.join(texts)
         codes = T.code_points(chunk)

@@ -24,6 +24,7 @@ from data_prep.text import _structure  # the compiled loops; text.py's import na
 from ptm.files import write_bytes, write_json
 
 META = "ptm_tokenizer.json"
+PIPELINE = "hf_tokenizer.json"  # a tokenizer.json's name in ptm's tokenizer directory (an export writes its own)
 _WORD = re.compile(r"\S+")
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Names that public vocabularies use for the same roles, tried in order.
@@ -126,9 +127,11 @@ def hf_normalizers(rewrites) -> list:
 
 class Tokenizer:
     """Encodes text to ids with character offsets; `kind` is sentencepiece, wordpiece, bpe (byte-level: GPT-2's),
-    char_bpe (words of characters ending in </w>, split as BERT splits text: GPT's) or words. `sentinels`: T5's
+    char_bpe (words of characters ending in </w>, split as BERT splits text: GPT's), tokenizer_json (any Hugging Face
+    fast tokenizer, as its tokenizer.json defines it, as GPT-NeoX reads one) or words. `sentinels`: T5's
     `<extra_id_k>` ids appended after the vocabulary, `<extra_id_0>` the last (as T5's vocabularies hold them); text
-    never encodes to them: span corruption puts them in its samples (`sentinel_ids`)."""
+    never encodes to them: span corruption puts them in its samples (`sentinel_ids`). A tokenizer.json holding them
+    as its last added tokens (T5's) has them as its sentinels."""
 
     def __init__(self, kind: str, directory: str, files: list[str], lowercase: bool = False, threads: int = 1,
                  sentinels: int = 0, rewrites: tuple[str, ...] = ()):
@@ -143,6 +146,19 @@ class Tokenizer:
             self._sp = spm.SentencePieceProcessor(model_file=paths[0])
             self.vocab_size = self._sp.get_piece_size()
             self._piece = self._sp.id_to_piece
+        elif kind == "tokenizer_json":
+            from tokenizers import Tokenizer as Pipeline
+
+            self._hf = Pipeline.from_file(paths[0])
+            self._hf.no_truncation()  # (a saved tokenizer.json may cut and pad to a model's length)
+            self._hf.no_padding()
+            self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
+            self._piece = self._hf.id_to_token
+            own = _own_sentinels(self._hf, paths[0])
+            if own and sentinels not in (0, own):
+                raise PrepError(f"{paths[0]} holds {own} sentinels <extra_id_0..{own - 1}> already, not {sentinels}; "
+                                f"pass --sentinels {own} or none")
+            self.vocab_size, self.sentinels = self.vocab_size - own, sentinels or own
         elif kind == "words":  # one word per line; text is words separated by whitespace
             with open(paths[0], encoding="utf-8") as f:
                 self._words = f.read().split("\n")[:-1]
@@ -163,11 +179,11 @@ class Tokenizer:
                 raise PrepError(f"unknown tokenizer kind {kind!r} in {directory}/{META}")
             self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
             self._piece = self._hf.id_to_token
+        self.vocab_size += self.sentinels
         self.special = {role: i for role, names in ROLE_PIECES.items() if (i := self._find(names)) is not None}
         self.special.setdefault("eod", self.special.get("sep"))
         if kind == "words":  # packed windows of words never pad; the end of a sentence stands in
             self.special.setdefault("pad", self.special.get("eod"))
-        self.vocab_size += sentinels
 
     def sentinel_ids(self) -> list[int]:
         """The id of `<extra_id_k>` at index k."""
@@ -182,8 +198,15 @@ class Tokenizer:
         return None
 
     def backend(self):
-        """The `tokenizers.Tokenizer` that encodes (wordpiece, bpe, char_bpe)."""
-        return self._hf._tokenizer
+        """The `tokenizers.Tokenizer` that encodes (wordpiece, bpe, char_bpe, tokenizer_json)."""
+        return self._hf if self.kind == "tokenizer_json" else self._hf._tokenizer
+
+    @property
+    def keeps_leading_space(self) -> bool:
+        """A text's leading whitespace is a token of its own (byte-level BPE, as GPT-2's); the others ignore it."""
+        if self.kind != "tokenizer_json":
+            return self.kind == "bpe"
+        return '"ByteLevel"' in json.dumps(json.loads(self._hf.to_str()).get("pre_tokenizer"))
 
     def piece(self, i: int) -> str:
         if int(i) >= self.vocab_size - self.sentinels:
@@ -275,7 +298,8 @@ class Tokenizer:
         if self.rewrites:  # (another text, other ids)
             h.update(" ".join(self.rewrites).encode())
         for f in sorted(self.files):
-            h.update(f.encode())
+            if self.kind != "tokenizer_json":  # (saved as PIPELINE whatever its name)
+                h.update(f.encode())
             with open(os.path.join(self.directory, f), "rb") as fh:
                 h.update(fh.read())
         return h.hexdigest()
@@ -288,12 +312,14 @@ class Tokenizer:
     def save(self, directory: str) -> "Tokenizer":
         """Copy the tokenizer files and metadata into `directory`; returns the tokenizer loaded from there."""
         os.makedirs(directory, exist_ok=True)
-        for f in self.files:
-            src, dst = os.path.join(self.directory, f), os.path.join(directory, f)
+        names = [PIPELINE] if self.kind == "tokenizer_json" else self.files
+        for f, name in zip(self.files, names):
+            src, dst = os.path.join(self.directory, f), os.path.join(directory, name)
             if os.path.abspath(src) != os.path.abspath(dst):
                 shutil.copyfile(src, dst)
-        write_json(os.path.join(directory, META), self.meta())
-        return Tokenizer(self.kind, directory, self.files, self.lowercase, self.threads, self.sentinels, self.rewrites)
+        saved = Tokenizer(self.kind, directory, names, self.lowercase, self.threads, self.sentinels, self.rewrites)
+        write_json(os.path.join(directory, META), saved.meta())
+        return saved
 
     def with_sentinels(self, n: int) -> "Tokenizer":
         """This tokenizer with `n` sentinels after its vocabulary instead of its own."""
@@ -328,18 +354,19 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
     """A sentencepiece `.model`, a WordPiece `vocab.txt`, a GPT-2 `vocab.json` (+ `merges.txt` beside it),
     a directory holding one of those, a ptm tokenizer directory, or a ptm dataset directory."""
     if not os.path.exists(path):
-        raise PrepError(f"tokenizer not found: {path}; pass a .model, vocab.txt, vocab.json or a dataset directory")
+        raise PrepError(f"tokenizer not found: {path}; pass a .model, vocab.txt, vocab.json, tokenizer.json or a dataset "
+                        "directory")
     if os.path.isdir(path):
         for sub in (path, os.path.join(path, "tokenizer")):
             if os.path.isfile(os.path.join(sub, META)):
                 return _opened(os.path.join(sub, META), lambda: _from_meta(sub, threads))
         names = sorted(os.listdir(path))
         models = [n for n in names if n.endswith(".model")]
-        for candidate in (*models, "vocab.txt", "vocab.json"):
+        for candidate in (*models, "vocab.txt", "vocab.json", "tokenizer.json"):
             if candidate in names:
                 return load_tokenizer(os.path.join(path, candidate), threads)
-        raise PrepError(unigram_without_model(path) or
-                        f"no tokenizer in {path}: expected a .model, vocab.txt or vocab.json + merges.txt")
+        raise PrepError(f"no tokenizer in {path}: expected a .model, vocab.txt, vocab.json + merges.txt or "
+                        "tokenizer.json")
     directory, name = os.path.split(os.path.abspath(path))
     if name.endswith(".model"):
         return _opened(path, lambda: Tokenizer("sentencepiece", directory, [name], threads=threads,
@@ -347,29 +374,32 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
     if name.endswith(".txt"):
         return _opened(path, lambda: Tokenizer("wordpiece", directory, [name], lowercase=_vocab_is_uncased(path),
                                                threads=threads))
+    if name.endswith(".json") and _opened(path, lambda: _is_pipeline(path)):
+        return _opened(path, lambda: Tokenizer("tokenizer_json", directory, [name], threads=threads))
     if name.endswith(".json"):
-        if name == "tokenizer.json" and (problem := unigram_without_model(directory)):
-            raise PrepError(problem)
         if not os.path.isfile(os.path.join(directory, "merges.txt")):
             raise PrepError(f"BPE vocabulary {path} needs merges.txt beside it")
         words = _opened(path, lambda: _ends_words(path))
         return _opened(path, lambda: Tokenizer("char_bpe" if words else "bpe", directory, [name, "merges.txt"],
                                                lowercase=words and _vocab_is_uncased(path), threads=threads))
-    raise PrepError(f"cannot tell what tokenizer {path} is; pass a .model, vocab.txt or vocab.json")
+    raise PrepError(f"cannot tell what tokenizer {path} is; pass a .model, vocab.txt, vocab.json or tokenizer.json")
 
 
-def unigram_without_model(directory: str) -> str | None:
-    """What to do where `directory`'s tokenizer is a Hugging Face tokenizer.json of a Unigram model alone (what
-    transformers 5 saves of a sentencepiece tokenizer: T5's, ALBERT's, XLNet's), or None: ptm encodes with the
-    sentencepiece model itself."""
-    path = os.path.join(directory, "tokenizer.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            unigram = json.load(f)["model"]["type"] == "Unigram"
-    except (OSError, ValueError, KeyError, TypeError):  # none there, or not a tokenizer.json
-        return None
-    return (f"{path} is a sentencepiece (Unigram) tokenizer without its sentencepiece model, which ptm reads: copy the "
-            f"model's .model file (e.g. spiece.model, as released) into {directory}") if unigram else None
+def _is_pipeline(path: str) -> bool:
+    """A tokenizer.json (a pipeline: normalizer, pre-tokenizer, model ...), not a BPE vocab.json."""
+    with open(path, encoding="utf-8") as f:
+        return isinstance(json.load(f).get("model"), dict)
+
+
+def _own_sentinels(pipeline, path: str) -> int:
+    """How many of T5's `<extra_id_k>` a tokenizer.json holds, as ptm numbers sentinels (<extra_id_0> the last id)."""
+    vocab = pipeline.get_vocab(with_added_tokens=True)
+    found = sorted(int(t[10:-1]) for t in vocab if t.startswith("<extra_id_") and t.endswith(">") and t[10:-1].isdigit())
+    last = pipeline.get_vocab_size(with_added_tokens=True) - 1
+    if found != list(range(len(found))) or any(vocab[f"<extra_id_{k}>"] != last - k for k in found):
+        raise PrepError(f"{path} holds <extra_id_k> pieces numbered otherwise than T5's (<extra_id_0> the last id, "
+                        "<extra_id_1> the one before, ...), as ptm numbers sentinels; pass a tokenizer without them")
+    return len(found)
 
 
 def _from_meta(directory: str, threads: int) -> Tokenizer:

@@ -305,14 +305,12 @@ def test_albert_to_hf_and_back(sp_model, tmp_path):
     torch.testing.assert_close(mine["logits"][..., :cfg.vocab_size], ref.prediction_logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(mine["nsp_logits"], ref.sop_logits, rtol=0, atol=1e-5)
     transformers.AlbertModel(hf.config).save_pretrained(tmp_path / "base")
-    tok.save_pretrained(tmp_path / "base")  # transformers 5 writes a Unigram tokenizer.json alone: nothing ptm reads
-    proc = call_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt", check=False)
-    assert proc.returncode == 2 and f"{tmp_path / 'base' / 'tokenizer.json'} is a sentencepiece (Unigram) tokenizer " \
-        "without its sentencepiece model, which ptm reads: copy the model's .model file" in proc.stderr
-    for f in out.glob("*.model"):  # beside it the sentencepiece model (a released ALBERT ships its spiece.model)
-        shutil.copy(f, tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")  # transformers 5 writes a Unigram tokenizer.json alone: ptm encodes with it
     proc = call_cli("checkpoints_tools", "from-hf", tmp_path / "base", "--out", tmp_path / "ckpt")
     assert "predictions" in proc.stdout and "sop_classifier" in proc.stdout
+    text = "Return the ``sum'' of two numbers, Café."
+    assert load_tokenizer(str(tmp_path / "ckpt" / "tokenizer")).encode([text])[0].tolist() == tok(
+        text, add_special_tokens=False)["input_ids"]
     imported = C.model_config(C.read_meta(str(tmp_path / "ckpt")))
     assert (imported.arch, imported.embedding_size, imported.share_layers, imported.activation) == (
         "albert", 16, "all", "gelu_tanh")

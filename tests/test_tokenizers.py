@@ -1,5 +1,6 @@
 """Trained and reused tokenizers: ids match the reference implementations, files travel with the data."""
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -118,30 +119,42 @@ def test_too_large_vocab_is_a_clear_error(tmp_path):
         quick_build([src], tmp_path / "ds", vocab_size=50000)
 
 
-def test_unigram_tokenizer_json_without_its_model_names_the_file_and_the_fix(tmp_path):
-    """transformers 5 saves a sentencepiece tokenizer (T5's, ALBERT's, XLNet's) as a Unigram tokenizer.json alone:
-    data_prep (a directory or the file itself) and from-hf name that file and the .model to copy beside it."""
-    from tokenizers import Tokenizer, models
+def test_a_tokenizer_json_alone_encodes_as_transformers_with_t5s_sentinels_its_own(sp_model, corpus, tmp_path):
+    """transformers 5 saves a tokenizer as its tokenizer.json alone (ALBERT's, T5's: Unigram; BERT's, GPT-2's):
+    data_prep (the directory or the file) and from-hf encode with that pipeline as transformers does, whole (a length
+    the file cuts at is not applied); T5's <extra_id_k> there, <extra_id_0> the last id, are the dataset's sentinels
+    (another --sentinels is one line)."""
+    from tokenizers import Tokenizer
 
     from checkpoints_tools.hf import import_tokenizer
-    from pretrain.checkpoint import CheckpointError
 
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    unigram = models.Unigram([("<unk>", 0.0), ("\u2581a", -1.0), ("b", -2.0)], unk_id=0)
-    Tokenizer(unigram).save(str(hf / "tokenizer.json"))
-    says = (f"{hf / 'tokenizer.json'} is a sentencepiece (Unigram) tokenizer without its sentencepiece model, which "
-            f"ptm reads: copy the model's .model file (e.g. spiece.model, as released) into {hf}")
-    for path in (hf, hf / "tokenizer.json"):
-        with pytest.raises(PrepError) as e:
-            load_tokenizer(str(path))
-        assert str(e.value) == says
-    with pytest.raises(CheckpointError) as e:
-        import_tokenizer(str(hf), str(tmp_path / "out"))
-    assert str(e.value) == says
-    src = write_jsonl(tmp_path / "d.jsonl", [{"text": "a b"}])
-    proc = run_cli("data_prep", "build", src, "--out", tmp_path / "ds", "--tokenizer", hf, check=False)
-    assert proc.returncode == 2 and proc.stderr == f"data_prep: error: {says}\n"
+    docs = [t for t in corpus["en"][:40] if len(t) > 200] + ["Café ``quoted'' text  with   spaces, ÉTÉ."]
+    src = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in docs])
+    import sentencepiece as spm
+
+    (tmp_path / "src").mkdir(), (tmp_path / "t5src").mkdir()
+    shutil.copy(os.path.join(sp_model, "spm.model"), tmp_path / "src" / "spiece.model")  # (the name they read)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus["en"][:2000]), model_prefix=str(tmp_path / "t5src" /
+                                   "spiece"), vocab_size=500, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+    for name, hf in (("albert", transformers.AlbertTokenizer.from_pretrained(tmp_path / "src")),  # (T5's pieces:)
+                     ("t5", transformers.T5Tokenizer.from_pretrained(tmp_path / "t5src", extra_ids=100))):
+        hf.save_pretrained(tmp_path / name)
+        assert sorted(os.listdir(tmp_path / name)) == ["tokenizer.json", "tokenizer_config.json"]
+        cut = Tokenizer.from_file(str(tmp_path / name / "tokenizer.json"))
+        cut.enable_truncation(8)  # (a length saved in the file)
+        cut.save(str(tmp_path / name / "tokenizer.json"))
+        m = quick_build([src], tmp_path / f"ds-{name}", tokenizer=str(tmp_path / name), dedup=False,
+                        text=TextOptions(nfkc=False, whitespace="keep"))
+        c = Corpus(str(tmp_path / f"ds-{name}"))
+        assert m["tokenizer"]["kind"] == "tokenizer_json" and c.vocab_size == len(hf)
+        for i, t in enumerate(docs):
+            assert c.tokens(i).tolist() == hf(t, add_special_tokens=False)["input_ids"]
+        import_tokenizer(str(tmp_path / name), str(tmp_path / f"imported-{name}"))
+        assert load_tokenizer(str(tmp_path / name / "tokenizer.json")).sha256() == \
+            load_tokenizer(str(tmp_path / f"imported-{name}")).sha256() == m["tokenizer"]["sha256"]
+    assert c.sentinel_ids == hf.convert_tokens_to_ids([f"<extra_id_{k}>" for k in range(100)])
+    with pytest.raises(PrepError, match=r"holds 100 sentinels <extra_id_0..99> already, not 5; pass --sentinels 100"):
+        quick_build([src], tmp_path / "five", tokenizer=str(tmp_path / "t5"), sentinels=5)
 
 
 def test_byte_level_bpe_trained_by_data_prep_has_roberta_specials(corpus, tmp_path):

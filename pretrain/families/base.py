@@ -7,6 +7,7 @@ imports torch or transformers until a conversion calls it.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable
 
@@ -137,7 +138,7 @@ class Adapter:
     tied: dict = {}  # HF names that hold another HF name's tensor (tied output projections)
     computes: dict = {}  # model feature -> the values the HF class computes; export refuses others
     tokenizer = "bert"  # special-token template of the exported tokenizer: bert | roberta | none (GPT's)
-    # (checkpoints_tools/hf.py: TEMPLATES, export_tokenizer), unless `sentencepiece_tokenizer` gives the family's own
+    # (checkpoints_tools/hf.py: TEMPLATES, export_tokenizer), unless `own_tokenizer` gives the family's own
     head_widths = False  # the HF class takes heads of any width (T5's d_kv), not only hidden_size / num_heads
     causal = False  # the HF class is a left-to-right language model (downstream: perplexity, last-word accuracy)
 
@@ -208,9 +209,9 @@ class Adapter:
 
         return getattr(transformers, name)
 
-    def sentencepiece_tokenizer(self, model_file: str, meta: dict):
-        """The family's own Hugging Face tokenizer of a sentencepiece model (`meta`: data_prep's ptm_tokenizer.json),
-        or None: the `tokenizer` template's."""
+    def own_tokenizer(self, tok, meta: dict):
+        """The family's own Hugging Face tokenizer around `tok` (a `tokenizers.Tokenizer`: a sentencepiece model's, a
+        tokenizer.json's; `meta`: data_prep's ptm_tokenizer.json), or None: the `tokenizer` template's."""
         return None
 
     def hf_config_class(self):
@@ -356,10 +357,9 @@ def hf_special_tokens(ids: dict, piece, *roles: str, null: bool = False, **renam
             if null or ids.get(role) is not None}
 
 
-def sentencepiece_to_fast(model_file: str, template: str, special: dict):
-    """transformers' own sentencepiece converter (ids identical to sentencepiece's), with byte fallback
-    decoding and, for bidirectional models, BERT's cls A sep B sep template (RoBERTa's cls A sep sep B sep, one
-    segment type) of the model's own cls and sep pieces (`special`: data_prep's special ids: [CLS] or <s>, ...)."""
+def sentencepiece_to_fast(model_file: str):
+    """A `tokenizers.Tokenizer` of a sentencepiece model: transformers' own converter (ids identical to
+    sentencepiece's), with byte fallback decoding."""
     from tokenizers import decoders
     from transformers.convert_slow_tokenizer import SpmConverter
 
@@ -373,14 +373,18 @@ def sentencepiece_to_fast(model_file: str, template: str, special: dict):
     tok = Converter(Source()).converted()
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(content=" ", left=1)])
-    return with_template(tok, template, special, model_file)
+    return tok
 
 
 def with_template(tok, template: str, special: dict, source: str):
     """`tok` (a `tokenizers.Tokenizer` of the tokenizer file `source`) with, for bidirectional models, BERT's cls A
-    sep B sep template (RoBERTa's cls A sep sep B sep, one segment type) of its own cls and sep pieces."""
+    sep B sep template (RoBERTa's cls A sep sep B sep, one segment type) of its own cls and sep pieces (`special`:
+    data_prep's special ids: [CLS] or <s>, ...), and none for GPT's ("none"); a byte-level BPE's offsets trimmed of
+    their spaces as before (a tokenizer.json's ByteLevel or RobertaProcessing)."""
     from tokenizers import processors
 
+    trim = '"ByteLevel"' in json.dumps(json.loads(tok.to_str()).get("pre_tokenizer"))
+    tok.post_processor = processors.ByteLevel(trim_offsets=True) if trim else None
     if template != "none":
         missing = [f"{role} piece ({names})" for role, names in (("cls", "[CLS] or <s>"), ("sep", "[SEP] or </s>"))
                    if special.get(role) is None]
@@ -390,6 +394,7 @@ def with_template(tok, template: str, special: dict, source: str):
                               "tokenizer with both")
         cls, sep = tok.id_to_token(special["cls"]), tok.id_to_token(special["sep"])
         pair = f"{cls} $A {sep} {sep} $B {sep}" if template == "roberta" else f"{cls} $A {sep} $B:1 {sep}:1"
-        tok.post_processor = processors.TemplateProcessing(
+        template = processors.TemplateProcessing(
             single=f"{cls} $A {sep}", pair=pair, special_tokens=[(cls, special["cls"]), (sep, special["sep"])])
+        tok.post_processor = processors.Sequence([tok.post_processor, template]) if trim else template
     return tok

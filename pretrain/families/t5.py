@@ -5,7 +5,7 @@ T5ForConditionalGeneration (transformers 5 always ties its LM head; `tie_word_em
 the scaling off, which is how it reads a 1.1 model)."""
 from __future__ import annotations
 
-from pretrain.families.base import ExportError, Family, hf_special_tokens, sentencepiece_to_fast
+from pretrain.families.base import ExportError, Family, hf_special_tokens
 from pretrain.families.encoder_decoder import MODEL, SECTION, EncoderDecoderAdapter, EncoderDecoderCost
 
 ORDER = 110
@@ -30,7 +30,7 @@ class T5Adapter(EncoderDecoderAdapter):
     hf_class = "T5ForConditionalGeneration"
     model_type = "t5"
     computes = COMPUTES
-    tokenizer = "none"  # (its own: `sentencepiece_tokenizer`)
+    tokenizer = "none"  # (its own: `own_tokenizer`)
     head_widths = True
     self_attention = "layer.0.SelfAttention.{}"
     cross_attention = "layer.1.EncDecAttention.{}"
@@ -47,13 +47,12 @@ class T5Adapter(EncoderDecoderAdapter):
                 **MLP, **(GATED if gated else PLAIN), **(CROSS if stack == "decoder" else {})}
         return {k: v.format(ff=2 if stack == "decoder" else 1) for k, v in keys.items()}
 
-    def sentencepiece_tokenizer(self, model_file: str, meta: dict):
-        """T5's: the sentencepiece model, each sequence followed by the end-of-sequence token, and the sentinels after
-        the vocabulary (`<extra_id_0>` the last id, as data_prep numbers them)."""
+    def own_tokenizer(self, tok, meta: dict):
+        """T5's: each sequence followed by the end-of-sequence token, and the sentinels after the vocabulary
+        (`<extra_id_0>` the last id, as data_prep numbers them)."""
         import transformers
         from tokenizers import processors
 
-        tok = sentencepiece_to_fast(model_file, "none", meta["special_ids"])
         sentinels = [f"<extra_id_{k}>" for k in range(meta.get("sentinels", 0))]
         tok.add_special_tokens(sentinels[::-1])  # appended in order: <extra_id_0> last
         special = hf_special_tokens(meta["special_ids"], tok.id_to_token, "unk", "pad", null=True, eos="eod")

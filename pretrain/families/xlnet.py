@@ -5,7 +5,7 @@ Transformer-XL style (causal, with memory, no permutation; no adaptive softmax) 
 from __future__ import annotations
 
 from pretrain.families.base import (VOCAB_ROWS, Adapter, Cost, ExportError, Family, hf_special_tokens,
-                                    interleave_heads, sentencepiece_to_fast, split_heads, take)
+                                    interleave_heads, split_heads, take)
 from pretrain.schema import opt
 from pretrain.stacks import Stack
 
@@ -42,17 +42,16 @@ class XLNetAdapter(Adapter):
     hf_class = "XLNetLMHeadModel"
     model_type = "xlnet"
     computes = COMPUTES
-    tokenizer = "none"  # (its own: `sentencepiece_tokenizer`)
+    tokenizer = "none"  # (its own: `own_tokenizer`)
     keys = {"embeddings.word.weight": "transformer.word_embedding.weight", "lm_bias": "lm_loss.bias"}
 
-    def sentencepiece_tokenizer(self, model_file: str, meta: dict):
+    def own_tokenizer(self, tok, meta: dict):
         """XLNet's: A [SEP] [CLS], a pair A [SEP] B [SEP] [CLS] (segments 0, 1 and the [CLS]'s 2), padded on the left
         (the last token, [CLS], stays where XLNet pretrained it)."""
         import transformers
         from tokenizers import processors
 
         ids = meta["special_ids"]
-        tok = sentencepiece_to_fast(model_file, "none", ids)
         special = hf_special_tokens(ids, tok.id_to_token, "unk", "pad", "sep", "cls", "mask", null=True)
         sep, cls = special["sep_token"], special["cls_token"]
         tok.post_processor = processors.TemplateProcessing(single=f"$A {sep} {cls}:2",
