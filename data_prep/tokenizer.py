@@ -152,7 +152,7 @@ class Tokenizer:
             self._hf = Pipeline.from_file(paths[0])
             self._hf.no_truncation()  # (a saved tokenizer.json may cut and pad to a model's length)
             self._hf.no_padding()
-            self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
+            self.vocab_size = _id_count(self._hf)
             self._piece = self._hf.id_to_token
             own = _own_sentinels(self._hf, paths[0])
             if own and sentinels not in (0, own):
@@ -169,15 +169,15 @@ class Tokenizer:
             from tokenizers import implementations as impl
 
             if kind == "wordpiece":
-                self._hf = impl.BertWordPieceTokenizer(paths[0], lowercase=lowercase)
+                self._hf = impl.BertWordPieceTokenizer(paths[0], lowercase=lowercase,
+                                                       unk_token=_unk_piece(paths[0]) or "[UNK]")
             elif kind == "bpe":
                 self._hf = impl.ByteLevelBPETokenizer(paths[0], paths[1])
-            elif kind == "char_bpe":  # (transformers' OpenAIGPTTokenizer, which lowercases whatever the vocabulary)
-                self._hf = impl.CharBPETokenizer(paths[0], paths[1], unk_token=_unk_piece(paths[0]) or "<unk>",
-                                                lowercase=lowercase)
+            elif kind == "char_bpe":
+                self._hf = _gpt_bpe(paths[0], paths[1], lowercase)
             else:
                 raise PrepError(f"unknown tokenizer kind {kind!r} in {directory}/{META}")
-            self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
+            self.vocab_size = _id_count(self._hf)
             self._piece = self._hf.id_to_token
         self.vocab_size += self.sentinels
         self.special = {role: i for role, names in ROLE_PIECES.items() if (i := self._find(names)) is not None}
@@ -199,7 +199,7 @@ class Tokenizer:
 
     def backend(self):
         """The `tokenizers.Tokenizer` that encodes (wordpiece, bpe, char_bpe, tokenizer_json)."""
-        return self._hf if self.kind == "tokenizer_json" else self._hf._tokenizer
+        return getattr(self._hf, "_tokenizer", self._hf)  # (`tokenizers.implementations` wrap one)
 
     @property
     def keeps_leading_space(self) -> bool:
@@ -338,16 +338,53 @@ def _vocab_is_uncased(vocab: str) -> bool:
         return not any(t.strip() != t.strip().lower() and not t.startswith(("[", "<")) for t in pieces)
 
 
+def _wordpiece_lowercase(vocab_txt: str) -> bool:
+    """Whether a WordPiece vocabulary lower-cases text: its tokenizer_config.json's do_lower_case where one is beside
+    it (a Chinese BERT's vocabulary has no upper-case piece, and transformers lower-cases nothing), else whether it
+    has no upper-case piece."""
+    try:
+        with open(os.path.join(os.path.dirname(vocab_txt), "tokenizer_config.json"), encoding="utf-8") as f:
+            said = json.load(f).get("do_lower_case")
+    except (OSError, ValueError, AttributeError):
+        said = None
+    return said if isinstance(said, bool) else _vocab_is_uncased(vocab_txt)
+
+
 def _ends_words(vocab_json: str) -> bool:
     """A BPE vocabulary whose pieces end words with </w> (GPT's, tokenizers' CharBPETokenizer), not a byte-level one."""
     with open(vocab_json, encoding="utf-8") as f:
         return any(t.endswith("</w>") for t in json.load(f))
 
 
-def _unk_piece(vocab_json: str) -> str | None:
-    with open(vocab_json, encoding="utf-8") as f:
-        vocab = json.load(f)
-    return next((p for p in ROLE_PIECES["unk"] if p in vocab), None)
+def _unk_piece(vocab: str) -> str | None:
+    """The unknown piece ([UNK], <unk> ...) of a vocab.txt or vocab.json."""
+    with open(vocab, encoding="utf-8") as f:
+        pieces = json.load(f) if vocab.endswith(".json") else set(f.read().splitlines())
+    return next((p for p in ROLE_PIECES["unk"] if p in pieces), None)
+
+
+def _id_count(tok) -> int:
+    """One more than a `tokenizers` vocabulary's largest id (a vocab.txt of a line twice, a vocab.json with a gap:
+    more ids than pieces)."""
+    return max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+
+
+def _gpt_bpe(vocab: str, merges: str, lowercase: bool):
+    """GPT's BPE as transformers' OpenAIGPTTokenizer builds it: BERT's normalizer (lower-casing strips accents) and
+    pre-tokenizer, words of characters ending in </w>, <unk> for a character outside the vocabulary."""
+    from tokenizers import Tokenizer as Pipeline
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+    unk = _unk_piece(vocab)
+    if unk is None:
+        raise PrepError(f"{vocab} has no <unk> piece, which GPT's BPE encodes a character outside its vocabulary "
+                        "with (as transformers does); add one, or pass another tokenizer")
+    tok = Pipeline(models.BPE.from_file(vocab, merges, unk_token=unk, end_of_word_suffix="</w>", fuse_unk=False))
+    tok.add_special_tokens([unk])
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.BPEDecoder(suffix="</w>")
+    return tok
 
 
 def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
@@ -362,7 +399,7 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
                 return _opened(os.path.join(sub, META), lambda: _from_meta(sub, threads))
         names = sorted(os.listdir(path))
         models = [n for n in names if n.endswith(".model")]
-        for candidate in (*models, "vocab.txt", "vocab.json", "tokenizer.json"):
+        for candidate in (*models, "tokenizer.json", "vocab.txt", "vocab.json"):  # (a tokenizer.json: all it does)
             if candidate in names:
                 return load_tokenizer(os.path.join(path, candidate), threads)
         raise PrepError(f"no tokenizer in {path}: expected a .model, vocab.txt, vocab.json + merges.txt or "
@@ -372,7 +409,7 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
         return _opened(path, lambda: Tokenizer("sentencepiece", directory, [name], threads=threads,
                                                rewrites=hf_rewrites(directory)))
     if name.endswith(".txt"):
-        return _opened(path, lambda: Tokenizer("wordpiece", directory, [name], lowercase=_vocab_is_uncased(path),
+        return _opened(path, lambda: Tokenizer("wordpiece", directory, [name], lowercase=_wordpiece_lowercase(path),
                                                threads=threads))
     if name.endswith(".json") and _opened(path, lambda: _is_pipeline(path)):
         return _opened(path, lambda: Tokenizer("tokenizer_json", directory, [name], threads=threads))

@@ -1,4 +1,5 @@
 """Trained and reused tokenizers: ids match the reference implementations, files travel with the data."""
+import json
 import os
 import shutil
 
@@ -83,6 +84,36 @@ def test_gpts_bpe_of_words_is_not_taken_for_gpt2s_and_encodes_as_transformers(gp
     for i, t in enumerate(docs):
         assert c.tokens(i).tolist() == ref(t, add_special_tokens=False)["input_ids"]
     assert load_tokenizer(gpt_vocab).decode(ref("Construct a Frame")["input_ids"]) == "construct a frame"
+    accents = ["Café Noël est naïve", "İstanbul, 한국어"]  # (lower-casing strips accents, as BERT's normalizer does)
+    assert [load_tokenizer(gpt_vocab).encode([t])[0].tolist() for t in accents] == [
+        ref(t, add_special_tokens=False)["input_ids"] for t in accents]
+
+
+def test_odd_wordpiece_vocabularies_encode_as_transformers_into_a_valid_dataset(tmp_path):
+    """A vocab.txt with a line twice (more ids than pieces), one whose unknown piece is <unk>, and a Chinese BERT's
+    (no upper-case piece, and its tokenizer_config.json says do_lower_case false): the ids transformers'
+    BertTokenizer gives, in a dataset `verify` passes (a vocabulary size above every id: an embedding row each)."""
+    from data_prep.cli import main as prep
+
+    words = ["the", "sum", "of", "two", "numbers", "apple", "##s", "café", "是", "苹", "果", "。", ",", "."]
+    texts = ["The sum of two numbers.", "Apples是苹果。", "café, the CAFÉ", "x"]
+    src = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in texts])
+    for name, unk, lines, lower in (("twice", "[UNK]", words + ["sum"], None), ("unk", "<unk>", words, None),
+                                    ("zh", "[UNK]", words, False)):
+        vocab = tmp_path / name / "vocab.txt"
+        vocab.parent.mkdir()
+        vocab.write_text("\n".join(["[PAD]", unk, "[CLS]", "[SEP]", "[MASK]", *lines]) + "\n")
+        if lower is not None:
+            (tmp_path / name / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lower}))
+        ref = transformers.BertTokenizer.from_pretrained(str(tmp_path / name), unk_token=unk)
+        m = quick_build([src], tmp_path / f"ds-{name}", tokenizer=str(vocab), dedup=False, max_unk_rate=1.0)
+        c = Corpus(str(tmp_path / f"ds-{name}"))
+        assert [c.tokens(i).tolist() for i in range(len(texts))] == [
+            ref(t, add_special_tokens=False)["input_ids"] for t in texts]
+        assert m["vocab_size"] == 5 + len(lines)
+        with pytest.raises(SystemExit) as done:
+            prep(["verify", str(tmp_path / f"ds-{name}")])
+        assert done.value.code == 0
 
 
 def test_word_starts_and_spans_decode_to_words_and_entities(sp_model, tmp_path):
