@@ -32,10 +32,10 @@ ROLE_PIECES = {
     "pad": ("[PAD]", "<pad>"),
     "unk": ("[UNK]", "<unk>", "<UNK>"),
     "bos": ("<S>",),
-    "cls": ("[CLS]", "<s>"),
-    "sep": ("[SEP]", "</s>"),
+    "cls": ("[CLS]", "<cls>", "<s>"),  # (XLNet's vocabulary has <s> and </s> besides its <cls> and <sep>)
+    "sep": ("[SEP]", "<sep>", "</s>"),
     "mask": ("[MASK]", "<mask>"),
-    "eod": ("<|endoftext|>", "[EOD]", "</s>", "[SEP]", "</S>"),
+    "eod": ("<|endoftext|>", "[EOD]", "<eod>", "</s>", "[SEP]", "</S>"),
 }
 
 
@@ -399,7 +399,7 @@ def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
                 return _opened(os.path.join(sub, META), lambda: _from_meta(sub, threads))
         names = sorted(os.listdir(path))
         models = [n for n in names if n.endswith(".model")]
-        for candidate in (*models, "tokenizer.json", "vocab.txt", "vocab.json"):  # (a tokenizer.json: all it does)
+        for candidate in (*models, "vocab.txt", "vocab.json", "tokenizer.json"):
             if candidate in names:
                 return load_tokenizer(os.path.join(path, candidate), threads)
         raise PrepError(f"no tokenizer in {path}: expected a .model, vocab.txt, vocab.json + merges.txt or "

@@ -144,10 +144,11 @@ ERNIE's: their masker)."""
     padded = next(s for s in (ds.sample(0, i) for i in range(len(ds))) if s["labels"][-1] == -100)
     n = int((padded["labels"] != -100).sum())
     assert (padded["input_ids"][n:] == corpus.special_ids["eod"]).all()
-    needs = {lambda: PermutationSamples(out, SEQ, 10, 10): "sep ([SEP], </s>) or cls ([CLS], <s>), needed for XLNet's",
+    needs = {lambda: PermutationSamples(out, SEQ, 10, 10): "sep ([SEP], <sep>, </s>) or cls ([CLS], <cls>, <s>), "
+                                                           "needed for XLNet's",
              lambda: SpanCorruption(out, SEQ, [1, 2]): "pad ([PAD], <pad>), needed for T5's",
-             lambda: DenoisingDataset(out, SEQ): "cls ([CLS], <s>), pad ([PAD], <pad>) or mask ([MASK], <mask>), "
-                                                 "needed for denoising",
+             lambda: DenoisingDataset(out, SEQ): "cls ([CLS], <cls>, <s>), pad ([PAD], <pad>) or mask ([MASK], "
+                                                 "<mask>), needed for denoising",
              lambda: Masker(corpus.special_ids, corpus.vocab_size, where=out): "needed for token masking"}
     for make, missing in needs.items():
         with pytest.raises(ValueError) as e:

@@ -353,6 +353,38 @@ def test_an_uncased_albert_tokenizer_imports_and_exports_as_transformers_encodes
     assert [out(t)["input_ids"] for t in texts] == [hf_tok(t)["input_ids"] for t in texts]
 
 
+@pytest.mark.parametrize("arch", ["roberta", "gpt2", "xlnet"])
+def test_a_tokenizer_json_exports_as_its_family_tokenizer_encodes_offsets_included(arch, roberta_vocab, gpt2_vocab,
+                                                                                    tmp_path):
+    """A family's tokenizer saved by transformers 5 (its tokenizer.json alone) trains and exports to a tokenizer that
+    encodes texts and pairs as the original does: ids, segments, offsets (RoBERTa's without a token's leading space,
+    GPT-2's with it) and XLNet's own <sep> and <cls> (its vocabulary has <s> and </s> besides)."""
+    import sentencepiece as spm
+
+    src = tmp_path / "src"
+    src.mkdir()
+    if arch == "xlnet":
+        lines = [f"Sentence {i} about the sum of numbers and café." for i in range(200)]
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(src / "spiece"), vocab_size=50,
+                                       unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+                                       control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"])
+        original = transformers.XLNetTokenizer.from_pretrained(src)
+    else:
+        vocab = roberta_vocab if arch == "roberta" else gpt2_vocab
+        original = {"roberta": transformers.RobertaTokenizer, "gpt2": transformers.GPT2Tokenizer}[arch].from_pretrained(
+            os.path.dirname(vocab))
+    original.save_pretrained(tmp_path / "saved")
+    assert "tokenizer.json" in os.listdir(tmp_path / "saved") and not {"vocab.json", "spiece.model"} & set(
+        os.listdir(tmp_path / "saved"))
+    load_tokenizer(str(tmp_path / "saved")).save(str(tmp_path / "tok"))
+    _checkpoint(tmp_path, arch, str(tmp_path / "tok"), nfkc=False)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", tmp_path / "hf")
+    export = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    for args in ((" It was the sum.",), ("Who?", " It was here, café."), ("Hello world",)):
+        got, want = export(*args, return_offsets_mapping=True), original(*args, return_offsets_mapping=True)
+        assert {k: got[k] for k in want} == dict(want), args
+
+
 def test_a_sentencepiece_tokenizer_exports_its_own_cls_and_sep_pieces(tmp_path):
     """An imported sentencepiece model whose cls and sep are <s> and </s> (no [CLS], [SEP]): the export's template
     puts them where ptm's training inputs do (cls A sep B sep, B of type 1; RoBERTa's cls A sep sep B sep); to-hf of a
@@ -382,7 +414,7 @@ def test_a_sentencepiece_tokenizer_exports_its_own_cls_and_sep_pieces(tmp_path):
     proc = call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", tmp_path / "hf", check=False)
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]  # (after the weights' progress bar)
     assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "has no cls piece ([CLS] or <s>), which the bert template puts around" in errors[0]
+    assert "has no cls piece ([CLS], <cls> or <s>), which the bert template puts around" in errors[0]
     assert not (tmp_path / "hf").exists()
 
 

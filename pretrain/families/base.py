@@ -376,17 +376,33 @@ def sentencepiece_to_fast(model_file: str):
     return tok
 
 
+def with_offsets_kept(tok, template):
+    """`tok`'s post-processor `template` (a `tokenizers` processor placing the special tokens, or None) after the
+    trimming of a byte-level BPE's offsets that its tokenizer.json did (RoBERTa's, BART's: a token's offsets without
+    its leading space; GPT-2's trims none)."""
+    from tokenizers import processors
+
+    found = json.loads(tok.to_str()).get("post_processor") or {}
+    trim = next((p for p in found.get("processors", [found])
+                 if p.get("type") in ("ByteLevel", "RobertaProcessing") and p.get("trim_offsets")), None)
+    if trim is None:
+        return template
+    trim = processors.ByteLevel(add_prefix_space=trim.get("add_prefix_space", False), trim_offsets=True,
+                                use_regex=trim.get("use_regex", True))
+    return trim if template is None else processors.Sequence([trim, template])
+
+
 def with_template(tok, template: str, special: dict, source: str):
     """`tok` (a `tokenizers.Tokenizer` of the tokenizer file `source`) with, for bidirectional models, BERT's cls A
     sep B sep template (RoBERTa's cls A sep sep B sep, one segment type) of its own cls and sep pieces (`special`:
-    data_prep's special ids: [CLS] or <s>, ...), and none for GPT's ("none"); a byte-level BPE's offsets trimmed of
-    their spaces as before (a tokenizer.json's ByteLevel or RobertaProcessing)."""
+    data_prep's special ids: [CLS] or <s>, ...), and none for GPT's ("none"); offsets as its file had them
+    (`with_offsets_kept`)."""
     from tokenizers import processors
 
-    trim = '"ByteLevel"' in json.dumps(json.loads(tok.to_str()).get("pre_tokenizer"))
-    tok.post_processor = processors.ByteLevel(trim_offsets=True) if trim else None
+    placed = None
     if template != "none":
-        missing = [f"{role} piece ({names})" for role, names in (("cls", "[CLS] or <s>"), ("sep", "[SEP] or </s>"))
+        missing = [f"{role} piece ({names})" for role, names in (("cls", "[CLS], <cls> or <s>"),
+                                                                  ("sep", "[SEP], <sep> or </s>"))
                    if special.get(role) is None]
         if missing:
             raise ExportError(f"the tokenizer {source} has no {' and no '.join(missing)}, which the {template} "
@@ -394,7 +410,7 @@ def with_template(tok, template: str, special: dict, source: str):
                               "tokenizer with both")
         cls, sep = tok.id_to_token(special["cls"]), tok.id_to_token(special["sep"])
         pair = f"{cls} $A {sep} {sep} $B {sep}" if template == "roberta" else f"{cls} $A {sep} $B:1 {sep}:1"
-        template = processors.TemplateProcessing(
+        placed = processors.TemplateProcessing(
             single=f"{cls} $A {sep}", pair=pair, special_tokens=[(cls, special["cls"]), (sep, special["sep"])])
-        tok.post_processor = processors.Sequence([tok.post_processor, template]) if trim else template
+    tok.post_processor = with_offsets_kept(tok, placed)
     return tok

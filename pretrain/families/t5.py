@@ -5,7 +5,7 @@ T5ForConditionalGeneration (transformers 5 always ties its LM head; `tie_word_em
 the scaling off, which is how it reads a 1.1 model)."""
 from __future__ import annotations
 
-from pretrain.families.base import ExportError, Family, hf_special_tokens
+from pretrain.families.base import ExportError, Family, hf_special_tokens, with_offsets_kept
 from pretrain.families.encoder_decoder import MODEL, SECTION, EncoderDecoderAdapter, EncoderDecoderCost
 
 ORDER = 110
@@ -57,8 +57,8 @@ class T5Adapter(EncoderDecoderAdapter):
         tok.add_special_tokens(sentinels[::-1])  # appended in order: <extra_id_0> last
         special = hf_special_tokens(meta["special_ids"], tok.id_to_token, "unk", "pad", null=True, eos="eod")
         eos = special["eos_token"]
-        tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B {eos}",
-                                                           special_tokens=[(eos, meta["special_ids"]["eod"])])
+        tok.post_processor = with_offsets_kept(tok, processors.TemplateProcessing(
+            single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, meta["special_ids"]["eod"])]))
         return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special,
                                                     additional_special_tokens=sentinels,
                                                     model_input_names=["input_ids", "attention_mask"])

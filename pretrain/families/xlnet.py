@@ -5,7 +5,7 @@ Transformer-XL style (causal, with memory, no permutation; no adaptive softmax) 
 from __future__ import annotations
 
 from pretrain.families.base import (VOCAB_ROWS, Adapter, Cost, ExportError, Family, hf_special_tokens,
-                                    interleave_heads, split_heads, take)
+                                    interleave_heads, split_heads, take, with_offsets_kept)
 from pretrain.schema import opt
 from pretrain.stacks import Stack
 
@@ -54,9 +54,9 @@ class XLNetAdapter(Adapter):
         ids = meta["special_ids"]
         special = hf_special_tokens(ids, tok.id_to_token, "unk", "pad", "sep", "cls", "mask", null=True)
         sep, cls = special["sep_token"], special["cls_token"]
-        tok.post_processor = processors.TemplateProcessing(single=f"$A {sep} {cls}:2",
-                                                           pair=f"$A {sep} $B:1 {sep}:1 {cls}:2",
-                                                           special_tokens=[(sep, ids["sep"]), (cls, ids["cls"])])
+        tok.post_processor = with_offsets_kept(tok, processors.TemplateProcessing(
+            single=f"$A {sep} {cls}:2", pair=f"$A {sep} $B:1 {sep}:1 {cls}:2",
+            special_tokens=[(sep, ids["sep"]), (cls, ids["cls"])]))
         return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **special, padding_side="left",
                                                     model_input_names=["input_ids", "token_type_ids", "attention_mask"])
 
