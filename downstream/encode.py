@@ -29,6 +29,11 @@ class Encoder:
         return self.tok.backend_tokenizer
 
     @property
+    def pads_left(self) -> bool:
+        """A batch's rows are padded before their tokens (XLNet's: its last token, <cls>, is what it classifies)."""
+        return self.tok.padding_side == "left"
+
+    @property
     def pad_id(self) -> int:
         return self.tok.pad_token_id if self.tok.pad_token_id is not None else (self.tok.eos_token_id or 0)
 
@@ -113,8 +118,9 @@ class Encoder:
                 "labels": ids, "word_ids": word_ids}
 
     def qa(self, question: str, context: str, answers: list[tuple[str, int]]) -> list[dict]:
-        """The windows of one example (transformers' run_qa recipe): inputs, the answer's token positions (0, 0 when
-        it is not inside the window), and each position's character span in the context (None outside it)."""
+        """The windows of one example (transformers' run_qa recipe): inputs, the answer's token positions (those of
+        the classification token, as run_qa's: BERT's first, XLNet's last, when it is not inside the window), and each
+        position's character span in the context (None outside it)."""
         question_first = self.tok.padding_side == "right"  # XLNet pads left and reads the context first
         question = self._head_tail(question, self._pieces(question)[1], max(self.max_len // 4, 1))  # leaves room
         room = self.max_len - self._specials(True) - len(self._pieces(question)[0])
@@ -129,7 +135,7 @@ class Encoder:
             spans = [tuple(off) if s == ctx_seq else None
                      for off, s in zip(out["offset_mapping"][k], out.sequence_ids(k))]
             inside = [i for i, sp in enumerate(spans) if sp is not None]
-            s_pos = e_pos = 0
+            s_pos = e_pos = ids.index(self.tok.cls_token_id) if self.tok.cls_token_id in ids else 0
             if inside and spans[inside[0]][0] <= a_start and spans[inside[-1]][1] >= a_end:
                 s_pos = next(i for i in inside if spans[i][1] > a_start)
                 e_pos = next(i for i in reversed(inside) if spans[i][0] < a_end)
@@ -144,7 +150,7 @@ class Encoder:
         """A batch of rows padded to its longest on the tokenizer's side; attention_mask (and `real`, the same for a
         model that reads no mask) marks real tokens."""
         n = max(len(r["input_ids"]) for r in rows)
-        left = self.tok.padding_side == "left"
+        left = self.pads_left
         out = {}
         for key in (*keys, "attention_mask", "real"):
             fill = {"input_ids": self.pad_id, "labels": IGNORE}.get(key, 0)

@@ -92,15 +92,21 @@ class Features:
         targets = {}
         if self.task.kind == "tagging":
             targets["labels"] = padded.pop("labels")
-        elif self.task.kind == "qa":
-            targets["start"] = torch.tensor([r["start"] for r in rows])
-            targets["end"] = torch.tensor([r["end"] for r in rows])
+        elif self.task.kind == "qa":  # (a row padded before its tokens: its positions move by its padding)
+            shift = [self.padding(r, padded) for r in rows]
+            targets["start"] = torch.tensor([r["start"] + k for r, k in zip(rows, shift)])
+            targets["end"] = torch.tensor([r["end"] + k for r, k in zip(rows, shift)])
         else:
             targets["target"] = torch.tensor([r["target"] for r in rows],
                                              dtype=torch.float if self.task.kind == "regression" else torch.long)
         take = getattr(self.inputs, "takes", ())  # what the model reads (GPT-2 would add token types' embeddings)
         inputs = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in padded.items() if not take or k in take}
         return inputs, {k: v.to(dev) for k, v in targets.items()}
+
+    def padding(self, row: dict, padded: dict) -> int:
+        """How many padding positions come before `row`'s tokens in its padded batch."""
+        pad = padded["input_ids"].shape[1] - len(row["input_ids"])
+        return pad if getattr(self.inputs, "pads_left", False) else 0
 
     def count(self, idx: list[int]) -> int:
         """What the loss averages over in rows `idx`: labelled tokens (tagging) or rows."""
@@ -139,11 +145,12 @@ def predict(model: nn.Module, feats: Features, batch_size: int, rank: int, size:
             idx = mine[b:b + batch_size]
             inputs, _ = feats.batch(idx, dev)
             out = model(inputs)
-            for j, i in enumerate(idx):
+            for j, i in enumerate(idx):  # (a row's own positions: without the padding before its tokens)
+                own = slice(feats.padding(feats.rows[i], inputs), None)
                 if task.kind == "qa":
-                    outs[i] = (out[0][j].float().cpu(), out[1][j].float().cpu())
+                    outs[i] = (out[0][j, own].float().cpu(), out[1][j, own].float().cpu())
                 elif task.kind == "tagging":
-                    outs[i] = out[j].argmax(-1).cpu().tolist()
+                    outs[i] = out[j, own].argmax(-1).cpu().tolist()
                 elif task.kind == "regression":
                     outs[i] = float(out[j, 0])
                 else:

@@ -290,6 +290,29 @@ def _inputs(enc, rows, take):
     return {k: v for k, v in batch.items() if k in take}
 
 
+def test_a_left_padded_batch_predicts_and_trains_towards_what_its_rows_alone_do(exports, task_dir, tmp_path):
+    """XLNet pads a batch before its tokens: a QA row's answer positions move with its padding (and point at the same
+    token), and tagging and QA predictions read each row's own positions, so they do not depend on the batch size
+    (they did: a batch of 8 scored QA F1 0.0); a window without the answer points at XLNet's <cls>, its last token."""
+    source = M.resolve(exports["xlnet-tiny"], str(tmp_path))
+    tok = M.tokenizer(source)
+    enc = Encoder(tok, 48)
+    assert enc.pads_left
+    for kind, name in (("tagging", "code"), ("qa", "follow")):
+        task = _tiny(T.load(str(task_dir / name)))
+        model, _ = FT.build(source, task, True)
+        feats = FT.Features(task, enc, task.dev[:6])
+        if kind == "qa":
+            inputs, targets = feats.batch(list(range(len(feats.rows))), torch.device("cpu"))
+            for j, row in enumerate(feats.rows):
+                for key in ("start", "end"):
+                    assert inputs["input_ids"][j, targets[key][j]] == row["input_ids"][row[key]]
+            assert any(r["start"] == len(r["input_ids"]) - 1 and r["input_ids"][-1] == tok.cls_token_id
+                       for r in feats.rows)  # (a window past the answer)
+        alone, batched = (FT.predict(model, feats, size, 0, 1, torch.device("cpu")) for size in (1, 8))
+        assert alone == batched, kind
+
+
 @pytest.mark.slow
 def test_every_family_fine_tunes_with_its_transformers_head(exports, task_dir, tmp_path):
     """Per family: a classification run (1 epoch) saved and loaded back by transformers' Auto class gives the same
