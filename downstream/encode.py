@@ -99,7 +99,8 @@ class Encoder:
             budget -= sum(map(len, ids)) - budget
         if not self._template:
             sep = [self._sep()] if len(ids) == 2 and self._sep() is not None else []
-            joined = (ids[0] + sep + ids[1] if len(ids) == 2 else ids[0])[:self.max_len]
+            joined = (ids[0] + sep + ids[1] if len(ids) == 2 else ids[0])[:self.max_len] or [self.pad_id]  # (empty
+            # texts: one token to read, not none)
             return {"input_ids": joined, "token_type_ids": [0] * len(joined)}
         out = self.tok(*cut, truncation=True, max_length=self.max_len)
         return {"input_ids": out["input_ids"], "token_type_ids": out.get("token_type_ids", [0] * len(out["input_ids"]))}

@@ -100,8 +100,11 @@ def summary(results: dict) -> list[str]:
     kind = "" if results["pretrained"] else " (not pretrained)"
     lines = []
     for task, r in results["tasks"].items():
+        left_out = r.get("skipped") or {}  # (an earlier result's count: a number)
+        left_out = left_out.get("dev") if isinstance(left_out, dict) else None
         lines.append(f"{name}{kind} {task}: {r['metric']} {r['median']:.4f} (median of {r['seeds']} seeds, "
-                     f"{r['min']:.4f}..{r['max']:.4f}; lr {r['lr']:g}; {r['head']})")
+                     f"{r['min']:.4f}..{r['max']:.4f}; lr {r['lr']:g}; {r['head']}"
+                     + (f"; {left_out} dev questions without an answer left out)" if left_out else ")"))
     for what, r in results["zero_shot"].items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in r.items() if isinstance(v, float))
         lines.append(f"{name} {what}: {shown}")

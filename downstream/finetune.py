@@ -105,8 +105,9 @@ class Features:
 
     def padding(self, row: dict, padded: dict) -> int:
         """How many padding positions come before `row`'s tokens in its padded batch."""
-        pad = padded["input_ids"].shape[1] - len(row["input_ids"])
-        return pad if getattr(self.inputs, "pads_left", False) else 0
+        if not getattr(self.inputs, "pads_left", False):  # (ELMo's inputs: characters, padded after)
+            return 0
+        return padded["input_ids"].shape[1] - len(row["input_ids"])
 
     def count(self, idx: list[int]) -> int:
         """What the loss averages over in rows `idx`: labelled tokens (tagging) or rows."""

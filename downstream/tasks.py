@@ -80,7 +80,7 @@ class Example:
     context: str = ""
     answers: list[tuple[str, int]] = field(default_factory=list)
     id: str = ""
-    line: int = 0  # where it is in its file (classification and regression)
+    line: int = 0  # where it is in its file (classification, regression; tagging: its first line)
 
 
 @dataclass
@@ -92,7 +92,7 @@ class Task:
     labels: list[str]  # classes (classification) or tags (tagging), in order; empty otherwise
     metrics: list[str]
     cloze: dict | None = None
-    skipped: int = 0  # SQuAD v2 questions without answers
+    skipped: dict = field(default_factory=dict)  # SQuAD v2 questions without answers, of {train, dev}
 
     @property
     def pair(self) -> bool:
@@ -159,6 +159,8 @@ def from_spec(spec: dict, directory: str, default_name: str, where: str) -> Task
             "qa": _read_squad}[kind]
     train, skipped = read(files["train"], spec, kind)
     dev, skipped_dev = read(files["dev"], spec, kind)
+    if spec.get("labels") is not None and not isinstance(spec["labels"], list):
+        raise TaskError(f"{where}: labels={spec['labels']!r} is not a list; write labels: [a, b, ...]")
     for key, rows in (("train", train), ("dev", dev)):
         if not rows:
             raise TaskError(f"{files[key]}: no examples; the {key} file is empty")
@@ -177,6 +179,9 @@ def from_spec(spec: dict, directory: str, default_name: str, where: str) -> Task
                         at = f"{files[key]}:{e.line}: the example" if e.line else f"{files[key]}: example {i + 1}"
                         raise TaskError(f"{at} has label {value!r}, which is not among {labels[:10]}; list it in "
                                         f"`labels:` of {where} or fix the example")
+    if kind == "classification" and len(labels) < 2:
+        raise TaskError(f"{where}: one class ({', '.join(labels)}) among the train file's labels: a classifier needs "
+                        "two at least; add examples of another class, or list the classes in `labels:`")
     metrics = spec.get("metrics") or DEFAULT_METRICS[kind]
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     from downstream import metrics as M
@@ -188,7 +193,8 @@ def from_spec(spec: dict, directory: str, default_name: str, where: str) -> Task
     cloze = spec.get("cloze")
     if cloze is not None:
         _check_cloze(cloze, labels, kind, where)
-    return Task(spec.get("name", default_name), kind, train, dev, labels, metrics, cloze, skipped + skipped_dev)
+    return Task(spec.get("name", default_name), kind, train, dev, labels, metrics, cloze,
+                {"train": skipped, "dev": skipped_dev} if skipped or skipped_dev else {})
 
 
 def digest(task: Task) -> str:
@@ -234,8 +240,7 @@ def _format(path: str, spec: dict) -> str:
 def _rows(path: str, spec: dict):
     """(line number, {field: value}) of a TSV (header row, or `columns:`) or JSONL file."""
     fmt = _format(path, spec)
-    with open(path, encoding="utf-8-sig") as f:
-        lines = f.read().split("\n")
+    lines = text_of(path).split("\n")
     if fmt == "jsonl":
         for n, line in enumerate(lines, 1):
             if not line.strip():
@@ -252,6 +257,8 @@ def _rows(path: str, spec: dict):
     start = 0
     if header is None and spec.get("header", True):
         header, start = lines[0].rstrip("\r").split("\t"), 1
+    elif header is not None and lines[0].rstrip("\r").split("\t") == list(header):
+        start = 1  # (a header row as well as `columns:`: not an example)
     if not header:
         raise TaskError(f"{path}: a TSV without a header row; add one, or list the columns in `columns:`")
     for n, line in enumerate(lines[start:], start + 1):
@@ -293,65 +300,100 @@ def _read_labelled(path: str, spec: dict, kind: str) -> tuple[list[Example], int
             raise TaskError(f"{path}:{n}: {label} is null; give every example its label")
         else:
             value = str(value)
+        empty = [k for k in text if row[k] is None]
+        if empty:
+            raise TaskError(f"{path}:{n}: {empty[0]} is null; give every example its text")
         out.append(Example(texts=tuple(str(row[k]) for k in text), label=value, line=n))
     return out, 0
 
 
 def _read_conll(path: str, spec: dict, kind: str) -> tuple[list[Example], int]:
     tok_col, tag_col = spec.get("token_column", 0), spec.get("tag_column", -1)
+    for key, col in (("token_column", tok_col), ("tag_column", tag_col)):
+        if not isinstance(col, int) or isinstance(col, bool):
+            raise TaskError(f"{path}: {key}={col!r} in task.yaml; give the column's number (0: the first, -1: the "
+                            "last)")
     out, words, tags = [], [], []
-    with open(path, encoding="utf-8-sig") as f:
-        for n, line in enumerate(f, 1):
-            parts = line.split()
-            if not parts or parts[0] == "-DOCSTART-":
-                if words:
-                    out.append(Example(words=words, tags=tags))
-                words, tags = [], []
-                continue
-            if len(parts) < 2:
-                raise TaskError(f"{path}:{n}: one column ({line.strip()!r}); a CoNLL line is a token and its tag "
-                                "separated by whitespace, sentences by a blank line")
-            tag = parts[tag_col]
-            if tag != "O" and tag[:2] not in ("B-", "I-", "E-", "S-"):
-                raise TaskError(f"{path}:{n}: tag {tag!r} is not BIO (O, B-TYPE, I-TYPE); fix the tag or "
-                                "`tag_column` in task.yaml")
-            words.append(parts[tok_col])
-            tags.append(tag)
+    first = 1
+    for n, line in enumerate(text_of(path).split("\n"), 1):
+        parts = line.split()
+        if not parts or parts[0] == "-DOCSTART-":
+            if words:
+                out.append(Example(words=words, tags=tags, line=first))
+            words, tags, first = [], [], n + 1
+            continue
+        if len(parts) < 2:
+            raise TaskError(f"{path}:{n}: one column ({line.strip()!r}); a CoNLL line is a token and its tag "
+                            "separated by whitespace, sentences by a blank line")
+        if max(tok_col, tag_col) >= len(parts) or min(tok_col, tag_col) < -len(parts):
+            raise TaskError(f"{path}:{n}: {len(parts)} columns, no token_column={tok_col} and tag_column="
+                            f"{tag_col}; fix the line or the columns in task.yaml")
+        tag = parts[tag_col]
+        if tag != "O" and tag[:2] not in ("B-", "I-", "E-", "S-"):
+            raise TaskError(f"{path}:{n}: tag {tag!r} is not BIO (O, B-TYPE, I-TYPE); fix the tag or "
+                            "`tag_column` in task.yaml")
+        words.append(parts[tok_col])
+        tags.append(tag)
     if words:
-        out.append(Example(words=words, tags=tags))
+        out.append(Example(words=words, tags=tags, line=first))
     return out, 0
 
 
 def _read_squad(path: str, spec: dict, kind: str) -> tuple[list[Example], int]:
-    with open(path, encoding="utf-8-sig") as f:
-        raw = f.read()
+    raw = text_of(path)
+    shape = (f"{path}: not SQuAD's shape; a SQuAD file is {{\"data\": [{{\"paragraphs\": [{{\"context\": ..., "
+             "\"qas\": [{\"id\": ..., \"question\": ..., \"answers\": [{\"text\": ..., \"answer_start\": ...}]}]}]}]}")
     try:
         data = json.loads(raw)["data"]
     except json.JSONDecodeError as e:
         raise TaskError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); fix the file") from None
     except (KeyError, TypeError):
-        raise TaskError(f"{path}: no top-level \"data\" list; a SQuAD file is {{\"data\": [{{\"paragraphs\": "
-                        "[...]}]}") from None
+        raise TaskError(shape) from None
+    listed = lambda x, key: isinstance(x, dict) and isinstance(x.get(key, []), list)  # noqa: E731
+    if not isinstance(data, list) or not all(listed(a, "paragraphs") and all(listed(p, "qas") for p in a.get(
+            "paragraphs", [])) for a in data):
+        raise TaskError(shape)
     out, skipped = [], 0
     for article in data:
         for para in article.get("paragraphs", []):
             context = para.get("context")
             for qa in para.get("qas", []):
-                qid = str(qa.get("id", ""))
+                qid = str(qa.get("id", "")) if isinstance(qa, dict) else ""
                 where = f"{path}:{_line_of(raw, qid)}"
-                if not isinstance(context, str) or "question" not in qa:
+                if not isinstance(context, str) or not isinstance(qa, dict) or not isinstance(qa.get("question"), str):
                     raise TaskError(f"{where}: question {qid!r} lacks a context or a question; each paragraph has "
                                     "\"context\" and each of its \"qas\" a \"question\"")
-                answers = [(a.get("text", ""), a.get("answer_start", -1)) for a in qa.get("answers", [])]
+                if not isinstance(qa.get("answers"), list) or not all(isinstance(a, dict) for a in qa["answers"]):
+                    raise TaskError(f"{where}: question {qid!r} has no \"answers\" list of {{\"text\", "
+                                    "\"answer_start\"}; give it one (SQuAD v2's unanswerable questions: \"answers\": [])")
+                answers = [(a.get("text"), a.get("answer_start", -1)) for a in qa["answers"]]
                 if not answers:
                     skipped += 1  # SQuAD v2's unanswerable questions
                     continue
                 for text, start in answers:
-                    if not isinstance(start, int) or context[start:start + len(text)] != text:
+                    if not isinstance(text, str) or not text.strip():
+                        raise TaskError(f"{where}: question {qid!r}: answer text {text!r} is not a text; give each "
+                                        "answer its words")
+                    if not isinstance(start, int) or isinstance(start, bool):
+                        raise TaskError(f"{where}: question {qid!r}: answer_start={start!r} is not a whole number; "
+                                        "give the answer's character offset in its context")
+                    if context[start:start + len(text)] != text:
                         raise TaskError(f"{where}: question {qid!r}: answer {text!r} is not at answer_start={start} "
                                         f"of its context; fix answer_start (the character offset of the answer)")
                 out.append(Example(question=qa["question"], context=context, answers=answers, id=qid))
     return out, skipped
+
+
+def text_of(path: str) -> str:
+    """A task file's text (UTF-8, a byte-order mark dropped), or one line saying it is not UTF-8."""
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        with open(path, "rb") as f:
+            line = f.read()[:e.start].count(b"\n") + 1
+        raise TaskError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x}); save the file as UTF-8") \
+            from None
 
 
 def _line_of(raw: str, needle: str) -> int:

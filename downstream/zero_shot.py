@@ -20,6 +20,7 @@ import torch
 
 from downstream import TaskError
 from downstream import models as M
+from downstream.tasks import text_of
 
 
 def read_texts(path: str) -> list[str]:
@@ -27,18 +28,17 @@ def read_texts(path: str) -> list[str]:
     out = []
     if not os.path.isfile(path):
         raise TaskError(f"{path} is not a file; give a text file (one document per line) or JSONL with \"text\"")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if path.endswith((".jsonl", ".json")):
-                try:
-                    out.append(str(json.loads(line)["text"]))
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise TaskError(f"{path}:{n}: not a JSON object with a \"text\" field; write one "
-                                    "{\"text\": ...} per line (or use a .txt file, one document per line)") from None
-            else:
-                out.append(line.rstrip("\n"))
+    for n, line in enumerate(text_of(path).split("\n"), 1):
+        if not line.strip():
+            continue
+        if path.endswith((".jsonl", ".json")):
+            try:
+                out.append(str(json.loads(line)["text"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise TaskError(f"{path}:{n}: not a JSON object with a \"text\" field; write one "
+                                "{\"text\": ...} per line (or use a .txt file, one document per line)") from None
+        else:
+            out.append(line.rstrip("\r"))
     if not out:
         raise TaskError(f"{path}: no text; give one document per line")
     return out
@@ -94,17 +94,23 @@ def perplexity(source: M.Source, path: str, max_len: int = 0) -> dict:
     return {"perplexity": math.exp(nll / max(count, 1)), "tokens": count}
 
 
+def last_word_split(text: str) -> tuple[str, str]:
+    """A passage's context and its last word (with the space before it), the punctuation after that word left out,
+    as LAMBADA's passages end in the word; ("", "") for a passage of one word."""
+    text = text.rstrip(".!?\"'”’ \t")
+    cut = text.rfind(" ")
+    return (text[:cut], text[cut:]) if cut > 0 else ("", "")
+
+
 @torch.no_grad()
 def last_word(source: M.Source, path: str) -> dict:
     model, tok = _causal_lm(source)
     window = _window(model, tok)
     hits, nll, pieces, n = 0, 0.0, 0, 0
     for text in read_texts(path):
-        text = text.rstrip()
-        cut = text.rstrip(".!?\"'”’").rfind(" ")
-        if cut <= 0:
+        context, target = last_word_split(text)
+        if not context:
             continue
-        context, target = text[:cut], text[cut:]
         ctx = tok(context, add_special_tokens=False)["input_ids"]
         tgt = tok(context + target, add_special_tokens=False)["input_ids"][len(ctx):]
         if not tgt:
@@ -150,6 +156,24 @@ def _mlm(source: M.Source):
 
 
 @torch.no_grad()
+def _fitted(tok, pattern: str, fields: dict, mask: str, max_len: int) -> str:
+    """`pattern` filled in, its longest text cut (the part nearest the masks kept) until the prompt fits `max_len`
+    tokens: the masks are never cut, wherever the pattern puts them."""
+    fields = dict(fields)
+    for _ in range(16):
+        prompt = pattern.format(**fields, mask=mask)
+        over = len(tok(prompt)["input_ids"]) - max_len
+        named = [k for k in ("text", "text_a", "text_b") if "{" + k + "}" in pattern and fields[k]]
+        if over <= 0 or not named:
+            return prompt
+        k = max(named, key=lambda name: len(fields[name]))
+        spans = tok(fields[k], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        keep = max(len(spans) - over, 0)
+        before = pattern.index("{" + k + "}") < pattern.index("{mask}")  # (keep its end, next to the masks)
+        fields[k] = (fields[k][spans[-keep][0]:] if before else fields[k][:spans[keep - 1][1]]) if keep else ""
+    return pattern.format(**fields, mask=mask)
+
+
 def cloze(source: M.Source, task, max_len: int = 128) -> dict:
     """Zero-shot accuracy (and the task's other metrics) of the cloze pattern on the task's dev set."""
     from downstream.finetune import score
@@ -159,7 +183,6 @@ def cloze(source: M.Source, task, max_len: int = 128) -> dict:
     model, tok = _mlm(source)
     if tok.mask_token_id is None:
         raise TaskError(f"{source.path}: its tokenizer has no mask token")
-    tok.truncation_side = "left"  # a long text loses its start, never the pattern's masks at the end
     max_len = M.max_len(tok, max_len)
     pattern, verbalizer = task.cloze["pattern"], task.cloze["verbalizer"]
     words = {lab: tok(" " + verbalizer[lab], add_special_tokens=False)["input_ids"] for lab in task.labels}
@@ -168,8 +191,8 @@ def cloze(source: M.Source, task, max_len: int = 128) -> dict:
         fields = {"text": e.texts[0], "text_a": e.texts[0], "text_b": e.texts[-1]}
         scores = {}
         for lab, ids in words.items():
-            prompt = pattern.format(**fields, mask=tok.mask_token * len(ids))
-            enc = tok(prompt, truncation=True, max_length=max_len, return_tensors="pt")
+            enc = tok(_fitted(tok, pattern, fields, tok.mask_token * len(ids), max_len), truncation=True,
+                      max_length=max_len, return_tensors="pt")
             where = (enc["input_ids"][0] == tok.mask_token_id).nonzero()[:, 0]
             logp = torch.log_softmax(model(**enc).logits[0, where[:len(ids)]].float(), -1)
             scores[lab] = float(logp.gather(1, torch.tensor(ids)[:, None]).mean())

@@ -108,7 +108,8 @@ def _write(path, text):
 
 
 @pytest.mark.parametrize("case", ["tsv", "jsonl", "conll", "squad", "label", "yaml", "known", "booleans", "nan",
-                                  "cloze", "null", "text"])
+                                  "cloze", "null", "text", "labels", "null-text", "one-class", "latin-1", "tag-column",
+                                  "squad-shape", "no-answers", "empty-answer", "start-text"])
 def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case, capsys):
     d = tmp_path / case
     spec = {"kind": "classification", "train": "train.tsv", "dev": "dev.tsv", "text": ["sentence"], "label": "label"}
@@ -163,6 +164,42 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case, ca
         _write(d / "train.tsv", good)
         _write(d / "dev.tsv", good)
         want = ["text=5 in task.yaml", "name the field(s) holding the text"]
+    elif case == "labels":  # a string: once read as its characters' classes
+        spec["labels"] = "a,b"
+        _write(d / "train.tsv", good)
+        _write(d / "dev.tsv", good)
+        want = ["task.yaml: labels='a,b' is not a list", "labels: [a, b, ...]"]
+    elif case == "null-text":  # once the text "None"
+        spec.update(train="train.jsonl", dev="dev.jsonl")
+        _write(d / "train.jsonl", '{"sentence": "a", "label": "x"}\n{"sentence": null, "label": "y"}\n')
+        _write(d / "dev.jsonl", '{"sentence": "a", "label": "x"}\n')
+        want = ["train.jsonl:2: sentence is null", "give every example its text"]
+    elif case == "one-class":  # once a trivial accuracy of 1.0
+        _write(d / "train.tsv", "sentence\tlabel\nfine text\ta\nmore text\ta\n")
+        _write(d / "dev.tsv", "sentence\tlabel\nfine text\ta\n")
+        want = ["task.yaml: one class (a)", "a classifier needs two at least"]
+    elif case == "latin-1":
+        _write(d / "train.tsv", good)
+        (d / "dev.tsv").write_bytes("sentence\tlabel\nfine\ta\ncaf\u00e9\tb\n".encode("latin-1"))
+        want = ["dev.tsv:3: not UTF-8 text (byte 0xe9)", "save the file as UTF-8"]
+    elif case == "tag-column":
+        spec = {"kind": "tagging", "train": "train.txt", "dev": "dev.txt", "tag_column": 3}
+        _write(d / "train.txt", "EU NNP B-ORG\n")
+        _write(d / "dev.txt", "EU NNP B-ORG\n")
+        want = ["train.txt:1: 3 columns, no token_column=0 and tag_column=3"]
+    elif case in ("squad-shape", "no-answers", "empty-answer", "start-text"):
+        spec = {"kind": "qa", "train": "train.json", "dev": "dev.json"}
+        qa = {"id": "q1", "question": "Where?", "answers": [{"text": "the mat", "answer_start": 15}]}
+        qa["answers"][0].update({"empty-answer": {"text": ""}, "start-text": {"answer_start": "15"}}.get(case, {}))
+        if case == "no-answers":
+            qa["answer"] = qa.pop("answers")  # (once read as an unanswerable question)
+        data = {"paragraphs": [{"context": "The cat sat on the mat.", "qas": [qa]}]}
+        _write(d / "train.json", json.dumps({"data": data if case == "squad-shape" else [data]}, indent=1))
+        _write(d / "dev.json", json.dumps({"data": [data]}))
+        want = {"squad-shape": ["train.json: not SQuAD's shape"],
+                "no-answers": ["train.json:", "question 'q1' has no \"answers\" list", "\"answers\": []"],
+                "empty-answer": ["train.json:", "answer text '' is not a text"],
+                "start-text": ["answer_start='15' is not a whole number"]}[case]
     elif case == "yaml":
         spec = {"kind": "classify", "train": "train.tsv", "dev": "dev.tsv"}
         _write(d / "train.tsv", good)
@@ -188,6 +225,29 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case, ca
         proc = subprocess.run([sys.executable, "-m", "downstream", "eval", str(tmp_path / "no-model"), "--task", arg],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == f"downstream: error: {msg}"
+
+
+def test_task_files_read_as_meant_and_zero_shot_scores_what_they_name(exports, tmp_path):
+    """A TSV with a header row and `columns:` too: the header is no example (it was one, of a class 'label'); the
+    last word of a passage is its word without the punctuation after it (LAMBADA's); a cloze pattern with its mask
+    before a long text keeps the mask (the text is cut: the prompt was, and the mask went)."""
+    from downstream import zero_shot as Z
+
+    d = tmp_path / "cols"
+    _write(d / "task.yaml", "kind: classification\ntrain: train.tsv\ndev: dev.tsv\ncolumns: [sentence, label]\n"
+                            "text: sentence\nlabel: label\n")
+    for split in ("train", "dev"):
+        _write(d / f"{split}.tsv", "sentence\tlabel\nfine text\ta\nmore text\tb\n")
+    task = T.load(str(d))
+    assert task.labels == ["a", "b"] and [e.texts for e in task.train] == [("fine text",), ("more text",)]
+    assert Z.last_word_split("The cat sat on the mat.") == ("The cat sat on the", " mat")
+    assert Z.last_word_split("It was fine .") == ("It was", " fine") and Z.last_word_split("Hello!") == ("", "")
+    source = M.resolve(exports["bert-tiny"], str(tmp_path))
+    tok = M.tokenizer(source)
+    prompt = Z._fitted(tok, "{mask} : {text}", {"text": "word " * 200, "text_a": "", "text_b": ""},
+                       tok.mask_token * 2, 32)
+    ids = tok(prompt)["input_ids"]
+    assert len(ids) <= 32 and ids.count(tok.mask_token_id) == 2
 
 
 def test_a_task_directory_whose_path_holds_an_equals_sign(task_dir, tmp_path):
