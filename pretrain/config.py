@@ -275,6 +275,12 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
 def _path_errors(cfg: Config) -> list[str]:
     """out_dir: a directory, or one that can be made; its checkpoint pointer a file."""
     errors = _Problems()
+    if not cfg.out_dir.strip():
+        errors.need(False, "out_dir is empty; set out_dir=DIR (a new directory, or a run's to resume it)")
+        return errors
+    errors.need(os.path.exists(cfg.out_dir) or not os.path.islink(cfg.out_dir),
+                f"out_dir={cfg.out_dir} is a link to {os.readlink(cfg.out_dir) if os.path.islink(cfg.out_dir) else ''}"
+                f", which does not exist; create that directory, or set out_dir elsewhere")
     errors.need(not os.path.exists(cfg.out_dir) or os.path.isdir(cfg.out_dir),
                 f"out_dir={cfg.out_dir} is a file; set out_dir to a directory (a new one, or a run's to resume it)")
     if not os.path.lexists(cfg.out_dir):
@@ -373,6 +379,10 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     objective.check(cfg, errors.need)
     bound = objective.configured(cfg)
     for section in objectives.sections():
+        owners = [o.name for o in objectives.REGISTRY.values() if o.section is section]
+        errors.need(not section.owned or d.objective in owners or getattr(cfg, section.name) == section.schema(),
+                    f"the {section.name} section is set but data.objective={d.objective}; it configures "
+                    f"{' and '.join(owners)}: remove it")
         if section.check:
             section.check(cfg, errors.need, bound)
     for family in families.REGISTRY.values():

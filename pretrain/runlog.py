@@ -28,7 +28,15 @@ class RunLog:
 
     def start(self, config_yaml: str, launch: dict, total: int, done: int) -> None:
         """The resolved config, the launch (what `ptm plan --check` predicts for), the progress bar and TensorBoard."""
-        os.makedirs(self.out_dir, exist_ok=True)
+        try:
+            os.makedirs(self.out_dir, exist_ok=True)
+        except OSError as e:  # (what the checks cannot see: /proc, a read-only mount, another user's directory)
+            if refused_write(e, self.out_dir):
+                raise
+            from pretrain.yaml_config import ConfigError
+
+            raise ConfigError(f"out_dir={self.out_dir} cannot be created ({e.strerror}); set out_dir under a "
+                              "directory this user may write") from None
         if not self.rank0:
             return
         write_text(os.path.join(self.out_dir, "config.yaml"), config_yaml)

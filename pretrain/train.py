@@ -259,6 +259,11 @@ class Trainer:
                 self._built[index] = build_sources(self.cfg, self.objective.phase(step), corpora=self.run.corpora)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+            samples, batch = len(self._built[index][0]), self.cfg.train.global_batch_size
+            if batch > samples:  # (its micro-batches, all held before the step, would also fill the memory)
+                raise ConfigError(f"train.global_batch_size={batch:,} is more than the {samples:,} samples of the "
+                                  f"training split of data.path: one step would read samples twice; lower it, or "
+                                  f"train on more data")
         return self._built[index]
 
     def _loader(self, source, start: int, workers: int, phase=None, end: int | None = None):

@@ -179,6 +179,10 @@ def problems(overrides, dp=1, preset="bert-tiny"):
 
 @pytest.mark.parametrize("overrides, dp, expected", [
     (["model.num_heads=3"], 1, "model.hidden_size=128 is not divisible by model.num_heads=3"),
+    (["electra.rtd_weight=1"], 1, "the electra section is set but data.objective=mlm_nsp; it configures electra: "
+                                  "remove it"),  # (sections of other objectives were accepted and did nothing)
+    (["xlnet.perm_size=8"], 1, "the xlnet section is set but data.objective=mlm_nsp; it configures plm"),
+    (["distill.temperature=5"], 1, "the distill section is set but data.objective=mlm_nsp; it configures distil"),
     (["parallel.tp=4"], 1, "model.num_heads=2 is not divisible by parallel.tp=4; use a parallel.tp that divides it"),
     (["parallel.tp=2", "model.ffn_hidden_size=511"], 1, "model.ffn_hidden_size=511 is not divisible by parallel.tp=2"),
     (["parallel.tp=2", "model.vocab_pad_to=127"], 1, "model.vocab_pad_to=127 is not divisible by parallel.tp=2"),
@@ -468,8 +472,15 @@ def test_an_out_dir_that_is_a_file_and_a_compiled_elmo_are_refused_in_one_line(t
             load("bert-tiny", [f"out_dir={out}", "data.path=data"]).validate()
         assert str(e.value) == f"out_dir={out} cannot be created: {above} is {why}; set out_dir under a writable " \
                                "directory"
+    os.symlink(tmp_path / "gone", tmp_path / "link")  # (a FileExistsError traceback from the run log)
+    for out, says in (("", "out_dir is empty; set out_dir=DIR"),  # (a FileNotFoundError traceback: '')
+                      (f"{tmp_path}/link", f"out_dir={tmp_path}/link is a link to {tmp_path}/gone, which does not "
+                                           "exist; create that directory, or set out_dir elsewhere")):
+        with pytest.raises(ConfigError) as e:
+            load("bert-tiny", [f"out_dir={out}", "data.path=data"]).validate()
+        assert str(e.value).startswith(says)
     load("bert-tiny", [f"out_dir={tmp_path}/new/run", "data.path=data"]).validate()
-    assert sorted(os.listdir(tmp_path)) == ["locked", "notes.txt"]  # (nothing made)
+    assert sorted(os.listdir(tmp_path)) == ["link", "locked", "notes.txt"]  # (nothing made)
     with pytest.raises(ConfigError) as e:
         load("elmo-tiny", ["kernels=compile", "data.path=data"]).validate()
     assert str(e.value) == "kernels=compile compiles transformer blocks; ELMo has none: set kernels=auto"

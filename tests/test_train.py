@@ -252,6 +252,28 @@ def test_a_run_whose_out_dir_refuses_its_files_is_one_line(dataset, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_an_out_dir_nothing_creates_and_a_batch_past_the_data_are_one_line(dataset, tmp_path):
+    """An out_dir that the checks cannot see fail (under /proc: a FileNotFoundError traceback from the run log) and a
+    global batch larger than the training split (its micro-batches, held before the step, filled the memory until
+    the OOM killer came): one line each naming the key and the fix, exit 2."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    for sets, says in ((["out_dir=/proc/ptm-run"], "out_dir=/proc/ptm-run cannot be created (No such file or "
+                                                   "directory); set out_dir under a directory this user may write"),
+                       ([f"out_dir={tmp_path}/run", "train.global_batch_size=1000000000", "train.micro_batch_size=2"],
+                        "train.global_batch_size=1,000,000,000 is more than the ")):
+        proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "bert-tiny", "--set",
+                               f"data.path={dataset}", "data.num_workers=0", "train.steps=1",
+                               "optimizer.warmup_steps=0", *sets], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        errors = [line for line in proc.stderr.splitlines() if "error" in line]
+        assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert errors[0].startswith(f"pretrain: error: {says}"), errors
+
+
 def test_a_gpu_out_of_memory_names_what_it_tried_to_allocate():
     import torch
 

@@ -32,11 +32,13 @@ def hash32(x):
 class Section:
     """A config section that a plug-in owns: `name` (the top-level key), its dataclass `schema`, and `check(cfg,
     need, objective)`, run for every config (a section may be set where it does not apply; `objective`: the config's
-    objective, bound to it)."""
+    objective, bound to it). `owned`: only the objectives that name it read it (a config setting it under another is
+    refused); else its check says where it applies (ERNIE's stages: its knowledge masking too)."""
 
     name: str
     schema: type
     check: Callable | None = None
+    owned: bool = True
 
 
 class Objective:

@@ -69,7 +69,7 @@ class Ernie(Masked):
     pairs = True
     one_lm_head = False
     strategy = "knowledge"
-    section = Section("ernie", ErnieConfig, check_section)
+    section = Section("ernie", ErnieConfig, check_section, owned=False)
     headline = ("mlm_loss", "mlm_acc")
 
     def check(self, cfg, need) -> None:

@@ -106,14 +106,9 @@ def sbo_head(cfg):
     return SpanBoundaryHead()
 
 
-def check_section(cfg, need, objective) -> None:
-    need(objective.name == SpanBoundary.name or cfg.sbo == SBOConfig(),
-         f"the sbo section is set but data.objective={objective.name}; it configures mlm_sbo: remove it")
-
-
 class SpanBoundary(MaskedLM):
     name = "mlm_sbo"
-    section = Section("sbo", SBOConfig, check_section)
+    section = Section("sbo", SBOConfig)
     headline = ("mlm_loss", "mlm_acc", "sbo_acc")
     one_lm_head = False  # the SBO head predicts too: the fused LM loss would replace the MLM head's alone
 
