@@ -261,6 +261,9 @@ def _rows(path: str, spec: dict):
         start = 1  # (a header row as well as `columns:`: not an example)
     if not header:
         raise TaskError(f"{path}: a TSV without a header row; add one, or list the columns in `columns:`")
+    twice = sorted({c for c in header if list(header).count(c) > 1})
+    if twice:
+        raise TaskError(f"{path}:1: the columns name {', '.join(twice)} twice; give each column a name of its own")
     for n, line in enumerate(lines[start:], start + 1):
         line = line.rstrip("\r")
         if not line:

@@ -380,7 +380,7 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     bound = objective.configured(cfg)
     for section in objectives.sections():
         owners = [o.name for o in objectives.REGISTRY.values() if o.section is section]
-        errors.need(not section.owned or d.objective in owners or getattr(cfg, section.name) == section.schema(),
+        errors.need(not section.owned or objective.section is section or getattr(cfg, section.name) == section.schema(),
                     f"the {section.name} section is set but data.objective={d.objective}; it configures "
                     f"{' and '.join(owners)}: remove it")
         if section.check:

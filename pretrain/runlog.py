@@ -63,7 +63,10 @@ class RunLog:
                                  refresh=False)
 
     def evaluation(self, step: int, metrics: dict) -> None:
-        """An evaluation's metrics (`valid_*`): TensorBoard, valid.jsonl and a log line."""
+        """An evaluation's metrics (`valid_*`): TensorBoard, valid.jsonl and a log line (none without a held-out
+        split, data.valid_fraction=0: an empty "step N:" line and {"step": N} rows before)."""
+        if not metrics:
+            return
         if self.rank0:
             self._kept("valid.jsonl", "valid", step, {k[6:]: v for k, v in metrics.items()}, metrics)
         self.log(f"step {step}: " + fmt(metrics, tuple(metrics)))

@@ -109,7 +109,7 @@ def _write(path, text):
 
 @pytest.mark.parametrize("case", ["tsv", "jsonl", "conll", "squad", "label", "yaml", "known", "booleans", "nan",
                                   "cloze", "null", "text", "labels", "null-text", "one-class", "latin-1", "tag-column",
-                                  "squad-shape", "no-answers", "empty-answer", "start-text"])
+                                  "squad-shape", "no-answers", "empty-answer", "start-text", "columns-twice"])
 def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case, capsys):
     d = tmp_path / case
     spec = {"kind": "classification", "train": "train.tsv", "dev": "dev.tsv", "text": ["sentence"], "label": "label"}
@@ -200,6 +200,10 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case, ca
                 "no-answers": ["train.json:", "question 'q1' has no \"answers\" list", "\"answers\": []"],
                 "empty-answer": ["train.json:", "answer text '' is not a text"],
                 "start-text": ["answer_start='15' is not a whole number"]}[case]
+    elif case == "columns-twice":  # (the last of them was read)
+        _write(d / "train.tsv", "sentence\tsentence\tlabel\nfine\ttext\ta\n")
+        _write(d / "dev.tsv", good)
+        want = ["train.tsv:1: the columns name sentence twice"]
     elif case == "yaml":
         spec = {"kind": "classify", "train": "train.tsv", "dev": "dev.tsv"}
         _write(d / "train.tsv", good)

@@ -13,7 +13,8 @@ ORDER = 120
 OWN_ROWS = ("lm_bias",)  # its LM head's bias, a row per vocabulary entry
 ROWS = VOCAB_ROWS + OWN_ROWS
 SECTION = (  # the model fields only XLNet / Transformer-XL read: its config section
-    ("clamp_len", int, opt(-1, "position_encoding=transformer_xl: distances beyond this are clamped to it; -1: none")),
+    ("clamp_len", int, opt(-1, "position_encoding=transformer_xl: distances beyond this are clamped to it; -1 "
+        "(or 0, as transformers' XLNet reads it): none")),
     ("mem_len", int, opt(0, "Transformer-XL / XLNet memory: each layer also attends to the last mem_len inputs it had "
         "(the previous segments of the same stream, detached); 0: none", range=">= 0")),
     ("reuse_len", int, opt(0, "XLNet memory: each sample's first reuse_len tokens continue its stream and are what the "
