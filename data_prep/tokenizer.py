@@ -39,7 +39,6 @@ ROLE_PIECES = {
 }
 
 
-
 def role_ids(special: dict, roles, what: str, where: str) -> list[int]:
     """The ids of special `roles` (ROLE_PIECES') in a dataset's `special` ids, refusing in one line a tokenizer
     without one of them (an imported vocabulary: GPT-2's has <|endoftext|> alone)."""
@@ -201,9 +200,10 @@ class Tokenizer:
         """The `tokenizers.Tokenizer` that encodes (wordpiece, bpe, char_bpe, tokenizer_json)."""
         return getattr(self._hf, "_tokenizer", self._hf)  # (`tokenizers.implementations` wrap one)
 
-    @property
+    @functools.cached_property
     def keeps_leading_space(self) -> bool:
-        """A text's leading whitespace is a token of its own (byte-level BPE, as GPT-2's); the others ignore it."""
+        """A text's leading whitespace is a token of its own (byte-level BPE, as GPT-2's); the others ignore it (read
+        once: the encoder asks at every chunk)."""
         if self.kind != "tokenizer_json":
             return self.kind == "bpe"
         return '"ByteLevel"' in json.dumps(json.loads(self._hf.to_str()).get("pre_tokenizer"))
@@ -388,8 +388,9 @@ def _gpt_bpe(vocab: str, merges: str, lowercase: bool):
 
 
 def load_tokenizer(path: str, threads: int = 1) -> Tokenizer:
-    """A sentencepiece `.model`, a WordPiece `vocab.txt`, a GPT-2 `vocab.json` (+ `merges.txt` beside it),
-    a directory holding one of those, a ptm tokenizer directory, or a ptm dataset directory."""
+    """A sentencepiece `.model`, a WordPiece `vocab.txt`, a BPE `vocab.json` (+ `merges.txt` beside it: GPT-2's
+    byte-level or GPT's of words), a Hugging Face `tokenizer.json`, a directory holding one of those (its vocab files
+    first), a ptm tokenizer directory, or a ptm dataset directory."""
     if not os.path.exists(path):
         raise PrepError(f"tokenizer not found: {path}; pass a .model, vocab.txt, vocab.json, tokenizer.json or a dataset "
                         "directory")
