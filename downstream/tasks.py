@@ -126,7 +126,8 @@ def load(arg: str) -> Task:
     elif not spec:
         raise TaskError(f"--task {arg}: {spec_file} does not exist; write one (kind, train, dev, text, label) or "
                         f"pass a known task as NAME=DIR ({', '.join(KNOWN)})")
-    return from_spec(spec, directory, name or os.path.basename(os.path.normpath(directory)), spec_file)
+    where = spec_file if os.path.isfile(spec_file) else f"the {name} layout (a {spec_file} would override it)"
+    return from_spec(spec, directory, name or os.path.basename(os.path.normpath(directory)), where)
 
 
 def load_all(args: list[str]) -> list[Task]:
@@ -167,7 +168,7 @@ def from_spec(spec: dict, directory: str, default_name: str, where: str) -> Task
     if any(isinstance(x, bool) for x in spec.get("labels") or []):
         raise TaskError(f"{where}: labels {spec['labels']} holds true/false: YAML reads unquoted yes, no, true, false "
                         "(and on, off) as booleans; quote them (labels: [\"no\", \"yes\"])")
-    labels = [str(x) for x in spec.get("labels", [])]
+    labels = [_class(x) for x in spec.get("labels", [])]
     if kind in ("classification", "tagging"):
         seen = sorted({e.label for e in train} if kind == "classification"  # (tags: dev's too, a rare type's I-)
                       else {t for e in train + dev for t in e.tags}, key=_natural)
@@ -302,12 +303,17 @@ def _read_labelled(path: str, spec: dict, kind: str) -> tuple[list[Example], int
         elif value is None:
             raise TaskError(f"{path}:{n}: {label} is null; give every example its label")
         else:
-            value = str(value)
+            value = _class(value)
         empty = [k for k in text if row[k] is None]
         if empty:
             raise TaskError(f"{path}:{n}: {empty[0]} is null; give every example its text")
         out.append(Example(texts=tuple(str(row[k]) for k in text), label=value, line=n))
     return out, 0
+
+
+def _class(value) -> str:
+    """A class label's name: JSON's 1 and 1.0 are one class ("1")."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _read_conll(path: str, spec: dict, kind: str) -> tuple[list[Example], int]:

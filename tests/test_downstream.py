@@ -109,7 +109,8 @@ def _write(path, text):
 
 @pytest.mark.parametrize("case", ["tsv", "jsonl", "conll", "squad", "label", "yaml", "known", "booleans", "nan",
                                   "cloze", "null", "text", "labels", "null-text", "one-class", "latin-1", "tag-column",
-                                  "squad-shape", "no-answers", "empty-answer", "start-text", "columns-twice"])
+                                  "squad-shape", "no-answers", "empty-answer", "start-text", "columns-twice",
+                                  "known-labels"])
 def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case, capsys):
     d = tmp_path / case
     spec = {"kind": "classification", "train": "train.tsv", "dev": "dev.tsv", "text": ["sentence"], "label": "label"}
@@ -204,17 +205,22 @@ def test_bad_task_files_get_one_line_naming_file_line_and_fix(tmp_path, case, ca
         _write(d / "train.tsv", "sentence\tsentence\tlabel\nfine\ttext\ta\n")
         _write(d / "dev.tsv", good)
         want = ["train.tsv:1: the columns name sentence twice"]
+    elif case == "known-labels":  # (it named a task.yaml that is not there)
+        _write(d / "train.txt", "EU B-ORG\nMonday B-DATE\n")
+        _write(d / "valid.txt", "EU B-ORG\n")
+        want = ["train.txt:1: the example has label 'B-DATE'", "list it in `labels:` of the conll2003 layout (a ",
+                "task.yaml would override it)"]
     elif case == "yaml":
         spec = {"kind": "classify", "train": "train.tsv", "dev": "dev.tsv"}
         _write(d / "train.tsv", good)
         want = ["task.yaml: kind='classify'", "classification | regression | tagging | qa"]
     else:
         want = ["'glue' is not a known task", "pass a directory with a task.yaml"]
-    if case != "known":
+    if not case.startswith("known"):
         import yaml
 
         _write(d / "task.yaml", yaml.safe_dump(spec))
-    arg = f"glue={d}" if case == "known" else str(d)
+    arg = {"known": f"glue={d}", "known-labels": f"conll2003={d}"}.get(case, str(d))
     with pytest.raises(TaskError) as e:
         T.load(arg)
     msg = str(e.value)
@@ -244,6 +250,10 @@ def test_task_files_read_as_meant_and_zero_shot_scores_what_they_name(exports, t
         _write(d / f"{split}.tsv", "sentence\tlabel\nfine text\ta\nmore text\tb\n")
     task = T.load(str(d))
     assert task.labels == ["a", "b"] and [e.texts for e in task.train] == [("fine text",), ("more text",)]
+    _write(d / "task.yaml", "kind: classification\ntrain: train.jsonl\ndev: dev.jsonl\ntext: s\n")
+    for split in ("train", "dev"):  # JSON's 1 and 1.0 are one class (they were two)
+        _write(d / f"{split}.jsonl", '{"s": "a", "label": 1}\n{"s": "b", "label": 1.0}\n{"s": "c", "label": 0}\n')
+    assert T.load(str(d)).labels == ["0", "1"]
     assert Z.last_word_split("The cat sat on the mat.") == ("The cat sat on the", " mat")
     assert Z.last_word_split("It was fine .") == ("It was", " fine") and Z.last_word_split("Hello!") == ("", "")
     source = M.resolve(exports["bert-tiny"], str(tmp_path))
