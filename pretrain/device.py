@@ -1,6 +1,7 @@
 """The one device abstraction: CUDA with NCCL when there is a GPU, else CPU with gloo."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,12 +27,31 @@ def memory_ran_out(e: BaseException) -> str | None:
     return "host memory ran out" if isinstance(e, MemoryError) else None
 
 
+BUILDING = "ptm: ran out building the model and its optimizer states"  # the note `building` adds
+
+
+@contextlib.contextmanager
+def building():
+    """Memory that runs out in here ran out holding the model's states (weights, gradients, optimizer states), not a
+    micro batch's activations: `out_of_memory` names other fixes."""
+    try:
+        yield
+    except BaseException as e:
+        if memory_ran_out(e):
+            e.add_note(BUILDING)
+        raise
+
+
 def out_of_memory(e: BaseException, steps: int) -> str | None:
     """What to do about a device that ran out of memory (`memory_ran_out`), `steps` steps into the run; None for any
     other failure."""
     what = memory_ran_out(e)
     if what is None:
         return None
+    if BUILDING in getattr(e, "__notes__", ()):
+        return (f"{what} building the model and its optimizer states: they do not fit; partition them (raise "
+                "zero.stage: 3 splits the weights too; or parallel.tp; or zero.offload=true) or train a smaller "
+                "model (model.hidden_size, model.num_layers); `ptm plan` shows the memory by component")
     return (f"{what} {f'after {steps} steps' if steps else 'before the first step'}: lower train.micro_batch_size "
             "(gradient accumulation keeps the global batch) or set it to auto (the largest `ptm plan` fits), or set "
             "model.activation_checkpointing=true; then re-run to resume from the last checkpoint")

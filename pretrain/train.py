@@ -67,19 +67,21 @@ class Trainer:
         self.world, self.dp, self.dp_rank = self.run.world, mcore.dp_size(), mcore.dp_rank()
         self.rank0 = dist.get_rank() == 0
         self.device = dev.device()
-        model = models.build(cfg.model, heads=functools.partial(self.objective.heads, cfg))
-        # what checkpoints hold: the trained parameters (not a frozen distillation teacher's)
-        self.params = C.param_info(((n, p) for n, p in model.named_parameters() if p.requires_grad), mcore.tp_size())
-        if self.run.resume:
-            self._load_resumed(model)
-        elif self.run.init:
-            self._init_from(model, self.run.init)
-        else:
-            self.objective.initialise(model)
-        model.to(self.device)
-        self.optimizer = optim.build(model, cfg.optimizer)
-        self.scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(self.optimizer)
-        self.parallel = engine.build(cfg, model, self.optimizer, self.scheduler)
+        with dev.building():
+            model = models.build(cfg.model, heads=functools.partial(self.objective.heads, cfg))
+            # what checkpoints hold: the trained parameters (not a frozen distillation teacher's)
+            self.params = C.param_info(((n, p) for n, p in model.named_parameters() if p.requires_grad),
+                                       mcore.tp_size())
+            if self.run.resume:
+                self._load_resumed(model)
+            elif self.run.init:
+                self._init_from(model, self.run.init)
+            else:
+                self.objective.initialise(model)
+            model.to(self.device)
+            self.optimizer = optim.build(model, cfg.optimizer)
+            self.scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(self.optimizer)
+            self.parallel = engine.build(cfg, model, self.optimizer, self.scheduler)
         self.engine, self.model = self.parallel.engine, model
         self.accumulation = self.engine.gradient_accumulation_steps()
         self.flops_per_sample = cost.flops_per_sample(cfg)

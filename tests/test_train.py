@@ -204,7 +204,8 @@ def test_ernie2_semantic_task_from_labelled_pairs(dataset, corpus, sp_model, tmp
 
 def test_running_out_of_memory_is_one_line_naming_the_fix(dataset, tmp_path):
     """A micro batch the device's memory cannot hold (here the host's, capped by RLIMIT_AS; on a GPU torch's
-    OutOfMemoryError) ends the rank in one line saying what ran out and what to set, exit 2, not a traceback."""
+    OutOfMemoryError) ends the rank in one line saying what ran out and what to set, exit 2, not a traceback; a model
+    whose weights cannot be held names the fixes for those (the micro batch's were named)."""
     import resource
     import socket
     import subprocess
@@ -215,18 +216,23 @@ def test_running_out_of_memory_is_one_line_naming_the_fix(dataset, tmp_path):
     def capped():
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))  # twice what a tiny run maps, 16 GiB short
 
-    proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "bert-tiny", "--set",
-                           f"data.path={dataset}", f"out_dir={tmp_path}", "data.num_workers=0", "data.seq_len=32",
-                           "model.max_position_embeddings=32", "model.ffn_hidden_size=131072",
-                           "train.global_batch_size=1024", "train.micro_batch_size=1024", "train.steps=1",
-                           "optimizer.warmup_steps=0", "train.eval_interval=0", "checkpoint.interval=0"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=capped)
-    errors = [line for line in proc.stderr.splitlines() if "error" in line]
-    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert errors[0] == (f"pretrain: error: rank 0 on {socket.gethostname()}: host memory ran out (tried to allocate "
-                         "16.00 GiB) before the first step: lower train.micro_batch_size (gradient accumulation keeps "
-                         "the global batch) or set it to auto (the largest `ptm plan` fits), or set "
-                         "model.activation_checkpointing=true; then re-run to resume from the last checkpoint")
+    batch = ["model.ffn_hidden_size=131072", "train.global_batch_size=1024", "train.micro_batch_size=1024"]
+    for sets, says in ((batch, "(tried to allocate 16.00 GiB) before the first step: lower train.micro_batch_size "
+                               "(gradient accumulation keeps the global batch) or set it to auto (the largest `ptm "
+                               "plan` fits), or set model.activation_checkpointing=true; then re-run to resume from "
+                               "the last checkpoint"),
+                       (["model.ffn_hidden_size=4194304"], "(tried to allocate 2.00 GiB) building the model and its "
+                        "optimizer states: they do not fit; partition them (raise zero.stage: 3 splits the weights "
+                        "too; or parallel.tp; or zero.offload=true) or train a smaller model (model.hidden_size, "
+                        "model.num_layers); `ptm plan` shows the memory by component")):
+        proc = subprocess.run([sys.executable, "-m", "pretrain", "train", "--config", "bert-tiny", "--set",
+                               f"data.path={dataset}", f"out_dir={tmp_path}", "data.num_workers=0", "data.seq_len=32",
+                               "model.max_position_embeddings=32", "train.steps=1", "optimizer.warmup_steps=0",
+                               "train.eval_interval=0", "checkpoint.interval=0", *sets],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=capped)
+        errors = [line for line in proc.stderr.splitlines() if "error" in line]
+        assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert errors[0] == f"pretrain: error: rank 0 on {socket.gethostname()}: host memory ran out {says}"
 
 
 def test_a_run_whose_out_dir_refuses_its_files_is_one_line(dataset, tmp_path):
