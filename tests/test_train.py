@@ -323,13 +323,23 @@ def test_sigint_or_a_failure_mid_run_ends_the_process_and_its_loader_workers(dat
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (a shell's `&`)
     try:
         deadline = time.time() + 300
-        while not (pause / "workers.0").exists():
+        main = psutil.Process(proc.pid)
+
+        def children():  # {child: its command line}, the live ones
+            out = {}
+            for c in main.children():
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    out[c] = c.cmdline() if c.status() != psutil.STATUS_ZOMBIE else None
+            return out
+
+        waiter = []
+        while not waiter:  # (its file is written before the waiter starts; it forks before it execs)
             assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
             time.sleep(0.1)
-        children = psutil.Process(proc.pid).children()
-        waiter = [c for c in children if "go.workers" in " ".join(c.cmdline())]
-        workers = [c for c in children if c not in waiter]
-        assert len(waiter) == 1 and len(workers) >= 2
+            waiter = [c for c, line in children().items() if "go.workers" in " ".join(line or [])]
+        # the loader's workers: forked, not exec'd (another child, e.g. a finished one not yet reaped, is no worker)
+        workers = [c for c, line in children().items() if line == main.cmdline()]
+        assert len(workers) == 2, children()
         if how == "SIGINT":
             proc.send_signal(signal.SIGINT)
         elif how == "failure":
