@@ -130,7 +130,8 @@ class Tokenizer:
     fast tokenizer, as its tokenizer.json defines it, as GPT-NeoX reads one) or words. `sentinels`: T5's
     `<extra_id_k>` ids appended after the vocabulary, `<extra_id_0>` the last (as T5's vocabularies hold them); text
     never encodes to them: span corruption puts them in its samples (`sentinel_ids`). A tokenizer.json holding them
-    as its last added tokens (T5's) has them as its sentinels."""
+    as its last added tokens (T5's) has them as its sentinels. Text is text: a special piece written in the text
+    ("[SEP]", "</s>", "<|endoftext|>", "[MASK]") encodes to its ordinary pieces, never to a special id (`_encoder`)."""
 
     def __init__(self, kind: str, directory: str, files: list[str], lowercase: bool = False, threads: int = 1,
                  sentinels: int = 0, rewrites: tuple[str, ...] = ()):
@@ -196,6 +197,17 @@ class Tokenizer:
                 return i
         return None
 
+    @functools.cached_property
+    def _encoder(self):
+        """What encodes text (a sentencepiece processor or a `tokenizers.Tokenizer`): this tokenizer with no special
+        piece within the text's reach, so that a corpus cannot forge the ends of documents, masks or sentinels that
+        ptm puts between and into its texts (sentencepiece keeps its control pieces as text too, as tiktoken does by
+        default). Special: the pieces of `special`'s roles, the sentinels, a tokenizers pipeline's special tokens."""
+        ids = {i for i in (*self.special.values(), *self.sentinel_ids()) if i is not None}
+        if self.kind == "sentencepiece":
+            return _sp_text_only(self._sp, ids)
+        return _pipeline_text_only(self.backend(), ids)
+
     def backend(self):
         """The `tokenizers.Tokenizer` that encodes (wordpiece, bpe, char_bpe, tokenizer_json)."""
         return getattr(self._hf, "_tokenizer", self._hf)  # (`tokenizers.implementations` wrap one)
@@ -220,7 +232,7 @@ class Tokenizer:
             return self._sp_encode(texts, offsets)
         if self.kind == "words":
             return self._words_encode(texts, offsets)
-        encs = self._hf.encode_batch(texts, add_special_tokens=False)
+        encs = self._encoder.encode_batch(texts, add_special_tokens=False)
         counts = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
         n = int(counts.sum())
         ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=n)
@@ -239,7 +251,7 @@ class Tokenizer:
         sources = None
         if self.rewrites:
             texts, sources = zip(*(rewrite(t, self.rewrites) for t in texts)) if texts else ((), ())
-        arrays = self._sp.encode(list(texts), out_type="numpy", num_threads=self.threads)
+        arrays = self._encoder.encode(list(texts), out_type="numpy", num_threads=self.threads)
         counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
         ids = np.frombuffer(b"".join(arrays), dtype=np.int32)  # int32 arrays: joined as bytes, 4x faster
         if not offsets:
@@ -250,7 +262,7 @@ class Tokenizer:
         starts, ends, bad = _structure.piece_offsets(ids, counts, expected, t["chars"], t["space_first"], t["byte"],
                                                      t["continuation"], t["unknown"], t["dummy_prefix"])
         for i in bad.tolist():
-            offs = np.asarray(self._sp.encode(texts[i], out_type="offset_mapping")["offsets"], dtype=np.int64)
+            offs = np.asarray(self._encoder.encode(texts[i], out_type="offset_mapping")["offsets"], dtype=np.int64)
             sl = slice(first[i], first[i] + counts[i])
             starts[sl], ends[sl] = offs[:, 0], offs[:, 1]
         for i, source in enumerate(sources or ()):
@@ -324,6 +336,38 @@ class Tokenizer:
     def with_sentinels(self, n: int) -> "Tokenizer":
         """This tokenizer with `n` sentinels after its vocabulary instead of its own."""
         return Tokenizer(self.kind, self.directory, self.files, self.lowercase, self.threads, n, self.rewrites)
+
+
+def _sp_text_only(sp, ids):
+    """`sp`, its user-defined pieces among `ids` (data_prep's [CLS], [SEP], [MASK]: sentencepiece finds user-defined
+    pieces in text) made control pieces, which sentencepiece never encodes text to (as its <s> and </s>)."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    model = pb.ModelProto.FromString(sp.serialized_model_proto())
+    found = [p for i, p in enumerate(model.pieces) if i in ids and p.type == p.USER_DEFINED]
+    for p in found:
+        p.type = p.CONTROL
+    return spm.SentencePieceProcessor(model_proto=model.SerializeToString()) if found else sp
+
+
+def _pipeline_text_only(pipeline, ids):
+    """A copy of a `tokenizers.Tokenizer` that finds none of its special tokens in text (`encode_special_tokens`), whose
+    Unigram model (T5's and ALBERT's hold </s>, <pad>, <extra_id_k> among their pieces) takes none of `ids` nor of them
+    where ordinary pieces cover the text: each scores below any run of ordinary pieces as long (sentencepiece leaves
+    its control pieces out)."""
+    from tokenizers import Tokenizer as Pipeline
+
+    spec = json.loads(pipeline.to_str())
+    if spec["model"]["type"] == "Unigram":
+        vocab = spec["model"]["vocab"]
+        ids = ids | {i for i, t in pipeline.get_added_tokens_decoder().items() if t.special}
+        floor = min(0.0, *(s for _, s in vocab)) * (max(len(p) for p, _ in vocab) + 1) - 1.0
+        for i in ids & set(range(len(vocab))):
+            vocab[i][1] = floor
+    text_only = Pipeline.from_str(json.dumps(spec))
+    text_only.encode_special_tokens = True
+    return text_only
 
 
 def sentinel_ids(vocab_size: int, sentinels: int) -> list[int]:

@@ -277,6 +277,18 @@ def gpt_vocab(corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def t5_spiece(corpus, tmp_path_factory):
+    """A directory holding a sentencepiece `spiece.model` with T5's pieces <pad> </s> <unk> at ids 0-2 (control pieces,
+    no user-defined ones), as T5's tokenizers read it."""
+    import sentencepiece as spm
+
+    d = tmp_path_factory.mktemp("t5src")
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus["en"][:2000]), model_prefix=str(d / "spiece"),
+                                   vocab_size=500, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+    return str(d)
+
+
+@pytest.fixture(scope="session")
 def roberta_vocab(corpus, tmp_path_factory):
     """RoBERTa-style byte-level BPE files: vocab.json + merges.txt with <s> <pad> </s> <unk> <mask> (pad id 1)."""
     from tokenizers import ByteLevelBPETokenizer

@@ -10,7 +10,7 @@ from conftest import run_cli, write_jsonl
 from data_prep import PrepError
 from data_prep.dataset import Corpus
 from data_prep.text import TextOptions, normalize
-from data_prep.tokenizer import load_tokenizer
+from data_prep.tokenizer import ROLE_PIECES, load_tokenizer
 from helpers import quick_build
 
 transformers = pytest.importorskip("transformers", reason="transformers not installed (scripts/setup.sh installs it)")
@@ -23,9 +23,6 @@ def test_trained_sentencepiece_has_bert_specials(sp_model, small, tmp_path):
     m = quick_build([small["path"]], tmp_path / "ds", tokenizer=sp_model)
     assert m["special_ids"] == tok.special and m["vocab_size"] == 3000
     assert m["tokenizer"]["sha256"] == tok.sha256() == load_tokenizer(str(tmp_path / "ds")).sha256()
-    # user-defined specials are single tokens in text, as fill-mask needs
-    ids, counts, _, _ = tok.encode(["The [MASK] sat."])
-    assert 4 in ids.tolist() and counts.tolist() == [len(ids)]
 
 
 def test_fast_sentencepiece_offsets_equal_sentencepiece_offset_mapping(sp_model, corpus):
@@ -36,10 +33,49 @@ def test_fast_sentencepiece_offsets_equal_sentencepiece_offset_mapping(sp_model,
     ids, counts, starts, ends = tok.encode(texts)
     at = 0
     for text, n in zip(texts, counts.tolist()):
-        ref = tok._sp.encode(text, out_type="offset_mapping")
+        ref = tok._encoder.encode(text, out_type="offset_mapping")  # (its [MASK] text: user-defined pieces as control)
         assert ids[at:at + n].tolist() == ref["ids"]
         assert list(zip(starts[at:at + n].tolist(), ends[at:at + n].tolist())) == [tuple(o) for o in ref["offsets"]]
         at += n
+
+
+SPECIALS_AS_TEXT = ("Web text [MASK] quotes [SEP], [CLS] and [UNK] [PAD] or <|endoftext|> </s> <s> <pad> <unk> <mask> "
+                    "<extra_id_0> in a line.")
+
+
+@pytest.mark.parametrize("tokenizer", ["sp_model", "wordpiece_vocab", "gpt2_vocab", "roberta_vocab", "gpt_vocab",
+                                       "t5_json"])
+def test_special_pieces_written_in_text_encode_as_the_texts_ordinary_pieces(tokenizer, request, tmp_path):
+    """Text is text, whatever the tokenizer's kind (sentencepiece, WordPiece, byte-level BPE, GPT's BPE, a
+    tokenizer.json of T5's, whose Unigram model holds </s> <pad> <unk> among its pieces): special pieces written in a
+    corpus ([MASK], [SEP], <|endoftext|>, </s>, <extra_id_0> ...) encode to the ids of their ordinary pieces, never to
+    a special id (the ends of documents, masks and sentinels are ptm's to place): transformers' ids with
+    split_special_tokens where its pipeline keeps them out (a Unigram's reaches them there), and the text decoded back
+    where nothing is lost. The special pieces keep their ids, which ptm puts into samples."""
+    if tokenizer == "t5_json":
+        transformers.T5Tokenizer.from_pretrained(request.getfixturevalue("t5_spiece"), extra_ids=100).save_pretrained(
+            tmp_path / "t5")
+        path = str(tmp_path / "t5" / "tokenizer.json")
+    else:
+        path = request.getfixturevalue(tokenizer)
+    tok = load_tokenizer(path)
+    special = {*tok.special.values(), *tok.sentinel_ids()}
+    if tok.kind == "sentencepiece":
+        special |= {i for i in range(tok._sp.get_piece_size()) if tok._sp.is_control(i) or tok._sp.is_unknown(i)}
+    else:
+        special |= {i for i, t in tok.backend().get_added_tokens_decoder().items() if t.special}
+    roles = {"sp_model": "mask", "wordpiece_vocab": "mask", "gpt2_vocab": "eod", "roberta_vocab": "mask",
+             "gpt_vocab": "eod", "t5_json": "eod"}[tokenizer]
+    assert tok.piece(tok.special[roles]) in ROLE_PIECES[roles] and tok.special[roles] in special
+    ids = tok.encode([SPECIALS_AS_TEXT])[0].tolist()
+    assert not special & set(ids), [tok.piece(i) for i in ids if i in special]
+    reference = {"wordpiece_vocab": transformers.BertTokenizer, "gpt2_vocab": transformers.GPT2Tokenizer,
+                 "roberta_vocab": transformers.RobertaTokenizerFast, "gpt_vocab": transformers.OpenAIGPTTokenizer}
+    if tokenizer in reference:
+        ref = reference[tokenizer].from_pretrained(os.path.dirname(path), split_special_tokens=True)
+        assert ids == ref(SPECIALS_AS_TEXT, add_special_tokens=False)["input_ids"]
+    if tok.kind in ("sentencepiece", "bpe", "tokenizer_json"):
+        assert tok.decode(ids) == SPECIALS_AS_TEXT  # (data_prep inspect's view of it)
 
 
 def test_wordpiece_vocab_matches_transformers(wordpiece_vocab, corpus, tmp_path):
@@ -150,7 +186,8 @@ def test_too_large_vocab_is_a_clear_error(tmp_path):
         quick_build([src], tmp_path / "ds", vocab_size=50000)
 
 
-def test_a_tokenizer_json_alone_encodes_as_transformers_with_t5s_sentinels_its_own(sp_model, corpus, tmp_path):
+def test_a_tokenizer_json_alone_encodes_as_transformers_with_t5s_sentinels_its_own(sp_model, t5_spiece, corpus,
+                                                                                    tmp_path):
     """transformers 5 saves a tokenizer as its tokenizer.json alone (ALBERT's, T5's: Unigram; BERT's, GPT-2's):
     data_prep (the directory or the file) and from-hf encode with that pipeline as transformers does, whole (a length
     the file cuts at is not applied); T5's <extra_id_k> there, <extra_id_0> the last id, are the dataset's sentinels
@@ -161,14 +198,10 @@ def test_a_tokenizer_json_alone_encodes_as_transformers_with_t5s_sentinels_its_o
 
     docs = [t for t in corpus["en"][:40] if len(t) > 200] + ["Café ``quoted'' text  with   spaces, ÉTÉ."]
     src = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in docs])
-    import sentencepiece as spm
-
-    (tmp_path / "src").mkdir(), (tmp_path / "t5src").mkdir()
+    (tmp_path / "src").mkdir()
     shutil.copy(os.path.join(sp_model, "spm.model"), tmp_path / "src" / "spiece.model")  # (the name they read)
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus["en"][:2000]), model_prefix=str(tmp_path / "t5src" /
-                                   "spiece"), vocab_size=500, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
     for name, hf in (("albert", transformers.AlbertTokenizer.from_pretrained(tmp_path / "src")),  # (T5's pieces:)
-                     ("t5", transformers.T5Tokenizer.from_pretrained(tmp_path / "t5src", extra_ids=100))):
+                     ("t5", transformers.T5Tokenizer.from_pretrained(t5_spiece, extra_ids=100))):
         hf.save_pretrained(tmp_path / name)
         assert sorted(os.listdir(tmp_path / name)) == ["tokenizer.json", "tokenizer_config.json"]
         cut = Tokenizer.from_file(str(tmp_path / name / "tokenizer.json"))
