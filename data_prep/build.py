@@ -96,6 +96,7 @@ def _fingerprint(opts: BuildOptions, files: list[str], tokenizer_sha: str) -> st
     for f in files:
         h.update(f"{os.path.abspath(f)}\0{os.path.getsize(f)}\0".encode())
     h.update(f"{tokenizer_sha}\0{opts.num_partitions}".encode())  # journals are per partition layout
+    h.update(b"specials in text are text\0")  # (a build journalled before that rule restarts, not mixes the two)
     return h.hexdigest()
 
 
