@@ -23,7 +23,7 @@ from pretrain import device as dev
 from pretrain import signals
 from pretrain.checkpoint import (KINDS, LATEST, CheckpointError, Pieces, copy_tokenizer, file_records, mark_latest,
                                  model_config, read_meta, verify, write_meta, write_pieces)
-from pretrain.models.config import FEATURES
+from pretrain.models.config import FEATURES, unread
 from ptm.files import fsync_dir, save_safetensors, write_bytes, write_text
 
 MODEL_SHAPE = ("arch", "vocab_size", "hidden_size", "num_layers", "decoder_layers", "num_heads", "head_dim",
@@ -46,11 +46,13 @@ def run_identity(cfg, corpora) -> dict:
 
 def resume_mismatches(ckpt: str, meta: dict, cfg, identity: dict) -> list[str]:
     """Why this run cannot resume `ckpt` (empty when it can): another model, tokenizer, vocabulary, objective
-    or (unless checkpoint.allow_dataset_change) dataset."""
-    theirs = dataclasses.asdict(model_config(meta)) if "model" in meta else {}
-    mine = dataclasses.asdict(cfg.model)
+    or (unless checkpoint.allow_dataset_change) dataset. A field that neither model reads (T5's relative_buckets in
+    two BERTs: `models.config.unread`) is none of its identity: a run that gave one unread can resume without it."""
+    shape = model_config(meta) if "model" in meta else None
+    theirs, mine = dataclasses.asdict(shape) if shape else {}, dataclasses.asdict(cfg.model)
+    moot = unread(cfg.model) & (unread(shape) if shape else set())
     odd = [f"model.{k}={mine[k]!r} (checkpoint: {theirs.get(k)!r})" for k in mine
-           if k not in NOT_IDENTITY and theirs.get(k) != mine[k]]
+           if k not in NOT_IDENTITY and k not in moot and theirs.get(k) != mine[k]]
     run = meta.get("run", {})
     if run.get("tokenizer_sha256") not in (None, identity["tokenizer_sha256"]):
         odd.append(f"tokenizer sha256 {identity['tokenizer_sha256'][:12]} (checkpoint: {run['tokenizer_sha256'][:12]})")

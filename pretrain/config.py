@@ -3,11 +3,18 @@ loaded from YAML with dotted overrides (pretrain/yaml_config.py), validated befo
 
     cfg = load("configs/bert-base.yaml", ["train.steps=1000", "optimizer.name=lamb"])
     cfg.validate(dp=world_size // cfg.parallel.tp)
+    notes = cfg.ignored()                     # keys a base of another objective or model gave: not read
     text = cfg.to_yaml()                      # the resolved config (checkpoints keep it)
 
 The sections are the core ones below plus those the objective plug-ins own (`ernie`, `electra`, ...: each
 objective module declares its section, with the checks that go with it); families own rules of their own. What is
 left here relates the core sections to each other.
+
+Keys that only some objectives, position encodings or attention kinds read (`Objective.keys_read`,
+`PositionEncoding.keys`, `ATTENTIONS`) are refused where the config's do not read them and they are given at or after
+the layer that chose (the file that sets data.objective, a file based on it, a --set); given only by an earlier base
+(a preset of another objective) or by a config written out whole (a run's config.yaml), they are accepted, and
+`Config.ignored` names them for the run's log and `ptm plan`.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ import yaml
 
 from pretrain import families, objectives, schema
 from pretrain import yaml_config as Y
-from pretrain.models.config import ATTENTIONS, POSITIONS, ModelConfig, embedding_width, positions_needed
+from pretrain.models.config import ATTENTIONS, FEATURES, POSITIONS, ModelConfig, embedding_width, positions_needed
 from pretrain.data import masking
 from pretrain.data.masking import STRATEGIES as MASKINGS
 from pretrain.schema import AUTO, opt
@@ -199,6 +206,12 @@ class CoreConfig:
         return (self.fused_lm_loss != "off" and self.parallel.tp == 1 and self.precision != "fp16"
                 and objectives.get(self.data.objective).one_lm_head)
 
+    def ignored(self) -> list[str]:
+        """A line for each key that this config's objective or model does not read and that is accepted, given by an
+        earlier base than the choice (a preset of another objective) or by a config written out whole, with a value
+        other than its default (one that is the default changes nothing)."""
+        return [line for refused, line in _unread(self) if not refused]
+
     def validate(self, dp: int = 1, paths: bool = True) -> None:
         """Raise ConfigError listing every problem (one line each, with the fix) for `dp` data-parallel ranks;
         `paths`: out_dir's too (not for `ptm plan`, which writes nothing)."""
@@ -219,16 +232,44 @@ Config.__module__ = __name__
 
 
 MOVED = {"data.rtd_weight": "electra.rtd_weight"}  # where earlier versions' config.yaml files (run dirs) had keys
+WRITTEN_WHOLE = ("model", "data", "train", "optimizer", "checkpoint", "parallel", "zero", "fp16")  # the sections
+# every version's run config.yaml (`to_yaml`: every key) has held: a file without `base` that gives them all is one
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where the keys of a loaded config come from: `layers`, the files (the first base first) then "--set" (the
+    command line's items, one layer); `origin`, each dotted key given -> the index of the last layer that gave it;
+    `whole`, the indices of the files written out whole (a run's config.yaml, which holds every key)."""
+
+    layers: tuple[str, ...]
+    origin: dict
+    whole: frozenset
+
+    def chose(self, key: str) -> int:
+        """The layer that made the choice `key` holds: the last to give it; a model feature left to the arch (null:
+        position_encoding, attention_layers, ...) was chosen with model.arch; -1: by the defaults."""
+        if key in self.origin:
+            return self.origin[key]
+        section, _, name = key.partition(".")
+        return self.origin.get("model.arch", -1) if section == "model" and name in FEATURES else -1
 
 
 def load(path: str, overrides: typing.Iterable[str] = ()) -> Config:
     """A YAML file (or preset name) with its `base` chain, then `key=value` overrides (--set). A run directory's
     config.yaml written by an earlier version reads too (`MOVED`)."""
-    raw = Y.read(Y.resolve(path, os.getcwd(), PRESETS_DIR), Config, PRESETS_DIR, moved=MOVED)
+    files = Y.layers(Y.resolve(path, os.getcwd(), PRESETS_DIR), Config, PRESETS_DIR, moved=MOVED)
+    raw, origin = {}, {}
+    for i, (_, layer) in enumerate(files):
+        origin.update(dict.fromkeys(Y.dotted(layer, Config), i))
+        raw = Y.merge(raw, layer, Config)
     for item in overrides:
         Y.override(raw, item, Config)
+        origin.update(dict.fromkeys(Y.given(item, Config), len(files)))
     cfg = Y.build(Config, raw)
     cfg.explicit = frozenset(Y.dotted(raw, Config))  # keys a file or override gave (the rest are the defaults)
+    whole = all(isinstance(files[0][1].get(s), dict) for s in WRITTEN_WHOLE)  # (only the first base has no base)
+    cfg.provenance = Provenance((*(name for name, _ in files), "--set"), origin, frozenset({0} if whole else ()))
     return cfg
 
 
@@ -374,6 +415,8 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
                 "fused_lm_loss=on with precision=fp16: liger-kernel computes the LM head's gradients before the fp16 "
                 "loss scale, where small ones underflow; use precision=bf16, or fused_lm_loss=auto (off under fp16)")
     _objective_errors(cfg, errors.need)
+    for refused, line in _unread(cfg):
+        errors.need(not refused, line)
     masking.check(cfg, errors.need)
     objective = objectives.get(d.objective)
     objective.check(cfg, errors.need)
@@ -413,3 +456,58 @@ def _objective_errors(cfg: Config, need) -> None:
     need(cfg.fused_lm_loss != "on" or o.one_lm_head,
          f"fused_lm_loss=on replaces the one LM head, and data.objective={o.name} has several heads; "
          "set fused_lm_loss=auto (on where it applies) or off")
+
+
+def _choices(cfg: Config) -> list[tuple[str, dict, list]]:
+    """What decides whether the config reads the keys that only some values of another key read: (that key, {each of
+    its values: the keys it reads}, the config's values: one, or each layer's attention)."""
+    m = cfg.model
+    return [("data.objective", {name: o.keys_read for name, o in objectives.REGISTRY.items()}, [cfg.data.objective]),
+            ("model.position_encoding", {name: [f"model.{k}" for k in p.keys] for name, p in POSITIONS.items()},
+             [m.position_encoding]),
+            ("model.attention_layers", {name: [f"model.{k}" for k in keys] for name, keys in ATTENTIONS.items()},
+             list(m.attention_layers))]
+
+
+@functools.cache
+def _defaults() -> Config:
+    return Config()
+
+
+def _file(path: str) -> str:
+    """A layer as a message names it: a preset by its file name."""
+    return os.path.basename(path) if os.path.dirname(path) == PRESETS_DIR else path
+
+
+def _shown(value) -> str:
+    return f"[{', '.join(map(str, value))}]" if isinstance(value, list) else str(value)
+
+
+def _unread(cfg: Config) -> list[tuple[bool, str]]:
+    """Each key the config gives that its choices (`_choices`) do not read: (refused, the line saying so). Refused
+    where given at or after the layer that made the choice; given only by an earlier base or by a file written out
+    whole, a note where its value is not the default. A config built in code, not loaded, says nothing of where its
+    keys come from: none."""
+    p = getattr(cfg, "provenance", None)
+    if p is None:
+        return []
+    out = []
+    for chooser, readers, chosen in _choices(cfg):
+        read = {k for value in chosen for k in readers.get(value, ())}
+        layer, name = p.chose(chooser), chooser.partition(".")[2]
+        choice = f"{chooser}={_shown(cfg.get(chooser))}" + (
+            f" (model.arch={cfg.model.arch}'s)" if chooser not in p.origin and name in FEATURES else "")
+        for key in dict.fromkeys(k for keys in readers.values() for k in keys):
+            if key in read or key not in p.origin:
+                continue
+            given, value = p.origin[key], cfg.get(key)
+            if given >= layer and given not in p.whole:
+                by = " | ".join(v for v, keys in readers.items() if key in keys)
+                out.append((True, f"{key}={_shown(value)} is not read with {choice}, only with {name} {by}; "
+                                  "remove it"))
+            elif value != _defaults().get(key):
+                whole = ", a config written out whole" if given in p.whole else ""
+                chosen_in = f" (from {_file(p.layers[layer])})" if layer not in (-1, given) else ""
+                out.append((False, f"{key}={_shown(value)} (from {_file(p.layers[given])}{whole}) is not read with "
+                                   f"{choice}{chosen_in}: ignored"))
+    return out

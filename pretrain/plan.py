@@ -143,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         at = (lambda gpus: with_micro_batch(asked, gpus, memory)) if picked else None  # auto at each size
         predicted = speed.report(cfg, hw, world, efficiency, launches, at) if hw else ""  # a refused layout stops here
         print(_header(args.config, cfg, plan, vocab_source, world, picked and memory))
+        print("".join(f"note: {line}\n" for line in asked.ignored()), end="")  # what the run's log will say too
         if args.compare and hw:
             print(ranking(cfg, hw, world, efficiency, memory, launches))
         elif args.compare:

@@ -361,6 +361,8 @@ class Trainer:
                                   "threads_per_rank": torch.get_num_threads(), "first_step": first,
                                   "cwd": os.getcwd()},  # (what a relative data.path is relative to)
                   cfg.train.steps, self.step)
+        for line in cfg.ignored():  # keys a base of another objective or model gave, which this run does not read
+            log(f"note: {line}")
         log("kernels: " + K.describe(cfg, self.parallel.kernels, self.parallel.fused_lm_loss, self.optimizer,
                                      self.device, self.objective.attention_mask))
         phase = self.objective.phase_index(self.step)

@@ -1,6 +1,7 @@
 """YAML config files into dataclasses: `base` chains, dotted `--set` overrides, unknown keys, type coercion.
 
     raw = read(path, schema)                  # the file merged over its `base` chain, each file checked
+    files = layers(path, schema)              # that chain as [(path, its own keys)], the first base first
     override(raw, "train.steps=100", schema)  # a --set item, checked against the field's type
     cfg = build(schema, raw)                  # values coerced to the fields' types
 
@@ -64,9 +65,19 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def read(path: str, schema, presets_dir: str, chain: tuple[str, ...] = (), moved: dict[str, str] | None = None) -> dict:
+def read(path: str, schema, presets_dir: str, moved: dict[str, str] | None = None) -> dict:
     """The file's keys merged over those of its `base` chain; each file is checked against `schema` on its own.
     `moved`: dotted keys that older versions wrote elsewhere (old -> new), read at their new place."""
+    out = {}
+    for _, raw in layers(path, schema, presets_dir, moved=moved):
+        out = merge(out, raw, schema)
+    return out
+
+
+def layers(path: str, schema, presets_dir: str, chain: tuple[str, ...] = (),
+           moved: dict[str, str] | None = None) -> list[tuple[str, dict]]:
+    """The file and its `base` chain, the first base first: (its path, its own keys) each, `base` taken out, each
+    checked against `schema` on its own (`read` merges them in this order)."""
     real = os.path.realpath(path)
     if real in chain:
         raise ConfigError(f"{path}: `base` loops back: {' -> '.join((*chain, real))}")
@@ -88,11 +99,11 @@ def read(path: str, schema, presets_dir: str, chain: tuple[str, ...] = (), moved
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     if base is None:
-        return raw
+        return [(path, raw)]
     if not isinstance(base, str):
         raise ConfigError(f"{path}: base must be a file name, got {base!r}")
-    return merge(read(resolve(base, os.path.dirname(path), presets_dir), schema, presets_dir, (*chain, real), moved),
-                 raw, schema)
+    return [*layers(resolve(base, os.path.dirname(path), presets_dir), schema, presets_dir, (*chain, real), moved),
+            (path, raw)]
 
 
 def merge(base: dict, top: dict, schema=None) -> dict:
@@ -158,6 +169,23 @@ def override(raw: dict, item: str, schema) -> None:
         if not dataclasses.is_dataclass(hint):
             raise ConfigError(f"--set {item}: {'.'.join(parts[:i + 1])} is a value ({type_name(hint)}), not a section")
         cls, node, i = hint, _child(node, name), i + 1
+
+
+def given(item: str, schema) -> list[str]:
+    """The dotted keys (as `dotted` names them) that the override `item`, which `override` applied, gives: a list's
+    or a mapping's (ernie.stages.0.steps: ernie.stages), or a whole section's keys."""
+    key, _, text = item.partition("=")
+    parts, cls = key.strip().split("."), schema
+    for i, name in enumerate(parts):
+        hint = hints(cls).get(name)
+        if not dataclasses.is_dataclass(hint):
+            return [".".join(parts[:i + 1])]
+        cls = hint
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    return list(dotted(value, cls, f"{key.strip()}.")) if isinstance(value, dict) else [key.strip()]
 
 
 def _default(cls, name: str):

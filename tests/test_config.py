@@ -252,6 +252,16 @@ def problems(overrides, dp=1, preset="bert-tiny"):
      "whose samples stream (XLNet's plm, Transformer-XL's clm; not mlm)"),
     (["model.arch=xlnet", "model.type_vocab_size=0", "model.mem_len=16", "data.objective=plm",  # only what is wrong
       "data.pack_documents=true", "data.path=[a, b]"], 1, "it needs one data.path (not 2); or set model.mem_len=0"),
+    (["data.objective=mlm", "data.short_seq_prob=0"], 1, "data.short_seq_prob=0.0 is not read with data.objective=mlm, "
+                                                         "only with objective mlm_nsp | mlm_sop | unilm; remove it"),
+    (["model.relative_buckets=64"], 1, "model.relative_buckets=64 is not read with model.position_encoding=learned "
+                                       "(model.arch=bert's), only with position_encoding bucketed; remove it"),
+    (["model.attention_window=16"], 1, "model.attention_window=16 is not read with model.attention_layers=[global] "
+                                       "(model.arch=bert's), only with attention_layers local; remove it"),
+    (["model.pad_token_id=1"], 1, "model.pad_token_id=1 is not read with model.position_encoding=learned"),
+    (["model.arch=roberta", "data.objective=mlm", "model.position_offset=2"], 1,
+     "model.position_offset=2 is not read with model.position_encoding=roberta (model.arch=roberta's), only with "
+     "position_encoding learned; remove it"),  # (RoBERTa's positions start past the padding id)
     (["model.position_encoding=bucketed"], 1, "model.position_encoding=bucketed is T5's relative bias of an "
                                               "encoder-decoder; set model.decoder_layers"),
 ])
@@ -347,6 +357,103 @@ def test_preset_shapes():
     assert ernie2.model.task_type_vocab_size == 3 and len(ernie2.ernie.stages) == 2
     ernie_tiny = load("ernie-tiny")
     assert [s.steps for s in ernie_tiny.ernie.stages] == [4, 4] and ernie_tiny.train.steps == 8
+
+
+# ------------------------------------------------------------------- keys that the objective or model does not read
+
+MASKED = "mlm_nsp | mlm_sop | mlm | ernie | electra | unilm | distil | tinybert | mlm_sbo"
+
+
+@pytest.mark.parametrize("files, overrides, refused, noted", [
+    # given beside the choice: in the file that makes it, in a file based on that one, by --set: refused
+    ({"run.yaml": "base: gpt2-tiny\ndata:\n  objective: clm\n  mask_prob: 0.3\n"}, [],
+     f"data.mask_prob=0.3 is not read with data.objective=clm, only with objective {MASKED}; remove it", None),
+    ({"gpt.yaml": "base: bert-tiny\nmodel:\n  arch: gpt2\n  type_vocab_size: 0\ndata:\n  objective: clm\n",
+      "run.yaml": "base: gpt.yaml\ndata:\n  masking: span\n"}, [],
+     f"data.masking=span is not read with data.objective=clm, only with objective {MASKED.replace('ernie | ', '')}; "
+     "remove it", None),
+    ({"run.yaml": "base: gpt2-tiny\n"}, ["data.max_predictions_per_seq=20"],
+     "data.max_predictions_per_seq=20 is not read with data.objective=clm", None),
+    ({"run.yaml": "base: t5-tiny\n"}, ["data.masking=token"], "data.masking=token is not read with "
+                                                               "data.objective=span_corruption", None),
+    ({"run.yaml": "base: bert-tiny\nmodel:\n  clamp_len: 8\n"}, [],
+     "model.clamp_len=8 is not read with model.position_encoding=learned (model.arch=bert's), only with "
+     "position_encoding transformer_xl; remove it", None),
+    ({"run.yaml": "base: nezha-tiny\nmodel:\n  position_encoding: learned\n  max_relative_position: 8\n"}, [],
+     "model.max_relative_position=8 is not read with model.position_encoding=learned, only with position_encoding "
+     "relative; remove it", None),
+    ({"run.yaml": "base: nezha-tiny\n"}, ["model.arch=bert", "model.max_relative_position=8"],
+     "model.max_relative_position=8 is not read with model.position_encoding=learned (model.arch=bert's)", None),
+    # given only by an earlier base, a preset of another objective or model: accepted, and noted
+    ({"run.yaml": "base: bert-large\nmodel:\n  arch: gpt2\n  type_vocab_size: 0\ndata:\n  objective: clm\n"}, [],
+     None, "data.masking=whole_word (from bert-large.yaml) is not read with data.objective=clm (from {run}): ignored"),
+    ({"run.yaml": "base: nezha-tiny\n"}, ["model.position_encoding=learned"], None,
+     "model.max_relative_position=16 (from nezha-tiny.yaml) is not read with model.position_encoding=learned (from "
+     "--set): ignored"),
+    ({"run.yaml": "base: nezha-tiny\n"}, ["model.arch=bert"], None,
+     "model.max_relative_position=16 (from nezha-tiny.yaml) is not read with model.position_encoding=learned "
+     "(model.arch=bert's) (from --set): ignored"),
+    ({"run.yaml": "base: gpt3-tiny\nmodel:\n  attention_layers: [global]\n"}, [], None,
+     "model.attention_window=16 (from gpt3-tiny.yaml) is not read with model.attention_layers=[global] (from {run}): "
+     "ignored"),
+    ({"run.yaml": "base: ernie2-base\n"}, [], None,  # ERNIE 2.0 masks knowledge whatever ERNIE 1.0's preset says
+     "data.masking=knowledge (from ernie-base.yaml) is not read with data.objective=ernie (from ernie2-base.yaml): "
+     "ignored"),
+])
+def test_a_key_the_objective_or_model_does_not_read(tmp_path, files, overrides, refused, noted):
+    """A key that only other objectives, position encodings or attention kinds read (data.mask_prob with clm, T5's
+    relative_buckets with BERT's positions, ...) was accepted and did nothing. Given at or after the layer that made
+    the choice it is refused in one line; given only by an earlier base (a preset of another objective) it is
+    accepted, and the run's log and `ptm plan` say once that it is ignored."""
+    for name, text in files.items():
+        write(tmp_path / name, text)
+    cfg = load(str(tmp_path / "run.yaml"), overrides)
+    if refused:
+        with pytest.raises(ConfigError) as e:
+            cfg.validate()
+        lines = str(e.value).splitlines()
+        assert len(lines) == 1 and refused in lines[0], lines  # that alone, in one line
+    else:
+        cfg.validate()
+        assert cfg.ignored() == [noted.format(run=tmp_path / "run.yaml")]
+
+
+def test_a_run_config_written_out_whole_loads_with_the_keys_it_does_not_read(tmp_path):
+    """A run's config.yaml (resume, `ptm plan --check`) holds every key, beside its objective: none is refused, those
+    with values of their own are noted; a --set on it is a choice like any other. A checkpoint of a run that gave a
+    key unread resumes without it: neither model reads it, so it is none of the model's identity."""
+    from pretrain.checkpoint_manager import resume_mismatches
+
+    write(tmp_path / "gpt.yaml", "base: bert-large\nmodel:\n  arch: gpt2\n  type_vocab_size: 0\ndata:\n"
+                                 "  objective: clm\n")
+    saved = write(tmp_path / "run" / "config.yaml", load(str(tmp_path / "gpt.yaml")).to_yaml())
+    cfg = load(saved)
+    cfg.validate()
+    assert cfg.ignored() == [f"data.masking=whole_word (from {saved}, a config written out whole) is not read with "
+                             "data.objective=clm: ignored"]
+    old = yaml.safe_load(open(saved))
+    old["model"]["relative_buckets"] = 64  # an earlier version's run that gave it, unread
+    del old["data"]["streams"], old["train"]["deterministic"]  # (keys that version did not have)
+    load(write(tmp_path / "old" / "config.yaml", yaml.safe_dump(old))).validate()
+    with pytest.raises(ConfigError, match="data.mask_prob=0.3 is not read with data.objective=clm"):
+        load(saved, ["data.mask_prob=0.3"]).validate()
+    meta = {"model": old["model"], "run": {}}
+    identity = {"tokenizer_sha256": "", "vocab_size": 0, "objective": "clm", "datasets": []}
+    assert resume_mismatches("ckpt", meta, cfg, identity) == []
+    meta["model"] = dict(old["model"], hidden_size=old["model"]["hidden_size"] * 2)
+    assert "model.hidden_size=" in resume_mismatches("ckpt", meta, cfg, identity)[0]
+
+
+def test_the_keys_a_set_gives():
+    """Where a --set gives a key (the layer a key comes from): a list's or a mapping's element gives the whole key, a
+    section its keys."""
+    from pretrain import yaml_config as Y
+
+    assert Y.given("model.clamp_len=8", Config) == ["model.clamp_len"]
+    assert Y.given("ernie.stages.0.steps=4", Config) == ["ernie.stages"]
+    assert Y.given("unilm.mix.seq2seq=1", Config) == ["unilm.mix"]
+    assert Y.given("model={clamp_len: 8, mem_len: 4}", Config) == ["model.clamp_len", "model.mem_len"]
+    assert load("bert-tiny", ["model={clamp_len: 8}"]).provenance.origin["model.clamp_len"] == 2  # after 2 files
 
 
 def test_ernie_stage_at():

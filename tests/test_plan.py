@@ -231,6 +231,14 @@ def test_cli_fits_and_suggests():
     assert one.returncode == 2 and one.stderr.strip() == ("plan: error: parallel.tp=8 needs more than the 1 GPU plan "
                                                           "counts without --gpus; give --gpus N (a multiple of 8) or "
                                                           "--gpu NAME")
+    moved = run_cli("pretrain", "plan", "--config", "nezha-tiny", "--set", "model.position_encoding=learned")
+    assert ("\nnote: model.max_relative_position=16 (from nezha-tiny.yaml) is not read with model.position_encoding="
+            "learned (from --set): ignored\n") in moved.stdout  # a preset's key the choice made after it leaves unread
+    unread = run_cli("pretrain", "plan", "--config", "nezha-tiny", "--set", "model.position_encoding=learned", "--set",
+                     "model.max_relative_position=8", check=False)
+    assert unread.returncode == 2 and unread.stderr.strip() == (
+        "plan: error: model.max_relative_position=8 is not read with model.position_encoding=learned, only with "
+        "position_encoding relative; remove it")
     node = run_cli("pretrain", "plan", "--config", "bert-tiny", "--gpu", "h100", check=False)  # a node of 8 GPUs
     assert node.returncode == 2 and "data-parallel size 8 (8 GPUs / parallel.tp=1)" in node.stderr
     assert "(--gpus N)" in node.stderr and len(node.stderr.strip().splitlines()) == 1

@@ -22,8 +22,9 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "tanh")
 HEADS = ("lm", "mlm", "rtd", "nsp")  # tied LM projection; BERT's MLM transform + tied projection; ELECTRA's
 # replaced-token detection (a per-token 1-way head, with a generator); pooler + 2-way head
 SHARING = ("none", "all", "attention", "ffn")  # ALBERT's cross-layer parameter sharing
-ATTENTIONS = ("global", "local")  # a layer's attention: every position (every earlier one, causal) | a band of the
-# nearest attention_window positions (GPT-3's locally banded layers, GPT-Neo's "local")
+ATTENTIONS = {"global": (), "local": ("attention_window",)}  # a layer's attention: every position (every earlier one,
+# causal) | a band of the nearest attention_window positions (GPT-3's locally banded layers, GPT-Neo's "local"); each
+# with the model fields only it reads (`unread`)
 
 
 @dataclass(frozen=True)
@@ -38,20 +39,23 @@ class PositionEncoding:
     # keeps the scores, and twice the scores' FLOPs
     score_bias: bool = False  # a learned bias per head and distance bucket added to the scores, one per stack (T5's)
     kernel: str = ""  # the attention kernel where it is not torch SDPA ("": SDPA, any bias passed as its mask)
+    keys: tuple = ()  # the model fields only it reads (a config giving one under another encoding: `unread`)
 
 
 POSITIONS = {
-    "learned": PositionEncoding("absolute positions from 0", table=True),
+    "learned": PositionEncoding("absolute positions from 0", table=True, keys=("position_offset",)),
     "roberta": PositionEncoding("from pad_token_id + 1, padding tokens at pad_token_id, as HF RoBERTa", table=True,
-                                from_pad=True),
+                                from_pad=True, keys=("pad_token_id",)),
     "relative": PositionEncoding("NEZHA's functional relative positions: fixed sinusoids of the clipped distance added "
                                  "to keys and values inside attention, no position table", pair_terms=True,
-                                 kernel="ptm's matmuls + softmax (relative positions)"),
+                                 kernel="ptm's matmuls + softmax (relative positions)",
+                                 keys=("max_relative_position",)),
     "bucketed": PositionEncoding("T5's learned bias per head and distance bucket, bidirectional in an encoder, causal "
-                                 "in a decoder", score_bias=True),
+                                 "in a decoder", score_bias=True, keys=("relative_buckets", "relative_max_distance")),
     "transformer_xl": PositionEncoding("XLNet's: sinusoids of the distance projected per layer, content and position "
                                        "biases u and v; two-stream attention and a memory",
-                                       kernel="ptm's matmuls + softmax (Transformer-XL's relative positions)"),
+                                       kernel="ptm's matmuls + softmax (Transformer-XL's relative positions)",
+                                       keys=("clamp_len",)),
 }
 ARCH_FEATURES = families.ARCH_FEATURES
 ARCHS = families.names()
@@ -179,6 +183,13 @@ ModelConfig.__module__ = __name__
 ModelConfig.__doc__ = "The `model` section: the shared fields and every family's own (`Family.section`)."
 
 FEATURES = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.default is None)  # what the model computes
+
+
+def unread(cfg: ModelConfig) -> set[str]:
+    """The model fields that some position encodings or attention kinds read (`PositionEncoding.keys`, `ATTENTIONS`)
+    and `cfg`'s do not: their values change nothing in this model."""
+    some = {k for p in POSITIONS.values() for k in p.keys} | {k for keys in ATTENTIONS.values() for k in keys}
+    return some - {*cfg.positional.keys, *(k for a in set(cfg.attention_layers) for k in ATTENTIONS[a])}
 
 
 def normalises_embeddings(cfg: ModelConfig) -> bool:

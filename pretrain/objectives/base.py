@@ -53,6 +53,9 @@ class Objective:
     recurrent = False  # its samples can be read as streams that carry a model's memory (model.mem_len)
     attention_mask = "padding"  # the mask a bidirectional model attends under: [b, s] padding, or per-token spans
     section: Section | None = None  # its config section
+    keys_read: tuple[str, ...] = ()  # the config keys it reads that not every objective reads (data.mask_prob, ...):
+    # a key that some objective lists and the config's does not is refused where given beside data.objective, noted
+    # as ignored where a base of another objective gave it (pretrain/config.py)
     headline = ()  # metrics the progress bar shows after `loss`
     cfg = None  # the config of a `configured` objective
     _recurrence = None

@@ -69,6 +69,8 @@ class Ernie(Masked):
     pairs = True
     one_lm_head = False
     strategy = "knowledge"
+    keys_read = ("data.mask_prob", "data.max_predictions_per_seq")  # knowledge masking always, on pairs of its own
+    # (pretrain/data/multitask.py: no short sequences)
     section = Section("ernie", ErnieConfig, check_section, owned=False)
     headline = ("mlm_loss", "mlm_acc")
 

@@ -24,6 +24,14 @@ class Masked(Objective):
     strategy = None  # the masking strategy it always uses; None: data.masking
     pair_task = "none"  # BERT-style samples (pretrain/data/bert.py): nsp | sop | next | none
 
+    @property
+    def keys_read(self) -> tuple[str, ...]:
+        """The masker's keys (the strategy's where the objective has none of its own) and, where samples are pairs of
+        runs of sentences, BERT's short_seq_prob (packed sentences fill seq_len)."""
+        return (("data.mask_prob", "data.max_predictions_per_seq")
+                + (() if self.strategy else ("data.masking", "data.similar_words"))
+                + (("data.short_seq_prob",) if self.pair_task != "none" else ()))
+
     def source(self, path, corpus, docs, phase, cache_dir=None):
         from pretrain.data.bert import BertDataset
 
