@@ -1,7 +1,7 @@
 """YAML config files into dataclasses: `base` chains, dotted `--set` overrides, unknown keys, type coercion.
 
-    raw = read(path, schema)                  # the file merged over its `base` chain, each file checked
-    files = layers(path, schema)              # that chain as [(path, its own keys)], the first base first
+    files = layers(path, schema, presets)     # [(path, its own keys)], the first base first, each file checked
+    raw = merge(base_keys, file_keys, schema) # each over the one before it (sections key by key)
     override(raw, "train.steps=100", schema)  # a --set item, checked against the field's type
     cfg = build(schema, raw)                  # values coerced to the fields' types
 
@@ -65,19 +65,10 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def read(path: str, schema, presets_dir: str, moved: dict[str, str] | None = None) -> dict:
-    """The file's keys merged over those of its `base` chain; each file is checked against `schema` on its own.
-    `moved`: dotted keys that older versions wrote elsewhere (old -> new), read at their new place."""
-    out = {}
-    for _, raw in layers(path, schema, presets_dir, moved=moved):
-        out = merge(out, raw, schema)
-    return out
-
-
 def layers(path: str, schema, presets_dir: str, chain: tuple[str, ...] = (),
            moved: dict[str, str] | None = None) -> list[tuple[str, dict]]:
     """The file and its `base` chain, the first base first: (its path, its own keys) each, `base` taken out, each
-    checked against `schema` on its own (`read` merges them in this order)."""
+    checked against `schema` on its own (merged in this order, they are the config)."""
     real = os.path.realpath(path)
     if real in chain:
         raise ConfigError(f"{path}: `base` loops back: {' -> '.join((*chain, real))}")
