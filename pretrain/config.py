@@ -423,7 +423,8 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     bound = objective.configured(cfg)
     for section in objectives.sections():
         owners = [o.name for o in objectives.REGISTRY.values() if o.section is section]
-        errors.need(not section.owned or objective.section is section or getattr(cfg, section.name) == section.schema(),
+        errors.need(not section.owned or objective.section is section or getattr(cfg, section.name) == section.schema()
+                    or hasattr(cfg, "provenance"),  # (a loaded config's: `_unread`, by the layer that gave it)
                     f"the {section.name} section is set but data.objective={d.objective}; it configures "
                     f"{' and '.join(owners)}: remove it")
         if section.check:
@@ -458,15 +459,23 @@ def _objective_errors(cfg: Config, need) -> None:
          "set fused_lm_loss=auto (on where it applies) or off")
 
 
-def _choices(cfg: Config) -> list[tuple[str, dict, list]]:
+def _choices(cfg: Config) -> list[tuple[str, dict, list, dict]]:
     """What decides whether the config reads the keys that only some values of another key read: (that key, {each of
-    its values: the keys it reads}, the config's values: one, or each layer's attention)."""
-    m = cfg.model
-    return [("data.objective", {name: o.keys_read for name, o in objectives.REGISTRY.items()}, [cfg.data.objective]),
+    its values: the keys it reads}, the config's values: one, or each layer's attention, {a key not read: the value
+    the config's choice acts as anyway}). An objective reads its own section (`Section.owned`) too."""
+    m, objective = cfg.model, objectives.get(cfg.data.objective)
+    own = {name: (*o.keys_read, *(_section_keys(o.section) if o.section and o.section.owned else ()))
+           for name, o in objectives.REGISTRY.items()}
+    return [("data.objective", own, [cfg.data.objective], objective.fixed),
             ("model.position_encoding", {name: [f"model.{k}" for k in p.keys] for name, p in POSITIONS.items()},
-             [m.position_encoding]),
+             [m.position_encoding], {}),
             ("model.attention_layers", {name: [f"model.{k}" for k in keys] for name, keys in ATTENTIONS.items()},
-             list(m.attention_layers))]
+             list(m.attention_layers), {})]
+
+
+def _section_keys(section) -> list[str]:
+    """The dotted keys of an objective's section, as a config file gives them."""
+    return list(Y.dotted(dataclasses.asdict(section.schema()), section.schema, f"{section.name}."))
 
 
 @functools.cache
@@ -492,14 +501,14 @@ def _unread(cfg: Config) -> list[tuple[bool, str]]:
     if p is None:
         return []
     out = []
-    for chooser, readers, chosen in _choices(cfg):
+    for chooser, readers, chosen, fixed in _choices(cfg):
         read = {k for value in chosen for k in readers.get(value, ())}
         layer, name = p.chose(chooser), chooser.partition(".")[2]
         choice = f"{chooser}={_shown(cfg.get(chooser))}" + (
             f" (model.arch={cfg.model.arch}'s)" if chooser not in p.origin and name in FEATURES else "")
         for key in dict.fromkeys(k for keys in readers.values() for k in keys):
-            if key in read or key not in p.origin:
-                continue
+            if key in read or key not in p.origin or (key in fixed and cfg.get(key) == fixed[key]):
+                continue  # (a value the choice acts as anyway says what happens: data.masking=knowledge with ernie)
             given, value = p.origin[key], cfg.get(key)
             if given >= layer and given not in p.whole:
                 by = " | ".join(v for v, keys in readers.items() if key in keys)

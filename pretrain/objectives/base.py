@@ -56,6 +56,7 @@ class Objective:
     keys_read: tuple[str, ...] = ()  # the config keys it reads that not every objective reads (data.mask_prob, ...):
     # a key that some objective lists and the config's does not is refused where given beside data.objective, noted
     # as ignored where a base of another objective gave it (pretrain/config.py)
+    fixed: dict = {}  # keys of `keys_read`'s kind that it does not read, {key: the value it acts as} (ERNIE's masking)
     headline = ()  # metrics the progress bar shows after `loss`
     cfg = None  # the config of a `configured` objective
     _recurrence = None

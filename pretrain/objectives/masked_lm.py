@@ -32,6 +32,11 @@ class Masked(Objective):
                 + (() if self.strategy else ("data.masking", "data.similar_words"))
                 + (("data.short_seq_prob",) if self.pair_task != "none" else ()))
 
+    @property
+    def fixed(self) -> dict:
+        """data.masking, unread where the objective masks its own way: its strategy (saying it changes nothing)."""
+        return {"data.masking": self.strategy} if self.strategy else {}
+
     def source(self, path, corpus, docs, phase, cache_dir=None):
         from pretrain.data.bert import BertDataset
 
