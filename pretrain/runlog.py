@@ -4,6 +4,7 @@ summary.json at the end (`ptm report` draws the curves from them)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -11,23 +12,31 @@ from ptm.files import refused_write, write_json, write_text
 
 
 def log(msg: str) -> None:
-    """A line of the run's log on stderr, from rank 0."""
+    """A line of the run's log on stderr, from rank 0: flushed (a job's log file has it as it happens), above the
+    progress bar where one is drawn (tqdm's `write` clears and redraws it)."""
     import torch.distributed as dist
+    from tqdm import tqdm
 
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"pretrain: {msg}", file=sys.stderr, flush=True)
+        tqdm.write(f"pretrain: {msg}", file=sys.stderr)
+        sys.stderr.flush()
 
 
 class RunLog:
-    """The log of the run in `out_dir`; on ranks other than 0 only `line` prints (nothing: rank 0 says it)."""
+    """The log of the run in `out_dir`, kept by rank 0 (other ranks only make sure the directory exists). Its lines go
+    to stderr with the rest of the log; stdout is left to the summary printed at the end."""
 
     def __init__(self, out_dir: str, rank0: bool, log):
         self.out_dir, self.rank0, self.log = out_dir, rank0, log
         self.bar = self.writer = None
-        self.refused = False
+        self.refused, self.total = False, 0
 
     def start(self, config_yaml: str, launch: dict, total: int, done: int) -> None:
-        """The resolved config, the launch (what `ptm plan --check` predicts for), the progress bar and TensorBoard."""
+        """The resolved config, the launch (what `ptm plan --check` predicts for), the progress bar and TensorBoard.
+        What the logs hold past step `done` (the checkpoint this run starts from; 0: none) was trained by a run that
+        stopped before it could checkpoint, or by another run in this out_dir: it goes, as those steps are trained
+        again (TensorBoard's purge_step; metrics.jsonl and valid.jsonl rewritten), so no curve holds a step twice
+        nor splices two runs."""
         try:
             os.makedirs(self.out_dir, exist_ok=True)
         except OSError as e:  # (what the checks cannot see: /proc, a read-only mount, another user's directory)
@@ -41,15 +50,18 @@ class RunLog:
             return
         write_text(os.path.join(self.out_dir, "config.yaml"), config_yaml)
         write_json(os.path.join(self.out_dir, "launch.json"), launch)
+        dropped = {name: _drop_past(os.path.join(self.out_dir, name), done) for name in ("metrics.jsonl", "valid.jsonl")}
+        if any(dropped.values()):
+            self.log(f"the logs' rows past step {done} ({', '.join(f'{n} of {k}' for k, n in dropped.items() if n)}), "
+                     f"of {'a run that stopped before its checkpoint' if done else 'an earlier run'} in this out_dir, "
+                     "are left out: those steps are trained again")
         from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
 
-        self.writer = SummaryWriter(os.path.join(self.out_dir, "tensorboard"))
+        self.writer = SummaryWriter(os.path.join(self.out_dir, "tensorboard"), purge_step=done + 1)
+        self.total = total
         self.bar = tqdm(total=total, initial=done, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True,
                         disable=None)
-
-    def line(self, msg: str) -> None:
-        (self.bar.write if self.bar is not None else self.log)(msg)
 
     def step(self, step: int, metrics: dict, show: bool, headline: tuple[str, ...]) -> None:
         """A training step's metrics: TensorBoard and metrics.jsonl, a log line when `show`, the bar's postfix."""
@@ -57,7 +69,7 @@ class RunLog:
             return
         self._kept("metrics.jsonl", "train", step, metrics)
         if show:
-            self.line(f"step {step}: " + fmt(metrics, tuple(metrics)))
+            self.log(f"step {step}/{self.total}: " + fmt(metrics, tuple(metrics)))
         self.bar.update(1)
         self.bar.set_postfix_str(fmt(metrics, (*headline, "lr", "samples_per_s", "tokens_per_s")),
                                  refresh=False)
@@ -98,10 +110,33 @@ class RunLog:
             write_json(os.path.join(self.out_dir, "summary.json"), summary)
 
 
+def _drop_past(path: str, step: int) -> int:
+    """Rewrite the jsonl log at `path` (atomically) without its rows past `step`; the number left out."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, errors="replace") as f:
+        lines = f.read().splitlines(keepends=True)
+    kept = [line for line in lines if _step_of(line) <= step]
+    if len(kept) < len(lines):
+        write_text(path, "".join(kept))
+    return len(lines) - len(kept)
+
+
+def _step_of(line: str) -> float:
+    """A log row's step; a line that is no row (cut short by a kill) counts as past any step."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
 def _append_jsonl(path: str, row: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
 
 
 def fmt(metrics: dict, keys: tuple) -> str:
-    return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
+    """`k=v` for each of `keys` in `metrics`: 4 significant digits, a number from 10,000 up whole with separators
+    (tokens_per_s=14,390, not 1.439e+04)."""
+    return " ".join(f"{k}={metrics[k]:,.0f}" if abs(metrics[k]) >= 1e4 else f"{k}={metrics[k]:.4g}"
+                    for k in keys if k in metrics)

@@ -7,7 +7,10 @@ global batch), `evaluate`, `save` (pretrain/checkpoint.py) and the log (pretrain
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
+import json
 import os
 import time
 
@@ -27,6 +30,8 @@ from pretrain.parallel import mcore
 from pretrain.parallel.layout import loss_scale, unapplied_loss_scale
 from pretrain.resolve import resolve
 from pretrain.runlog import RunLog, log
+
+LAST_LOSSES = 10  # summary.json's train_loss: the mean training loss of the run's last steps, at most this many
 
 PREEMPTED, NO_PROGRESS = signals.PREEMPTED, signals.NO_PROGRESS
 
@@ -355,6 +360,8 @@ class Trainer:
 
     def _fit(self) -> dict:
         cfg, first = self.cfg, self.step
+        if self.run.resume and self.step >= cfg.train.steps:
+            return self._finished()
         out = self.runlog = RunLog(cfg.out_dir, self.rank0, log)
         out.start(cfg.to_yaml(), {"device": self.device_name, "world_size": self.world, "tp": mcore.tp_size(),
                                   "dp": self.dp, "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.world)),
@@ -370,10 +377,11 @@ class Trainer:
         signals.pause("workers")  # (tests: the data-loader workers run)
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         t0, last_eval, history, held = time.time(), {}, [], None
+        recent = collections.deque(maxlen=LAST_LOSSES)  # the training loss of the last steps, for the summary
         signals.training = True  # a stop signal from here is acted on at a step boundary (before: SIGTERM ends it)
-        if self.step > cfg.train.steps:
-            log(f"the checkpoint of step {self.step} ({self.run.resume}) is past train.steps={cfg.train.steps}: "
-                "nothing to train")
+        if self._sources(self.step)[1] is None and cfg.train.eval_interval:
+            log(f"note: data.valid_fraction=0 holds out nothing: train.eval_interval={cfg.train.eval_interval} "
+                "evaluates nothing")
         while self.step < cfg.train.steps:
             heartbeat.progress(f"step {self.step + 1}: the stop-signal check")
             if self._stop_agreed():
@@ -408,7 +416,9 @@ class Trainer:
                            **self._utilisation(cfg.train.global_batch_size / dt))
             # a step's row waits for its gradient norm, which the next step's transfer brings
             self._log_row(out, held, self._previous_norm)
-            held = (self.step, metrics, bool(cfg.train.log_interval and self.step % cfg.train.log_interval == 0))
+            recent.append(metrics["loss"])
+            held = (self.step, metrics, bool(cfg.train.log_interval and self.step % cfg.train.log_interval == 0
+                                             or self.step == cfg.train.steps))  # (the last step's row is shown)
             evaluate = cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0
             save = cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and self.step < cfg.train.steps
             if evaluate or save or self.step == cfg.train.steps:
@@ -429,7 +439,9 @@ class Trainer:
         elapsed = time.time() - t0
         summary = {"steps": self.step, "trained_steps": self.step - first, "resumed_from": self.resumed_from,
                    "seconds": round(elapsed, 1),
-                   "samples": self.consumed, "checkpoint": final, **{k: round(v, 4) for k, v in last_eval.items()},
+                   "samples": self.consumed, "checkpoint": final,
+                   **({"train_loss": round(sum(recent) / len(recent), 4)} if recent else {}),
+                   **{k: round(v, 4) for k, v in last_eval.items()},
                    "tokens_per_s": round((self.step - first) * tokens_per_step / max(elapsed, 1e-9)),
                    **{k: round(v, 4) for k, v in self._utilisation((self.step - first) * cfg.train.global_batch_size
                                                                    / max(elapsed, 1e-9)).items()},
@@ -439,6 +451,18 @@ class Trainer:
                               "precision": cfg.precision}}
         out.summary(summary)
         return summary
+
+    def _finished(self) -> dict:
+        """A run resumed from a checkpoint at or past train.steps: nothing trains, and nothing of the run's record
+        (config.yaml, launch.json, summary.json, the logs) is written over; its summary, as recorded."""
+        cfg = self.cfg
+        log(f"the checkpoint of step {self.step} ({self.run.resume}) is {'past' if self.step > cfg.train.steps else 'at'}"
+            f" train.steps={cfg.train.steps}: nothing to train; raise train.steps to train on")
+        recorded = os.path.join(cfg.out_dir, "summary.json")
+        with contextlib.suppress(OSError, ValueError), open(recorded) as f:
+            return json.load(f)
+        return {"steps": self.step, "trained_steps": 0, "resumed_from": self.resumed_from,
+                "checkpoint": self.run.resume}
 
     def close(self) -> None:
         """Stop the heartbeat and release DeepSpeed's hooks and buffers (ZeRO-3 partitioning, offload), so that

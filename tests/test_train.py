@@ -40,18 +40,58 @@ def test_resume_is_exact(dataset, tmp_path, capfd):
     micro = first._loader(first._sources(0)[0], 0, 0)
     for _ in range(3):
         first.train_step(micro)
-    first.save()  # ...and the process dies here
+    first.save()  # ...and the process dies here, having logged steps past its checkpoint
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path / "b" / "tensorboard")) as planted:
+        for step in range(1, 6):
+            planted.add_scalar("train/loss", 99.0, step)
+    (tmp_path / "b" / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 99.0}) + "\n"
+                                                          for s in range(1, 6)) + '{"step": 6, "lo')  # (cut short)
+    capfd.readouterr()
     resumed = Trainer(cfg(tmp_path / "b", "seed=99")).fit()  # the checkpoint's seed wins
     assert resumed["trained_steps"] == 3 and straight["trained_steps"] == 6 and resumed["resumed_from"]["step"] == 3
+    err = capfd.readouterr().err  # the log, flushed on stderr: the last step's row shown whatever log_interval says
+    assert "pretrain: the logs' rows past step 3 (3 of metrics.jsonl), of a run that stopped before its checkpoint" \
+        in err and "\npretrain: step 6/6: mlm_loss=" in err, err
+    # the steps trained again replace those logged past the checkpoint, in metrics.jsonl and TensorBoard alike
+    rows = read_jsonl(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and [r["loss"] for r in rows][:3] == [99.0] * 3
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(tmp_path / "b" / "tensorboard"))
+    board.Reload()
+    assert [(e.step, e.value == 99.0) for e in board.Scalars("train/loss")] == [
+        (1, True), (2, True), (3, True), (4, False), (5, False), (6, False)]
+    mine = [r["loss"] for r in read_jsonl(tmp_path / "a" / "metrics.jsonl")]
+    assert straight["train_loss"] == pytest.approx(sum(mine) / 6, abs=1e-4)  # (the mean of the last 10 at most)
     ckpt = [C.Pieces(str(tmp_path / run / "checkpoints" / "step_00000006")) for run in ("a", "b")]
     for kind in C.KINDS:  # weights and both moments, bit for bit
         assert all(torch.equal(ckpt[0].full(kind, n), ckpt[1].full(kind, n)) for n in ckpt[0].params)
     assert ckpt[0].meta["consumed_samples"] == ckpt[1].meta["consumed_samples"] == 48
     assert straight["valid_mlm_loss"] == resumed["valid_mlm_loss"]
-    past = train(cfg(tmp_path / "a", "train.steps=4"))  # a re-run with fewer steps than its checkpoint: said
-    assert past["trained_steps"] == 0 and past["steps"] == 6
-    assert (f"pretrain: the checkpoint of step 6 ({tmp_path}/a/checkpoints/step_00000006) is past train.steps=4: "
-            "nothing to train") in capfd.readouterr().err
+    recorded = {name: (tmp_path / "a" / name).read_bytes() for name in ("config.yaml", "summary.json")}
+    for steps, where in ((4, "past"), (6, "at")):  # a re-run of a finished run: said; its record not written over
+        past = train(cfg(tmp_path / "a", f"train.steps={steps}", "optimizer.lr=0.5"))
+        assert past == json.loads(recorded["summary.json"]) and past["trained_steps"] == 6
+        assert (f"pretrain: the checkpoint of step 6 ({tmp_path}/a/checkpoints/step_00000006) is {where} "
+                f"train.steps={steps}: nothing to train") in capfd.readouterr().err
+        assert {name: (tmp_path / "a" / name).read_bytes() for name in recorded} == recorded
+
+
+def test_a_run_without_a_held_out_split_says_so_and_sums_up_its_training_loss(dataset, tmp_path, capfd):
+    """data.valid_fraction=0: an eval_interval that evaluates nothing is said once (it was silent), no empty "step N:"
+    line nor {step} rows are logged, and the summary holds the training loss (its only measure of the run)."""
+    from pretrain.train import train
+
+    summary = train(_cfg(dataset, f"out_dir={tmp_path}", "data.valid_fraction=0", "train.eval_interval=1",
+                         "train.steps=2", "checkpoint.interval=0"))
+    err = capfd.readouterr().err
+    assert "pretrain: note: data.valid_fraction=0 holds out nothing: train.eval_interval=1 evaluates nothing" in err
+    assert not [line for line in err.splitlines() if line.rstrip().endswith(":")], err
+    assert not (tmp_path / "valid.jsonl").exists() and not [k for k in summary if k.startswith("valid_")]
+    losses = [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
+    assert summary["train_loss"] == pytest.approx(sum(losses) / 2, abs=1e-4)
 
 
 def test_bad_configs_fail_before_training(dataset, tmp_path):
@@ -162,7 +202,8 @@ def test_ernie1_knowledge_masking_stages(dataset, tmp_path):
         summary = trainer.fit()
     assert summary["steps"] == 4
     printed = printed.getvalue()  # the stage before's last step, then the new stage, then its first step
-    assert printed.index("\nstep 2: ") < printed.index("pretrain: step 3: stage 2: ") < printed.index("\nstep 3: ")
+    assert printed.index("pretrain: step 2/4: ") < printed.index("pretrain: step 3: stage 2: ") < printed.index(
+        "pretrain: step 3/4: ")
     assert [json.loads(line)["stage"] for line in open(tmp_path / "metrics.jsonl")] == [1, 1, 2, 2]
     valid = [json.loads(line) for line in open(tmp_path / "valid.jsonl")]
     assert [v["step"] for v in valid] == [3, 4]
