@@ -567,7 +567,9 @@ def test_t5_to_hf_generates_with_its_sentinels_and_comes_back(t5_data, tmp_path)
     """T5 exports as T5ForConditionalGeneration with a tokenizer that ends each sequence with the end-of-sequence
     token and holds the 100 sentinels after the vocabulary (<extra_id_0> last, as the dataset numbers them): its ids
     are data_prep's, HF's logits equal ptm's, `generate` picks ptm's greedy tokens, and from-hf restores the weights
-    bit for bit (the vocabulary's padding rows aside)."""
+    bit for bit (the vocabulary's padding rows aside) and the longest input (T5's config has none: the tokenizer's
+    model_max_length, which to-hf writes back)."""
+    from checkpoints_tools.hf import to_hf
     from data_prep.dataset import Corpus
 
     model, cfg = _checkpoint(tmp_path, "t5", os.path.join(t5_data, "tokenizer"), decoder_layers=2)
@@ -595,13 +597,23 @@ def test_t5_to_hf_generates_with_its_sentinels_and_comes_back(t5_data, tmp_path)
     back, mine = C.load_full_model(str(tmp_path / "back")), C.load_full_model(C.resolve(str(tmp_path / "run")))
     assert back.keys() == mine.keys()
     assert all(torch.equal(back[k], mine[k][:back[k].shape[0]]) for k in back)
-    assert C.model_config(C.read_meta(str(tmp_path / "back"))).decoder_layers == 2
+    imported = C.model_config(C.read_meta(str(tmp_path / "back")))
+    assert (imported.decoder_layers, imported.max_position_embeddings) == (2, cfg.max_position_embeddings)
+    to_hf(str(tmp_path / "back"), str(tmp_path / "again"))  # the longest input: T5's config has none, its tokenizer's
+    assert [json.load(open(d / "tokenizer_config.json"))["model_max_length"] for d in (out, tmp_path / "again")] == [
+        cfg.max_position_embeddings] * 2
 
 
 def test_xlnet_to_hf_with_its_tokenizer_and_back(sp_model, tmp_path):
     """XLNet exports as XLNetLMHeadModel with a tokenizer that lays out A [SEP] B [SEP] [CLS] (segments 0, 1, 2) and
     pads on the left: its ids are data_prep's, HF's logits equal ptm's (padding and segments included), and from-hf
-    restores the weights bit for bit (padding rows aside)."""
+    restores the weights bit for bit (padding rows aside) and the longest input, which XLNet's config does not hold:
+    the tokenizer's model_max_length (transformers' "no limit" too) comes back from to-hf as it was."""
+    from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
+
+    from checkpoints_tools.hf import to_hf
+    from ptm.files import write_json
+
     model, cfg = _checkpoint(tmp_path, "xlnet", sp_model)
     out = tmp_path / "hf"
     call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", out)
@@ -619,9 +631,15 @@ def test_xlnet_to_hf_with_its_tokenizer_and_back(sp_model, tmp_path):
     with torch.no_grad():
         mine = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])["logits"][..., :cfg.vocab_size]
         torch.testing.assert_close(mine, hf(**enc).logits, rtol=1e-5, atol=1e-5)
+    config = json.load(open(out / "tokenizer_config.json"))
+    assert config["model_max_length"] == cfg.max_position_embeddings
+    # the source says "no limit", as transformers' XLNetTokenizer saves it
+    write_json(out / "tokenizer_config.json", {**config, "model_max_length": VERY_LARGE_INTEGER})
     call_cli("checkpoints_tools", "from-hf", out, "--out", tmp_path / "back")
     back, mine = C.load_full_model(str(tmp_path / "back")), C.load_full_model(C.resolve(str(tmp_path / "run")))
     assert back.keys() == mine.keys() and all(torch.equal(back[k], mine[k][:back[k].shape[0]]) for k in back)
+    to_hf(str(tmp_path / "back"), str(tmp_path / "again"))  # the longest input: its tokenizer's (XLNet's config: none)
+    assert json.load(open(tmp_path / "again" / "tokenizer_config.json"))["model_max_length"] == VERY_LARGE_INTEGER
 
 
 def test_bart_to_hf_generates_and_comes_back(sp_model, tmp_path):

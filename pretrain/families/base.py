@@ -8,6 +8,7 @@ imports torch or transformers until a conversion calls it.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -192,8 +193,11 @@ class Adapter:
 
     def read_model_config(self, hf_dir: str, hf, read) -> dict:
         """The ptm ModelConfig fields of the Hugging Face directory `hf_dir` whose config is `hf`; `read(dir)` reads
-        another directory's (adapter, config), e.g. a companion model's."""
-        return self.model_config(hf)
+        another directory's (adapter, config), e.g. a companion model's. A config without the longest input (T5's,
+        XLNet's: no position table) leaves it to the tokenizer, whose model_max_length the export writes from
+        model.max_position_embeddings."""
+        fields = self.model_config(hf)
+        return fields if "max_position_embeddings" in fields else {**fields, "max_position_embeddings": longest(hf_dir)}
 
     def import_class(self, hf) -> str:
         """The transformers class that loads a directory of this family (a base model gets its heads initialised)."""
@@ -346,6 +350,19 @@ def model_common(hf, arch: str) -> dict:
                 max_position_embeddings=hf.max_position_embeddings, type_vocab_size=hf.type_vocab_size,
                 task_type_vocab_size=0, layer_norm_eps=hf.layer_norm_eps, hidden_dropout=hf.hidden_dropout_prob,
                 attention_dropout=hf.attention_probs_dropout_prob, init_std=hf.initializer_range)
+
+
+def longest(hf_dir: str) -> int:
+    """The most tokens the Hugging Face tokenizer in `hf_dir` gives its model: its tokenizer_config.json's
+    model_max_length, else what transformers reads without one (no limit: its VERY_LARGE_INTEGER)."""
+    from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
+
+    try:
+        with open(os.path.join(hf_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+            found = json.load(f).get("model_max_length")
+    except (OSError, ValueError, AttributeError):  # none, not JSON, not an object
+        found = None
+    return found if type(found) is int and found > 0 else VERY_LARGE_INTEGER
 
 
 def hf_special_tokens(ids: dict, piece, *roles: str, null: bool = False, **renamed: str) -> dict:
