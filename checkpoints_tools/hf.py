@@ -37,12 +37,13 @@ TEMPLATES = ("bert", "roberta", "none")  # the special-token templates an adapte
 
 
 def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int, own=None,
-                     ends: tuple = (None, None)) -> None:
+                     ends: tuple = (None, None), stand_ins: dict | None = None) -> None:
     """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json) with the
     family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's),
     or for a sentencepiece model, GPT's char_bpe or a tokenizer.json the family's own where it has one
     (`own(pipeline, meta)`, the adapter's `own_tokenizer`: T5's sentinels, XLNet's left padding); `ends`: the ids of
-    the model's bos and eos tokens (its HF config's), which such a tokenizer names; the original files are copied too
+    the model's bos and eos tokens (its HF config's), which such a tokenizer names; `stand_ins` (the adapter's): a
+    role without a piece named by another role's (GPT-2's unk: its end of text). The original files are copied too
     (a tokenizer.json as data_prep.tokenizer.PIPELINE), so `from-hf` brings the same tokenizer back."""
     import transformers
     from tokenizers import normalizers
@@ -54,6 +55,8 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
         meta = json.load(f)
     files = [os.path.join(tok_dir, name) for name in meta["files"]]
+    ids = meta["special_ids"]
+    ids.update({role: ids.get(other) for role, other in (stand_ins or {}).items() if ids.get(role) is None})
 
     def pipeline():  # a sentencepiece model's, or the very one data_prep encoded with (char_bpe, tokenizer_json)
         return sentencepiece_to_fast(files[0]) if meta["kind"] == "sentencepiece" else load_tokenizer(tok_dir).backend()
@@ -142,7 +145,8 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
                 _write_hf(family, model_cfg, config, weights, cls, where, meta, ckpt, max_shard_size)
                 export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), _longest(cfg),
                                  own=family.own_tokenizer,
-                                 ends=(getattr(config, "bos_token_id", None), getattr(config, "eos_token_id", None)))
+                                 ends=(getattr(config, "bos_token_id", None), getattr(config, "eos_token_id", None)),
+                                 stand_ins=family.stand_ins)
     except families.ExportError as e:  # a feature its config cannot hold, pieces its tokenizer's template needs
         raise C.CheckpointError(f"{ckpt}: {e}") from None
     return out

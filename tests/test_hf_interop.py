@@ -358,7 +358,8 @@ def test_a_tokenizer_json_exports_as_its_family_tokenizer_encodes_offsets_includ
                                                                                     tmp_path):
     """A family's tokenizer saved by transformers 5 (its tokenizer.json alone) trains and exports to a tokenizer that
     encodes texts and pairs as the original does: ids, segments, offsets (RoBERTa's without a token's leading space,
-    GPT-2's with it) and XLNet's own <sep> and <cls> (its vocabulary has <s> and </s> besides)."""
+    GPT-2's with it) and XLNet's own <sep> and <cls> (its vocabulary has <s> and </s> besides), and names GPT-2's
+    special tokens as the original: <|endoftext|> its unk, bos and eos."""
     import sentencepiece as spm
 
     src = tmp_path / "src"
@@ -380,6 +381,7 @@ def test_a_tokenizer_json_exports_as_its_family_tokenizer_encodes_offsets_includ
     _checkpoint(tmp_path, arch, str(tmp_path / "tok"), nfkc=False)
     call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", tmp_path / "hf")
     export = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert arch != "gpt2" or export.special_tokens_map == original.special_tokens_map
     for args in ((" It was the sum.",), ("Who?", " It was here, café."), ("Hello world",)):
         got, want = export(*args, return_offsets_mapping=True), original(*args, return_offsets_mapping=True)
         assert {k: got[k] for k in want} == dict(want), args
