@@ -15,7 +15,7 @@ from pretrain import checkpoint as C
 from pretrain import families
 from pretrain.families.base import hf_special_tokens, sentencepiece_to_fast, with_template
 from pretrain.models.config import ModelConfig, positions_needed
-from ptm.files import save_pretrained, whole_dir
+from ptm.files import save_pretrained, whole_dir, write_json
 
 
 def adapter(arch: str) -> families.Adapter:
@@ -37,14 +37,16 @@ TEMPLATES = ("bert", "roberta", "none")  # the special-token templates an adapte
 
 
 def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_length: int, own=None,
-                     ends: tuple = (None, None), stand_ins: dict | None = None) -> None:
+                     ends: tuple = (None, None), tokenizer_class: str = "", stand_ins: dict | None = None) -> None:
     """The dataset's tokenizer as a Hugging Face fast tokenizer (tokenizer.json + tokenizer_config.json) with the
     family's special-token `template` (bert: [CLS] A [SEP] B [SEP]; roberta: <s> A </s></s> B </s>; none: GPT's),
     or for a sentencepiece model, GPT's char_bpe or a tokenizer.json the family's own where it has one
     (`own(pipeline, meta)`, the adapter's `own_tokenizer`: T5's sentinels, XLNet's left padding); `ends`: the ids of
     the model's bos and eos tokens (its HF config's), which such a tokenizer names; `stand_ins` (the adapter's): a
-    role without a piece named by another role's (GPT-2's unk: its end of text). The original files are copied too
-    (a tokenizer.json as data_prep.tokenizer.PIPELINE), so `from-hf` brings the same tokenizer back."""
+    role without a piece named by another role's (GPT-2's unk: its end of text). A tokenizer of transformers' generic
+    class (a template's or a family's own) is named as the family's `tokenizer_class` where that class loads it as
+    saved (`named`). The original files are copied too (a tokenizer.json as data_prep.tokenizer.PIPELINE), so
+    `from-hf` brings the same tokenizer back."""
     import transformers
     from tokenizers import normalizers
 
@@ -91,6 +93,43 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     for path in files:
         shutil.copyfile(path, os.path.join(out, os.path.basename(path)))  # (a new file: the umask's mode)
     shutil.copyfile(os.path.join(tok_dir, "ptm_tokenizer.json"), os.path.join(out, "ptm_tokenizer.json"))
+    if tokenizer_class and type(hf) is transformers.PreTrainedTokenizerFast:
+        named(hf, out, tokenizer_class)
+
+
+PROBES = ["Hello world", " It was the Café, naïve résumé: 这是一个测试。 12345 and 3.14",  # (accents, CJK, digits,
+          "tabs\t\tand   spaces  \n"]  # whitespace runs: what `named` encodes with both classes)
+
+
+def named(hf, out: str, name: str) -> None:
+    """Name transformers' tokenizer class `name` (a family's) in `out`'s tokenizer_config.json where, loading `out`,
+    it is the tokenizer `hf` (transformers' generic class) saved there: the same normalizer, pre-tokenizer, model,
+    decoder and added tokens, special tokens, inputs and padding side, and the same encodings of PROBES, alone, as
+    pairs and padded (its post-processor: RoBERTa's class builds its own, of the same template). Such a class builds
+    its pipeline from the vocabulary alone (BERT's normalizer and pre-tokenizer around a sentencepiece model's pieces,
+    without NFKC), so it is named only where it builds this one: else the generic class stays."""
+    import transformers
+
+    def built(tok) -> tuple:
+        pipeline = json.loads(tok.backend_tokenizer.to_str())
+        pipeline.pop("post_processor", None)
+        return pipeline, tok.special_tokens_map, len(tok), tok.model_input_names, tok.padding_side
+
+    def encoded(tok) -> list:  # (padded where it has a padding piece; longer than model_max_length, unremarked)
+        options = dict(padding=hf.pad_token is not None, return_offsets_mapping=True, return_special_tokens_mask=True,
+                       verbose=False)
+        return [tok(PROBES, *pair, **options).data for pair in ((), (PROBES[::-1],))]
+
+    cls = getattr(transformers, name)
+    try:
+        theirs = cls.from_pretrained(out)
+    except Exception:  # a class that cannot build its pipeline of these pieces (ALBERT's Unigram of a WordPiece's)
+        return
+    if built(theirs) == built(hf) and encoded(theirs) == encoded(hf):
+        path = os.path.join(out, "tokenizer_config.json")
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+        write_json(path, {**config, "tokenizer_class": name})
 
 
 def import_tokenizer(hf_dir: str, out: str) -> None:
@@ -146,7 +185,7 @@ def to_hf(ckpt_or_run: str, out: str, max_shard_size: str = "2GB") -> str:
                 export_tokenizer(tok_dir, where, family.tokenizer, meta.get("nfkc", False), _longest(cfg),
                                  own=family.own_tokenizer,
                                  ends=(getattr(config, "bos_token_id", None), getattr(config, "eos_token_id", None)),
-                                 stand_ins=family.stand_ins)
+                                 tokenizer_class=family.tokenizer_class, stand_ins=family.stand_ins)
     except families.ExportError as e:  # a feature its config cannot hold, pieces its tokenizer's template needs
         raise C.CheckpointError(f"{ckpt}: {e}") from None
     return out

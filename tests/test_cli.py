@@ -67,12 +67,18 @@ def test_convert_help_names_every_family_it_converts(monkeypatch):
 
 def test_every_adapter_names_a_tokenizer_template_that_export_writes():
     """The special-token template each adapter names is one `export_tokenizer` knows, and base.Adapter's comment lists
-    them all; an unknown one is refused."""
+    them all; an unknown one is refused. The tokenizer class each names is transformers' for its model type (NEZHA's,
+    which transformers lacks: BERT's)."""
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
     from checkpoints_tools.hf import TEMPLATES, export_tokenizer
     from pretrain import families
     from pretrain.families import base
 
     assert {f.adapter.tokenizer for f in families.REGISTRY.values() if f.adapter} == set(TEMPLATES)
+    assert {f.name: f.adapter.tokenizer_class for f in families.REGISTRY.values() if f.adapter} == {
+        f.name: TOKENIZER_MAPPING_NAMES.get(f.adapter.model_type, "BertTokenizer")
+        for f in families.REGISTRY.values() if f.adapter}
     line = next(line for line in open(base.__file__) if line.strip().startswith("tokenizer = "))
     assert all(f" {t}" in line for t in TEMPLATES)
     with pytest.raises(ValueError, match="tokenizer template 'gpt' is not one of"):

@@ -353,35 +353,54 @@ def test_an_uncased_albert_tokenizer_imports_and_exports_as_transformers_encodes
     assert [out(t)["input_ids"] for t in texts] == [hf_tok(t)["input_ids"] for t in texts]
 
 
-@pytest.mark.parametrize("arch", ["roberta", "gpt2", "xlnet"])
-def test_a_tokenizer_json_exports_as_its_family_tokenizer_encodes_offsets_included(arch, roberta_vocab, gpt2_vocab,
+SPM_PIECES = {  # sentencepiece models with the pieces of each family's released ones
+    "xlnet": dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                  control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"]),
+    "albert": dict(pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="<pad>", unk_piece="<unk>",
+                   control_symbols=["[CLS]", "[SEP]", "[MASK]"]),
+    "t5": dict(pad_id=0, eos_id=1, unk_id=2, bos_id=-1)}
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "gpt2", "albert", "xlnet", "t5"])
+def test_a_tokenizer_json_exports_as_its_family_tokenizer_encodes_offsets_included(arch, wordpiece_vocab,
+                                                                                    roberta_vocab, gpt2_vocab,
                                                                                     tmp_path):
     """A family's tokenizer saved by transformers 5 (its tokenizer.json alone) trains and exports to a tokenizer that
-    encodes texts and pairs as the original does: ids, segments, offsets (RoBERTa's without a token's leading space,
-    GPT-2's with it) and XLNet's own <sep> and <cls> (its vocabulary has <s> and </s> besides), and names GPT-2's
-    special tokens as the original: <|endoftext|> its unk, bos and eos."""
+    AutoTokenizer loads as the family's class (tokenizer_config.json names it: that class builds the same pipeline),
+    with the original's special tokens (GPT-2's <|endoftext|> its unk, bos and eos; XLNet's bos and eos its config's,
+    <cls> and <sep>), that encodes as ptm does (accents, CJK, digits, whitespace runs) and texts and pairs as the
+    original does: ids, segments, offsets (RoBERTa's without a token's leading space, GPT-2's with it) and XLNet's own
+    <sep> and <cls> (its vocabulary has <s> and </s> besides)."""
     import sentencepiece as spm
 
+    cls = {"bert": transformers.BertTokenizer, "roberta": transformers.RobertaTokenizer,
+           "gpt2": transformers.GPT2Tokenizer, "albert": transformers.AlbertTokenizer,
+           "xlnet": transformers.XLNetTokenizer, "t5": transformers.T5Tokenizer}[arch]
     src = tmp_path / "src"
     src.mkdir()
-    if arch == "xlnet":
+    if arch in SPM_PIECES:
         lines = [f"Sentence {i} about the sum of numbers and café." for i in range(200)]
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(src / "spiece"), vocab_size=50,
-                                       unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
-                                       control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"])
-        original = transformers.XLNetTokenizer.from_pretrained(src)
-    else:
-        vocab = roberta_vocab if arch == "roberta" else gpt2_vocab
-        original = {"roberta": transformers.RobertaTokenizer, "gpt2": transformers.GPT2Tokenizer}[arch].from_pretrained(
-            os.path.dirname(vocab))
+                                       minloglevel=2, **SPM_PIECES[arch])
+    vocab = {"bert": wordpiece_vocab, "roberta": roberta_vocab, "gpt2": gpt2_vocab}.get(arch)
+    original = cls.from_pretrained(os.path.dirname(vocab) if vocab else src)
     original.save_pretrained(tmp_path / "saved")
-    assert "tokenizer.json" in os.listdir(tmp_path / "saved") and not {"vocab.json", "spiece.model"} & set(
+    assert "tokenizer.json" in os.listdir(tmp_path / "saved") and not {"vocab.txt", "vocab.json", "spiece.model"} & set(
         os.listdir(tmp_path / "saved"))
-    load_tokenizer(str(tmp_path / "saved")).save(str(tmp_path / "tok"))
-    _checkpoint(tmp_path, arch, str(tmp_path / "tok"), nfkc=False)
+    ours = load_tokenizer(str(tmp_path / "saved")).save(str(tmp_path / "tok"))
+    assert ours.kind == "tokenizer_json"
+    shape = {"t5": dict(decoder_layers=1), "albert": dict(embedding_size=16)}.get(arch, {})
+    _checkpoint(tmp_path, arch, str(tmp_path / "tok"), nfkc=False, **shape)
     call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", tmp_path / "hf")
     export = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
-    assert arch != "gpt2" or export.special_tokens_map == original.special_tokens_map
+    assert type(export) is cls and json.load(open(tmp_path / "hf" / "tokenizer_config.json"))["tokenizer_class"] == \
+        cls.__name__
+    assert export.special_tokens_map == {**original.special_tokens_map,
+                                         **{"xlnet": dict(bos_token="<cls>", eos_token="<sep>")}.get(arch, {})}
+    texts = ["Café, naïve résumé; ÅNGSTRÖM", "这是一个测试。数字", "digits 12345 and 3.14", "tabs\t\tand   runs  \n\n end "]
+    ids, counts, _, _ = ours.encode(texts)
+    encoded = [x.tolist() for x in np.split(ids, counts[:-1].cumsum())]  # (ptm's: what the model was trained on)
+    assert export(texts, add_special_tokens=False)["input_ids"] == encoded
     for args in ((" It was the sum.",), ("Who?", " It was here, café."), ("Hello world",)):
         got, want = export(*args, return_offsets_mapping=True), original(*args, return_offsets_mapping=True)
         assert {k: got[k] for k in want} == dict(want), args
@@ -390,7 +409,8 @@ def test_a_tokenizer_json_exports_as_its_family_tokenizer_encodes_offsets_includ
 def test_a_sentencepiece_tokenizer_exports_its_own_cls_and_sep_pieces(tmp_path):
     """An imported sentencepiece model whose cls and sep are <s> and </s> (no [CLS], [SEP]): the export's template
     puts them where ptm's training inputs do (cls A sep B sep, B of type 1; RoBERTa's cls A sep sep B sep); to-hf of a
-    model whose tokenizer has no cls is refused in one line naming the piece."""
+    model whose tokenizer has no cls is refused in one line naming the piece. The family's tokenizer class would build
+    its own pipeline around the pieces (BERT's WordPiece): the export stays transformers' generic class."""
     import sentencepiece as spm
 
     from checkpoints_tools.hf import export_tokenizer
@@ -406,8 +426,10 @@ def test_a_sentencepiece_tokenizer_exports_its_own_cls_and_sep_pieces(tmp_path):
     ids, counts, _, _ = tok.encode(["Return the sum.", "Hello world."])
     a, b = (x.tolist() for x in np.split(ids, counts[:1]))
     for template, want in (("bert", [cls, *a, sep, *b, sep]), ("roberta", [cls, *a, sep, sep, *b, sep])):
-        export_tokenizer(str(tmp_path / "tok"), str(tmp_path / template), template, False, 64)
+        export_tokenizer(str(tmp_path / "tok"), str(tmp_path / template), template, False, 64,
+                         tokenizer_class={"bert": "BertTokenizer", "roberta": "RobertaTokenizer"}[template])
         hf = transformers.AutoTokenizer.from_pretrained(tmp_path / template)
+        assert type(hf).__name__ == "TokenizersBackend"
         enc = hf("Return the sum.", "Hello world.")
         assert enc["input_ids"] == want and (hf.cls_token, hf.sep_token) == ("<s>", "</s>"), (template, enc)
         assert template == "roberta" or enc["token_type_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)

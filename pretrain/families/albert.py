@@ -13,6 +13,7 @@ FEATURES = dict(bert.FEATURES, activation="gelu_tanh", share_layers="all")
 class AlbertAdapter(bert.BertAdapter):
     hf_class = "AlbertForPreTraining"
     model_type = "albert"
+    tokenizer_class = "AlbertTokenizer"
     prefix = "albert."
     layer = "{p}encoder.albert_layer_groups.0.albert_layers.{i}."
     qkv = "attention"

@@ -28,6 +28,7 @@ class BartAdapter(EncoderDecoderAdapter):
     model_type = "bart"
     computes = COMPUTES
     tokenizer = "roberta"  # <s> A </s></s> B </s>, as BART's
+    tokenizer_class = "RobertaTokenizer"  # (transformers' for BART)
     block = "model.{stack}.layers.{i}."
     self_attention = "self_attn.{}_proj"
     cross_attention = "encoder_attn.{}_proj"

@@ -140,6 +140,8 @@ class Adapter:
     computes: dict = {}  # model feature -> the values the HF class computes; export refuses others
     tokenizer = "bert"  # special-token template of the exported tokenizer: bert | roberta | none (GPT's)
     # (checkpoints_tools/hf.py: TEMPLATES, export_tokenizer), unless `own_tokenizer` gives the family's own
+    tokenizer_class = ""  # transformers' tokenizer class of the family (BertTokenizer ...): the exported
+    # tokenizer_config.json names it where it loads the tokenizer as exported (checkpoints_tools/hf.py: `named`)
     stand_ins: dict = {}  # special role -> the role whose piece the exported tokenizer names for it where the
     # vocabulary has no piece of its own (GPT-2's unk: its end of text, as transformers' GPT-2 tokenizer files)
     head_widths = False  # the HF class takes heads of any width (T5's d_kv), not only hidden_size / num_heads

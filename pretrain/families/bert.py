@@ -44,6 +44,7 @@ class BertAdapter(Adapter):
     layer_keys = LAYER_KEYS
     keys = {**EMBEDDINGS, **HEADS}
     computes = COMPUTES
+    tokenizer_class = "BertTokenizer"  # (ERNIE's, NEZHA's and ELECTRA's too)
     masked_lm_class = "BertForMaskedLM"  # the class of a model without the NSP head
 
     @property

@@ -14,6 +14,7 @@ FEATURES = dict(norm="post", activation="gelu", causal=False, heads=["mlm"], sca
 class DistilBertAdapter(Adapter):
     hf_class = "DistilBertForMaskedLM"
     model_type = "distilbert"
+    tokenizer_class = "BertTokenizer"  # (transformers' for DistilBERT)
     prefix = "distilbert."
     layer = "{p}transformer.layer.{i}."
     qkv = "attention"

@@ -32,6 +32,7 @@ class GPTAdapter(Adapter):
                     position_encoding=("learned",), share_layers=("none",), heads=("lm",), embedding_size=(0,),
                     type_vocab_size=(0,))
     tokenizer = "none"
+    tokenizer_class = "OpenAIGPTTokenizer"
 
     def problems(self, cfg):
         out = super().problems(cfg)

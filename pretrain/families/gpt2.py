@@ -30,6 +30,7 @@ class GPT2Adapter(Adapter):
     computes = dict(norm=("pre",), embedding_norm=(None, False), activation=("gelu_tanh",), causal=(True,), position_encoding=("learned",),
                     share_layers=("none",), heads=("lm",), embedding_size=(0,), type_vocab_size=(0,))
     tokenizer = "none"
+    tokenizer_class = "GPT2Tokenizer"
     stand_ins = {"unk": "eod"}  # GPT-2's tokenizer names its end of text unk, bos and eos (a byte-level BPE has no
     # unknown piece)
 

@@ -46,7 +46,7 @@ class GPTNeoAdapter(Adapter):
     computes = dict(GPT2Adapter.computes, qkv_bias=(False,), attention_layers=("global", "local"),
                     scaled_attention=(True, False))
     tokenizer = "none"
-    stand_ins = GPT2Adapter.stand_ins  # (GPT-Neo's tokenizer: GPT-2's)
+    tokenizer_class, stand_ins = GPT2Adapter.tokenizer_class, GPT2Adapter.stand_ins  # (GPT-Neo's tokenizer: GPT-2's)
 
     def __init__(self, q_scale: float = 1.0):
         self.q_scale = q_scale

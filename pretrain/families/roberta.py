@@ -20,6 +20,7 @@ class RobertaAdapter(bert.BertAdapter):
             "lm_head.decoder.bias": "lm_head.bias"}
     computes = dict(bert.COMPUTES, position_encoding=("roberta",), heads=("mlm",))
     tokenizer = "roberta"
+    tokenizer_class = "RobertaTokenizer"
 
     def models(self, cfg):
         return [("", cfg, self.hf_class)]

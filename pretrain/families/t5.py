@@ -31,6 +31,7 @@ class T5Adapter(EncoderDecoderAdapter):
     model_type = "t5"
     computes = COMPUTES
     tokenizer = "none"  # (its own: `own_tokenizer`)
+    tokenizer_class = "T5Tokenizer"
     head_widths = True
     self_attention = "layer.0.SelfAttention.{}"
     cross_attention = "layer.1.EncDecAttention.{}"

@@ -44,6 +44,7 @@ class XLNetAdapter(Adapter):
     model_type = "xlnet"
     computes = COMPUTES
     tokenizer = "none"  # (its own: `own_tokenizer`)
+    tokenizer_class = "XLNetTokenizer"
     keys = {"embeddings.word.weight": "transformer.word_embedding.weight", "lm_bias": "lm_loss.bias"}
 
     def own_tokenizer(self, tok, meta: dict):
@@ -53,7 +54,8 @@ class XLNetAdapter(Adapter):
         from tokenizers import processors
 
         ids = meta["special_ids"]
-        special = hf_special_tokens(ids, tok.id_to_token, "unk", "pad", "sep", "cls", "mask", null=True)
+        special = hf_special_tokens(ids, tok.id_to_token, "unk", "pad", "sep", "cls", "mask", null=True, bos="cls",
+                                    eos="sep")  # (bos and eos: its config's, else XLNet's class names <s> and </s>)
         sep, cls = special["sep_token"], special["cls_token"]
         tok.post_processor = with_offsets_kept(tok, processors.TemplateProcessing(
             single=f"$A {sep} {cls}:2", pair=f"$A {sep} $B:1 {sep}:1 {cls}:2",
