@@ -33,9 +33,11 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="before launch: memory per GPU (does it fit?) and, with --gpu, predicted speed",
                        description=plan.DESCRIPTION)
     plan.add_arguments(p)
-    r = sub.add_parser("report", help="a run's loss, learning-rate and throughput curves as a PNG, and its summary",
-                       description="Plot RUN_DIR/metrics.jsonl and valid.jsonl (training and validation losses, "
-                                   "learning rate, tokens/s, gradient norm) into one PNG; print summary.json.")
+    r = sub.add_parser("report", help="a run's loss, accuracy, learning-rate and throughput curves as a PNG, and its "
+                                      "summary",
+                       description="Plot RUN_DIR/metrics.jsonl and valid.jsonl (training and validation: the total "
+                                   "loss, each loss term and accuracy the objective logs; learning rate, tokens/s, "
+                                   "gradient norm; a line at each change of stage) into one PNG; print summary.json.")
     r.add_argument("run_dir", help="a training out_dir")
     r.add_argument("--out", help="PNG to write (default: RUN_DIR/report.png)")
     for command in family_commands().values():  # a family's own (ELMo's `elmo`)

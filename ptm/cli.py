@@ -12,7 +12,7 @@ CORE = {
     "prep": ("data_prep", "raw text to sharded Arrow datasets, tokenizers"),
     "train": ("pretrain train", "pretrain a model of any family (BERT, GPT-2, T5, XLNet, ELMo, ...)"),
     "plan": ("pretrain plan", "before launch: does a config fit, how fast will it train?"),
-    "report": ("pretrain report", "a run's curves as a PNG (loss, learning rate, throughput) and its summary"),
+    "report": ("pretrain report", "a run's curves as a PNG (losses, learning rate, throughput) and its summary"),
     "eval": ("downstream eval", "fine-tune and score a run or export on tasks (GLUE/CLUE TSV, CoNLL, SQuAD); "
                                 "zero-shot cloze, perplexity"),
     "compare": ("downstream compare", "families on one corpus at an equal budget, each beside its unpretrained twin"),

@@ -1,6 +1,7 @@
-"""The command line: `ptm` dispatch, and --help that explains every option."""
+"""The command line: `ptm` dispatch, --help that explains every option, and `ptm report`'s curves."""
 import argparse
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -102,3 +103,80 @@ def test_a_reader_that_stops_reading_ends_a_command_quietly(train_data):
                           "exit ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr[-2000:]
+
+
+def _report_figure(run_dir, train, valid, monkeypatch):
+    """The figure `ptm report` saves for these metrics.jsonl and valid.jsonl rows."""
+    from matplotlib.figure import Figure
+
+    from pretrain.report import report
+
+    os.makedirs(run_dir)
+    for name, rows in (("metrics.jsonl", train), ("valid.jsonl", valid)):
+        with open(os.path.join(run_dir, name), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *_, **__: saved.append(fig))
+    report(str(run_dir))
+    return saved[0]
+
+
+def _curves(ax) -> dict:
+    """{label: [(x, y), ...] of each of its lines} of the curves drawn in `ax` (a curve in pieces: each piece)."""
+    pieces, label = {}, None
+    for line in ax.get_lines():
+        if line.get_label().startswith("_child") or len(set(line.get_xdata())) == 1 and len(line.get_xdata()) == 2:
+            continue  # (a vertical line)
+        label = line.get_label() if not line.get_label().startswith("_") else label
+        pieces.setdefault(label, []).append(list(zip(line.get_xdata(), line.get_ydata())))
+    return pieces
+
+
+def test_report_draws_every_loss_term_and_the_stages(tmp_path, monkeypatch):
+    """ELECTRA's rows: its rtd_loss (50 times it in `loss`) and the accuracies are drawn, training and validation, the
+    terms apart from the total. TinyBERT's two stages: a vertical line at the change on every panel, and no curve
+    joined across it (each stage's loss terms differ; the total jumps there by design)."""
+    electra = [{"step": s, "mlm_loss": 9 - s / 100, "mlm_acc": s / 100, "rtd_loss": 0.7 - s / 1000, "rtd_auc": 0.5,
+                "rtd_original_acc": 0.9, "loss": 44 - s / 10, "lr": 1e-3, "tokens_per_s": 1e3, "grad_norm": 30.0}
+               for s in range(1, 41)]
+    valid = [{"step": s, "valid_mlm_loss": 8.5, "valid_mlm_acc": 0.1, "valid_mlm_unigram_acc": 0.05,
+              "valid_rtd_loss": 0.6, "valid_rtd_auc": 0.6, "valid_loss": 38.5} for s in (20, 40)]
+    fig = _report_figure(tmp_path / "electra", electra, valid, monkeypatch)
+    drawn = [set(_curves(ax)) for ax in fig.axes]
+    assert {"loss", "valid loss"} in drawn
+    assert {"mlm_loss", "valid mlm_loss", "rtd_loss", "valid rtd_loss"} in drawn
+    assert {"mlm_acc", "valid mlm_acc", "rtd_auc", "valid rtd_auc", "rtd_original_acc", "valid mlm_unigram_acc"} \
+        in drawn
+    assert {"lr"} in drawn and {"tokens_per_s"} in drawn and {"grad_norm"} in drawn
+    common = {"lr": 1e-3, "tokens_per_s": 1e3, "grad_norm": 1.0}
+    tinybert = [{"step": s, "hidden_loss": 2.0 - s / 10, "attention_loss": 0.01, "mlm_loss": 9.0, "loss": 3.0,
+                 "stage": 1, **common} for s in range(1, 5)]
+    tinybert += [{"step": s, "soft_loss": 9.0 - s / 10, "mlm_loss": 8.9, "loss": 9.0, "stage": 2, **common}
+                 for s in range(5, 9)]
+    valid = [{"step": 4, "valid_hidden_loss": 1.5, "valid_loss": 2.3, "valid_stage": 1},
+             {"step": 8, "valid_soft_loss": 8.9, "valid_loss": 8.9, "valid_stage": 2}]
+    fig = _report_figure(tmp_path / "tinybert", tinybert, valid, monkeypatch)
+    for ax in fig.axes:
+        assert [list(line.get_xdata()) for line in ax.get_lines() if line.get_label().startswith("_child")] == \
+            [[4.5, 4.5]], ax.get_title()
+        for label, pieces in _curves(ax).items():
+            assert not any(min(p)[0] <= 4 < 5 <= max(p)[0] for p in pieces), label  # (no piece spans steps 4 to 5)
+    drawn = {label: pieces for ax in fig.axes for label, pieces in _curves(ax).items()}
+    assert len(drawn["loss"]) == len(drawn["mlm_loss"]) == 2 and len(drawn["hidden_loss"]) == 1
+    assert {"hidden_loss", "attention_loss", "soft_loss", "valid hidden_loss", "valid soft_loss"} <= set(drawn)
+
+
+def test_report_of_a_one_step_run_marks_its_points_on_whole_steps(tmp_path, monkeypatch):
+    """A 1-step run: each panel's single point is drawn (a marker, not a line of one point) and the step axis is
+    numbered in whole steps (not 0.96 .. 1.04); a few steps are numbered whole too."""
+    row = {"step": 1, "mlm_loss": 9.0, "mlm_acc": 0.0, "nsp_loss": 0.7, "nsp_acc": 0.5, "loss": 9.7, "lr": 1e-3,
+           "tokens_per_s": 1e3, "grad_norm": 1.5}
+    for steps in (1, 3):
+        fig = _report_figure(tmp_path / str(steps), [{**row, "step": s} for s in range(1, steps + 1)], [], monkeypatch)
+        fig.canvas.draw()
+        for ax in fig.axes:
+            lines = ax.get_lines()
+            assert lines and all(line.get_marker() not in (None, "", "None") for line in lines), ax.get_title()
+            low, high = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if low <= t <= high]
+            assert ticks and all(t == int(t) for t in ticks), (ax.get_title(), ticks)
