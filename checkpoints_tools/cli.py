@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from ptm.cli import whole
+from ptm.cli import show_defaults, whole
 from ptm.files import refused_write
 
 
@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
         i = sub.add_parser(f"from-{name}", help=f"{fmt.files} -> ptm checkpoint", description=fmt.reads)
         i.add_argument("source", help=fmt.source)
         i.add_argument("--out", required=True, help="checkpoint directory to write")
-    return ap
+    return show_defaults(ap)
 
 
 def main(argv=None) -> None:

@@ -10,7 +10,7 @@ import time
 
 from data_prep import PrepError
 from data_prep.text import STRUCTURES, TextOptions
-from ptm.cli import whole
+from ptm.cli import show_defaults, whole
 from ptm.files import refused_write
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
@@ -31,13 +31,12 @@ def _input_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--format", choices=["text", "jsonl", "parquet", "arrow"],
                    help="input format for every file (default: from each file's extension)")
     g.add_argument("--text-field", default="text",
-                   help="JSONL field (dotted path for nested objects) or Parquet/Arrow column with the text (default: text)")
+                   help="JSONL field (dotted path for nested objects) or Parquet/Arrow column with the text")
     g.add_argument("--pair-field", help="labelled pairs: the second text (e.g. a title for a query), joined to the "
                                         "first by a blank line; its first token is stored as pair_start")
     g.add_argument("--label-field", help="labelled examples: the field or column with the integer class id")
     g.add_argument("--doc-boundary", choices=["file", "blank-line", "line"], default="blank-line",
-                   help="text files: one document per file, per blank-line separated block, or per line "
-                        "(default: blank-line)")
+                   help="text files: one document per file, per blank-line separated block, or per line")
     g = p.add_argument_group("cleaning")
     g.add_argument("--no-nfkc", dest="nfkc", action="store_false", help="skip Unicode NFKC normalisation")
     g.add_argument("--whitespace", choices=["collapse", "keep"], default="collapse",
@@ -174,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
                        description="English: docstrings of Python's standard library. Chinese: Debian's "
                                    "fortunes-zh (installed by scripts/setup.sh).")
     c.add_argument("--out", required=True, help="directory for en.jsonl and zh.jsonl")
-    return ap
+    return show_defaults(ap)
 
 
 def run(argv=None) -> int:

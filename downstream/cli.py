@@ -7,7 +7,7 @@ import os
 import sys
 
 from downstream import TaskError
-from ptm.cli import positive, stop_on_sigterm, whole
+from ptm.cli import positive, show_defaults, stop_on_sigterm, whole
 from ptm.files import refused_write
 
 
@@ -113,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--max-dev", type=whole("a count (1, 2, ...)"), default=400,
                    help="dev examples per task (default 400)")
     t.add_argument("--seed", type=int, default=0, help="the draws that build pairs and questions")
-    return ap
+    return show_defaults(ap)
 
 
 def run(argv=None) -> int:

@@ -11,7 +11,7 @@ import sys
 from launchers.rendezvous import (RendezvousError, describe, hostnames, job_port, node_address, tasks_per_node,
                                   uniform_tasks_per_node)
 from ptm import shipped
-from ptm.cli import whole
+from ptm.cli import show_defaults, whole
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--train-args", default="", help="more sbatch options for the training job (e.g. --time=24:00:00)")
     c.add_argument("--sbatch-args", default="", help="sbatch options for every job (e.g. --account=X --partition=Y)")
     c.add_argument("--wait", action="store_true", help="wait until the last job ends; exit with its status")
-    return ap
+    return show_defaults(ap)
 
 
 def write_hostfile(out: str, slots: int | None = None, environ=os.environ) -> list[str]:

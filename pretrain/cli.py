@@ -13,6 +13,7 @@ import sys
 def parser() -> argparse.ArgumentParser:
     from pretrain import plan
     from pretrain.config import describe
+    from ptm.cli import show_defaults
 
     prog = sys.argv[0] if sys.argv[0].split(" ")[0] == "ptm" else "python -m pretrain"
     ap = argparse.ArgumentParser(prog=prog, description="Pretrain a model of any family of configs/ (BERT, GPT-2, "
@@ -44,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
         c = sub.add_parser(command.name, help=command.help, description=command.description)
         for flags, options in command.arguments:
             c.add_argument(*flags, **options)
-    return ap
+    return show_defaults(ap)
 
 
 def family_commands() -> dict:

@@ -47,6 +47,31 @@ def positive(what: str):
     return parse
 
 
+def says_default(action: argparse.Action) -> bool:
+    """An option whose default is worth saying in its help: a value (not None, not empty; not a flag's own
+    True/False) that the help does not already name."""
+    default = action.default
+    return bool(action.option_strings and action.nargs != 0 and action.help not in (None, argparse.SUPPRESS)
+                and default not in (None, argparse.SUPPRESS) and default not in ("", [], ())
+                and "default" not in action.help)
+
+
+def show_defaults(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`ap` with its default in the help of each option of it and its subcommands that `says_default`, the way the
+    options that say theirs by hand do: "(default X)" after the help, or "; default X" in the parentheses that end
+    it (`--nproc ... (torchrun; default 1)`); returns it."""
+    for action in ap._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # (an alias maps to the same parser)
+                show_defaults(sub)
+        elif says_default(action):
+            if action.help.endswith(")"):
+                action.help = action.help[:-1] + "; default %(default)s)"
+            else:
+                action.help += " (default %(default)s)"
+    return ap
+
+
 def commands() -> dict[str, tuple[str, str]]:
     """{name: (module and arguments, help)}: ptm's own, then those the families add (`Family.commands`, run by
     `python -m pretrain NAME`: ELMo's `elmo`)."""

@@ -1,4 +1,5 @@
-"""The command line: `ptm` dispatch, --help that explains every option, and `ptm report`'s curves."""
+"""The command line: `ptm` dispatch, --help that explains every option and says its default, and `ptm report`'s
+curves."""
 import argparse
 import importlib
 import json
@@ -13,13 +14,29 @@ from conftest import ROOT, run_cli
 from data_prep.cli import size_arg
 
 
-@pytest.mark.parametrize("package", ["data_prep", "pretrain", "launchers", "checkpoints_tools"])
-def test_every_option_has_help(package):
+@pytest.mark.parametrize("package", ["data_prep", "pretrain", "launchers", "checkpoints_tools", "downstream"])
+def test_every_option_has_help(package, monkeypatch):
+    """Every option has a help, and one with a default says it ("(default 32000)", or a default said in words), as
+    downstream's always did; one without a default (None), an empty one and a flag's True/False say none."""
+    monkeypatch.setenv("COLUMNS", "2000")  # one line per option
     ap = importlib.import_module(f"{package}.cli").parser()
     subs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
     for name, sub in subs.choices.items():
+        shown = " ".join(sub.format_help().split())
         for action in sub._actions:
-            assert action.help and len(action.help) > 10, f"{name} {action.option_strings or action.dest}"
+            where = f"{name} {action.option_strings or action.dest}"
+            assert action.help and len(action.help) > 10, where
+            said = "default" in action.help
+            if action.option_strings and action.nargs != 0 and action.default not in (None, "", []):
+                assert said, f"{where}: its default {action.default!r} is not in its help"
+            elif action.option_strings and action.nargs != 0 and action.help is not argparse.SUPPRESS:
+                assert "(default None)" not in action.help and "default []" not in action.help, where
+        assert "(default None" not in shown and "(default False" not in shown and "(default True" not in shown
+    if package == "data_prep":
+        build = " ".join(subs.choices["build"].format_help().split())
+        assert "pieces in the trained tokenizer (default 32000)" in build
+        assert "reserved [unusedN] tokens after the specials (sentencepiece; default 100)" in build
+        assert "(default 256MB)" in build and "(default 268435456)" not in build  # a default said by hand stays
 
 
 def test_ptm_dispatches_to_data_prep():
