@@ -8,14 +8,17 @@ import json
 import os
 import socket
 import sys
+import textwrap
 
 
 def parser() -> argparse.ArgumentParser:
     from pretrain import plan
     from pretrain.config import describe
+    from pretrain.schema import help_width
     from ptm.cli import show_defaults
 
     prog = sys.argv[0] if sys.argv[0].split(" ")[0] == "ptm" else "python -m pretrain"
+    width = help_width()  # (the key table is preformatted text: argparse does not wrap it)
     ap = argparse.ArgumentParser(prog=prog, description="Pretrain a model of any family of configs/ (BERT, GPT-2, "
                                                         "GPT-3, ERNIE, RoBERTa, ALBERT, ELECTRA, NEZHA, UniLM, "
                                                         "SpanBERT, T5, BART, MASS, XLNet, ELMo, DistilBERT, TinyBERT, "
@@ -24,8 +27,9 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     t = sub.add_parser(
         "train", help="train (or resume) a model from a YAML config",
-        description="Train from a config; re-running the same command resumes from the latest checkpoint in "
-                    "out_dir. Config keys (set them in the YAML file or with --set KEY=VALUE):\n\n" + describe(),
+        description=textwrap.fill("Train from a config; re-running the same command resumes from the latest "
+                                  "checkpoint in out_dir. Config keys (set them in the YAML file or with --set "
+                                  "KEY=VALUE):", width) + "\n\n" + describe(width),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", required=True,
                    help="YAML file, or a preset name from configs/ (bert-tiny, bert-base, gpt2, ernie-base, ...)")

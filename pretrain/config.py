@@ -278,9 +278,10 @@ def keys() -> list[str]:
     return [key for key, *_ in schema.leaves(Config)]
 
 
-def describe() -> str:
-    """Every key with its type, default and description, one per line (for `train --help`)."""
-    return schema.describe(Config)
+def describe(width: int | None = None) -> str:
+    """Every key with its type, default and description, a table wrapped within `width` columns (default: the
+    terminal's; for `train --help`)."""
+    return schema.describe(Config, width)
 
 
 # ----------------------------------------------------------------------------------------- validation

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import shutil
+import textwrap
 import types
 import typing
 from dataclasses import field
@@ -89,9 +91,37 @@ def type_name(hint) -> str:
     return hint.__name__
 
 
-def describe(cls) -> str:
-    """Every key of dataclass `cls` with its type, default and description, one per line (for `--help`)."""
-    rows = [(key, type_name(hint), json.dumps(default), f.metadata.get("help", ""))
-            for key, hint, default, f in leaves(cls)]
+DEFAULT_CELL = 16  # the widest default the table shows in its column; a longer one is said in its description
+WIDEST = 118  # the table's width at most (a wider terminal's lines would be too long to read)
+NARROWEST = 30  # the least room for the description column; less, and each description goes under its key
+
+
+def help_width() -> int:
+    """The columns `--help` text fills: the terminal's less 2, as argparse's help, at most WIDEST."""
+    return min(shutil.get_terminal_size().columns - 2, WIDEST)
+
+
+def describe(cls, width: int | None = None) -> str:
+    """Every key of dataclass `cls` with its type, default and description (for `--help`): a table whose
+    descriptions wrap within `width` columns (default: the terminal's, as argparse's help, at most WIDEST), each
+    continued under its own start; where that leaves the descriptions too little room, each goes under its key. A
+    default longer than DEFAULT_CELL is cut in its column and said in full after its description."""
+    width = width or help_width()
+    rows = []
+    for key, hint, default, f in leaves(cls):
+        shown, text = json.dumps(default), f.metadata.get("help", "")
+        if len(shown) > DEFAULT_CELL:
+            text, shown = f"{text} (default {shown})", shown[:DEFAULT_CELL - 3] + "..."
+        rows.append((key, type_name(hint), shown, text))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join(f"{k:<{widths[0]}}  {t:<{widths[1]}}  {d:<{widths[2]}}  {h}" for k, t, d, h in rows)
+    column = sum(widths) + 6
+    lines = []
+    for k, t, d, text in rows:
+        head = f"{k:<{widths[0]}}  {t:<{widths[1]}}  {d:<{widths[2]}}  "
+        if width - column >= NARROWEST:
+            body = textwrap.wrap(text, width - column, break_long_words=False, break_on_hyphens=False) or [""]
+            lines += [head + body[0]] + [" " * column + more for more in body[1:]]
+        else:
+            lines += [head.rstrip()] + textwrap.wrap(text, width, initial_indent=" " * 4, subsequent_indent=" " * 4,
+                                                      break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines)

@@ -1,5 +1,6 @@
 """The training config: YAML presets with `base`, --set overrides and coercion, unknown keys, validation."""
 import glob
+import json
 import os
 import re
 
@@ -542,14 +543,33 @@ def test_required_keys_exist():
 
 
 def test_describe_lists_every_key_with_type_default_and_help():
-    lines = C.describe().splitlines()
-    assert [line.split()[0] for line in lines] == C.keys()
-    for line in lines:
-        _key, type_, default, help_ = re.split(r"\s{2,}", line)
-        assert type_ and default and help_, line
-    text = C.describe()
+    """A line per key (type, default, the description's start) at the margin, its description continued on indented
+    lines, within the width asked: in a column beside the keys, or under each key where that column would be too
+    narrow; a default too long for its column (unilm.mix) is cut there and said in full in the description."""
+    from pretrain import schema
+
+    for width in (118, 98, 78):
+        lines = C.describe(width).splitlines()
+        assert max(map(len, lines)) <= width, width
+        heads = [line for line in lines if not line.startswith(" ")]
+        assert [line.split()[0] for line in heads] == C.keys()
+        beside = len(re.split(r"\s{2,}", heads[0])) == 4  # (else each description is under its key)
+        assert beside or width < 118, width
+        said = {}
+        for line in lines:
+            if not line.startswith(" "):
+                key, type_, default, *text = re.split(r"\s{2,}", line)
+                assert type_ and default and (text or not beside), line
+                said[key] = text
+            else:
+                said[key].append(line.strip())
+        for key, _, default, f in schema.leaves(C.Config):
+            assert " ".join(said[key]) == " ".join(f.metadata["help"].split()) + (
+                f" (default {json.dumps(default)})" if len(json.dumps(default)) > schema.DEFAULT_CELL else ""), key
+    text = C.describe(118)
     assert re.search(r"^optimizer\.lr\s+float\s+0\.0001\s+peak learning rate$", text, re.MULTILINE)
     assert re.search(r"^model\.activation_checkpointing\s+bool \| list\[int\]\s+false\s+recompute", text, re.MULTILINE)
+    assert re.search(r'^unilm\.mix\s+dict\[str, float\]\s+\{"bidirection\.\.\.\s+relative', text, re.MULTILINE)
 
 
 def test_a_config_written_before_the_plugin_sections_loads(tmp_path):
