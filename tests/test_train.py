@@ -135,7 +135,7 @@ def assert_report(run_dir):
 
     proc = run_cli("pretrain", "report", run_dir)
     assert "report.png" in proc.stdout and '"steps"' in proc.stdout
-    assert imread(run_dir / "report.png").shape[:2] == (770, 1210)
+    assert imread(run_dir / "report.png").shape[:2] == (1100, 1210)  # (11 x 10 inches, 110 dpi)
 
 
 def test_ernie2_schedule_switches_tasks_at_the_stage_boundaries(dataset, tmp_path):
