@@ -3,10 +3,12 @@ metrics.jsonl and valid.jsonl (one row per step / evaluation), config.yaml and l
 summary.json at the end (`ptm report` draws the curves from them)."""
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
 import sys
+import time
 
 from ptm.files import refused_write, write_json, write_text
 
@@ -29,7 +31,7 @@ class RunLog:
     def __init__(self, out_dir: str, rank0: bool, log):
         self.out_dir, self.rank0, self.log = out_dir, rank0, log
         self.bar = self.writer = None
-        self.refused, self.total = False, 0
+        self.refused, self.total, self.first, self.t0 = False, 0, 0, 0.0
 
     def start(self, config_yaml: str, launch: dict, total: int, done: int) -> None:
         """The resolved config, the launch (what `ptm plan --check` predicts for), the progress bar and TensorBoard.
@@ -59,7 +61,7 @@ class RunLog:
         from tqdm import tqdm
 
         self.writer = SummaryWriter(os.path.join(self.out_dir, "tensorboard"), purge_step=done + 1)
-        self.total = total
+        self.total, self.first, self.t0 = total, done, time.monotonic()
         self.bar = tqdm(total=total, initial=done, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True,
                         disable=None)
 
@@ -69,10 +71,16 @@ class RunLog:
             return
         self._kept("metrics.jsonl", "train", step, metrics)
         if show:
-            self.log(f"step {step}/{self.total}: " + fmt(metrics, tuple(metrics)))
+            self.log(f"step {step}/{self.total}: " + fmt(metrics, tuple(metrics)) + self._times(step))
         self.bar.update(1)
         self.bar.set_postfix_str(fmt(metrics, (*headline, "lr", "samples_per_s", "tokens_per_s")),
                                  refresh=False)
+
+    def _times(self, step: int) -> str:
+        """" elapsed=H:MM:SS eta=H:MM:SS" of this run's steps so far (what the bar shows, for a log without one)."""
+        elapsed = time.monotonic() - self.t0
+        left = elapsed / max(step - self.first, 1) * max(self.total - step, 0)
+        return f" elapsed={_clock(elapsed)} eta={_clock(left)}"
 
     def evaluation(self, step: int, metrics: dict) -> None:
         """An evaluation's metrics (`valid_*`): TensorBoard, valid.jsonl and a log line (none without a held-out
@@ -108,6 +116,10 @@ class RunLog:
     def summary(self, summary: dict) -> None:
         if self.rank0:
             write_json(os.path.join(self.out_dir, "summary.json"), summary)
+
+
+def _clock(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=round(seconds)))
 
 
 def _drop_past(path: str, step: int) -> int:
