@@ -145,7 +145,9 @@ class ZeroConfig:
 
 @dataclass
 class FP16Config:
-    initial_scale_power: int = opt(16, "dynamic loss scaling starts at 2**this", range=">= 0")
+    initial_scale_power: int = opt(16, "dynamic loss scaling starts at 2**this (Megatron's start: 32; a step whose "
+                                       "gradients overflow is skipped and halves it; DeepSpeed's loss scaler takes "
+                                       "2**63 at most)", range="[0, 63]")
     loss_scale_window: int = opt(1000, "overflow-free steps before the loss scale doubles", range="> 0")
     hysteresis: int = opt(2, "overflows tolerated before the loss scale halves", range="> 0")
     min_loss_scale: float = opt(1.0, "the loss scale never goes below this", range="> 0")
@@ -463,20 +465,23 @@ def _objective_errors(cfg: Config, need) -> None:
 def _choices(cfg: Config) -> list[tuple[str, dict, list, dict]]:
     """What decides whether the config reads the keys that only some values of another key read: (that key, {each of
     its values: the keys it reads}, the config's values: one, or each layer's attention, {a key not read: the value
-    the config's choice acts as anyway}). An objective reads its own section (`Section.owned`) too."""
+    the config's choice acts as anyway}). An objective reads its own section (`Section.owned`) too; fp16 its loss
+    scaling, bf16 grad_accum_dtype."""
     m, objective = cfg.model, objectives.get(cfg.data.objective)
-    own = {name: (*o.keys_read, *(_section_keys(o.section) if o.section and o.section.owned else ()))
+    own = {name: (*o.keys_read, *(_keys(o.section.schema, o.section.name) if o.section and o.section.owned else ()))
            for name, o in objectives.REGISTRY.items()}
+    by_precision = {"fp16": _keys(FP16Config, "fp16"), "bf16": ["grad_accum_dtype"], "fp32": []}
     return [("data.objective", own, [cfg.data.objective], objective.fixed),
+            ("precision", by_precision, [cfg.precision], {}),
             ("model.position_encoding", {name: [f"model.{k}" for k in p.keys] for name, p in POSITIONS.items()},
              [m.position_encoding], {}),
             ("model.attention_layers", {name: [f"model.{k}" for k in keys] for name, keys in ATTENTIONS.items()},
              list(m.attention_layers), {})]
 
 
-def _section_keys(section) -> list[str]:
-    """The dotted keys of an objective's section, as a config file gives them."""
-    return list(Y.dotted(dataclasses.asdict(section.schema()), section.schema, f"{section.name}."))
+def _keys(schema_, name: str) -> list[str]:
+    """The dotted keys of section `name` (of dataclass `schema_`), as a config file gives them."""
+    return list(Y.dotted(dataclasses.asdict(schema_()), schema_, f"{name}."))
 
 
 @functools.cache
@@ -504,7 +509,7 @@ def _unread(cfg: Config) -> list[tuple[bool, str]]:
     out = []
     for chooser, readers, chosen, fixed in _choices(cfg):
         read = {k for value in chosen for k in readers.get(value, ())}
-        layer, name = p.chose(chooser), chooser.partition(".")[2]
+        layer, name = p.chose(chooser), chooser.rpartition(".")[2]
         choice = f"{chooser}={_shown(cfg.get(chooser))}" + (
             f" (model.arch={cfg.model.arch}'s)" if chooser not in p.origin and name in FEATURES else "")
         for key in dict.fromkeys(k for keys in readers.values() for k in keys):

@@ -21,7 +21,8 @@ RANGES = {"> 0": (lambda x: x > 0, "must be positive; set {k} to a value > 0"),
           ">= 0": (lambda x: x >= 0, "must not be negative; set {k} to a value >= 0"),
           "[0, 1)": (lambda x: 0 <= x < 1, "is outside [0, 1); set {k} to a value in [0, 1)"),
           "(0, 1)": (lambda x: 0 < x < 1, "is outside (0, 1); set {k} to a value in (0, 1)"),
-          "[0, 1]": (lambda x: 0 <= x <= 1, "is outside [0, 1]; set {k} to a value in [0, 1]")}
+          "[0, 1]": (lambda x: 0 <= x <= 1, "is outside [0, 1]; set {k} to a value in [0, 1]"),
+          "[0, 63]": (lambda x: 0 <= x <= 63, "is outside [0, 63]; set {k} to a value in [0, 63]")}
 
 
 def opt(default, help_: str, *, choices=None, range: str | None = None):  # noqa: A002 (the metadata's name)

@@ -199,6 +199,8 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["optimizer.name=sgd"], 1, "optimizer.name='sgd' is not one of adamw | lamb"),
     (["optimizer.schedule=step"], 1, "optimizer.schedule='step' is not one of linear | poly | cosine | constant"),
     (["zero.stage=4"], 1, "zero.stage=4 is not one of 0 | 1 | 2 | 3"),
+    (["fp16.initial_scale_power=64"], 1, "fp16.initial_scale_power=64 is outside [0, 63]; set fp16.initial_scale_power "
+                                         "to a value in [0, 63]"),  # (DeepSpeed's int overflow, a traceback)
     (["parallel.timeout_s=10", "parallel.heartbeat_s=10"], 1,
      "parallel.heartbeat_s=10.0 is not below parallel.timeout_s=10"),
     (["model.arch=bort"], 1, "model.arch='bort' is not one of bert | gpt2 | gpt3 | ernie"),
@@ -378,6 +380,10 @@ MASKED = "mlm_nsp | mlm_sop | mlm | ernie | electra | unilm | distil | tinybert 
      "data.max_predictions_per_seq=20 is not read with data.objective=clm", None),
     ({"run.yaml": "base: t5-tiny\n"}, ["data.masking=token"], "data.masking=token is not read with "
                                                                "data.objective=span_corruption", None),
+    ({"run.yaml": "base: bert-tiny\nprecision: bf16\n"}, ["fp16.hysteresis=1"],  # (fp16's loss scaling, did nothing)
+     "fp16.hysteresis=1 is not read with precision=bf16, only with precision fp16; remove it", None),
+    ({"run.yaml": "base: bert-tiny\ngrad_accum_dtype: bf16\n"}, [],
+     "grad_accum_dtype=bf16 is not read with precision=fp32, only with precision bf16; remove it", None),
     ({"run.yaml": "base: bert-tiny\nmodel:\n  clamp_len: 8\n"}, [],
      "model.clamp_len=8 is not read with model.position_encoding=learned (model.arch=bert's), only with "
      "position_encoding transformer_xl; remove it", None),
