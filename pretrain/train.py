@@ -449,6 +449,10 @@ class Trainer:
                    **{k: round(v, 2) for k, v in dev.device_memory().items()},
                    "layout": {"tp": mcore.tp_size(), "dp": self.dp, "zero_stage": cfg.zero.stage,
                               "precision": cfg.precision}}
+        if self.engine.skipped_steps:
+            log(f"{self.engine.skipped_steps} of the run's {self.step} steps were skipped (fp16 loss scaling: their "
+                "gradients overflowed): not applied, and the learning-rate schedule did not move for them (DeepSpeed's "
+                "and Megatron's accounting); fewer come with a lower fp16.initial_scale_power")
         out.summary(summary)
         return summary
 

@@ -24,10 +24,10 @@ def bert(train_data, *overrides):
             "train.steps=12", "checkpoint.keep=0", *overrides]
 
 
-def test_fp16_overflow_is_skipped_and_the_loss_scale_drops(train_data, tmp_path):
+def test_fp16_overflow_is_skipped_and_the_loss_scale_drops(train_data, tmp_path, capfd):
     """Dynamic loss scaling: a scale of 2**40 overflows fp16 gradients, every step is skipped and halves the scale,
-    and no update reaches the weights (AdamW on torch's fused kernel); from 2**20 the scale drops until steps apply
-    (multi-tensor LAMB), and the weights stay finite."""
+    and no update reaches the weights (AdamW on torch's fused kernel), as the run's end says; from 2**20 the scale
+    drops until steps apply (multi-tensor LAMB), and the weights stay finite."""
     from pretrain.train import Trainer
 
     fp16 = ("precision=fp16", "fp16.hysteresis=1", "zero.stage=2")
@@ -40,6 +40,7 @@ def test_fp16_overflow_is_skipped_and_the_loss_scale_drops(train_data, tmp_path)
     assert [r["skipped_steps"] for r in rows] == [1, 2, 3] and summary["skipped_steps"] == 3
     assert [r["loss_scale"] for r in rows] == [2.0 ** 39, 2.0 ** 38, 2.0 ** 37]
     assert all(torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert "pretrain: 3 of the run's 3 steps were skipped (fp16 loss scaling" in capfd.readouterr().err
 
     trainer = Trainer(config(bert(train_data, *fp16, "fp16.initial_scale_power=20", "train.steps=8",
                                   "optimizer.name=lamb", "optimizer.multi_tensor=on", f"out_dir={tmp_path / 'b'}")))
