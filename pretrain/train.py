@@ -16,6 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import yaml
 
 from pretrain import checkpoint as C
 from pretrain.checkpoint_manager import resume_mismatches
@@ -143,6 +144,11 @@ class Trainer:
             log(f"{why}: dropout streams re-seeded")
         log(f"resumed from step {self.step} (samples {self.consumed:,}) of {self.run.resume}, written by "
             f"tp={meta['tp']} dp={meta['dp']} zero={meta.get('zero_stage')}")
+        was_batch = _config_value(self.run.resume, "train", "global_batch_size")
+        if was_batch not in (None, self.cfg.train.global_batch_size) and self._sources(self.step)[1] is not None:
+            log(f"train.global_batch_size {was_batch} -> {self.cfg.train.global_batch_size}: an evaluation reads the "
+                "first eval_steps global batches of the held-out samples, so its valid_* metrics from here on measure "
+                "other samples than before")
         now = self.scheduler.get_last_lr()[0]
         was = trainer["scheduler"].get("_last_lr", [now])[0]  # (torch's scheduler state; none: nothing to compare)
         if abs(was - now) > 1e-6 * max(abs(was), abs(now)):  # e.g. more train.steps: the schedule is this config's
@@ -479,6 +485,14 @@ class Trainer:
         original = getattr(InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
         if original is not None:
             torch.nn.functional.linear = original
+
+
+def _config_value(ckpt: str, section: str, key: str):
+    """A value of the config a checkpoint was written with (its config.yaml); None where it cannot be read."""
+    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError, TypeError), \
+            open(os.path.join(ckpt, "config.yaml")) as f:
+        return yaml.safe_load(f).get(section, {}).get(key)
+    return None
 
 
 def train(cfg: Config) -> dict:

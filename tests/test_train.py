@@ -72,11 +72,16 @@ def test_resume_is_exact(dataset, tmp_path, capfd):
     assert ckpt[0].meta["consumed_samples"] == ckpt[1].meta["consumed_samples"] == 48
     assert straight["valid_mlm_loss"] == resumed["valid_mlm_loss"]
     recorded = {name: (tmp_path / "a" / name).read_bytes() for name in ("config.yaml", "summary.json")}
-    for steps, where in ((4, "past"), (6, "at")):  # a re-run of a finished run: said; its record not written over
-        past = train(cfg(tmp_path / "a", f"train.steps={steps}", "optimizer.lr=0.5"))
+    for steps, where, batch in ((4, "past", 8), (6, "at", 16)):  # a re-run of a finished run: said; its record not
+        past = train(cfg(tmp_path / "a", f"train.steps={steps}", "optimizer.lr=0.5",  # written over
+                         f"train.global_batch_size={batch}"))
         assert past == json.loads(recorded["summary.json"]) and past["trained_steps"] == 6
+        err = capfd.readouterr().err
         assert (f"pretrain: the checkpoint of step 6 ({tmp_path}/a/checkpoints/step_00000006) is {where} "
-                f"train.steps={steps}: nothing to train") in capfd.readouterr().err
+                f"train.steps={steps}: nothing to train") in err
+        assert ("pretrain: train.global_batch_size 8 -> 16: an evaluation reads the first eval_steps global batches "
+                "of the held-out samples, so its valid_* metrics from here on measure other samples" in err) == (
+            batch == 16), err
         assert {name: (tmp_path / "a" / name).read_bytes() for name in recorded} == recorded
 
 
