@@ -94,8 +94,9 @@ def parser() -> argparse.ArgumentParser:
                         "objective and masking need")
     g = b.add_argument_group("tokenizer")
     g.add_argument("--tokenizer", metavar="PATH",
-                   help="reuse a tokenizer: sentencepiece .model, WordPiece vocab.txt, GPT-2 vocab.json (+merges.txt), "
-                        "or another dataset's directory. Default: train one on this corpus (--model-type)")
+                   help="reuse a tokenizer: sentencepiece .model, WordPiece vocab.txt, a BPE vocab.json (+merges.txt; "
+                        "GPT-2's, RoBERTa's or GPT's), a tokenizer.json, or another dataset's directory. Default: train "
+                        "one on this corpus (--model-type)")
     g.add_argument("--max-unk-rate", type=float, default=0.05,
                    help="fail when more than this fraction of tokens is [UNK] in the first 1000 documents")
     _tokenizer_options(b)
