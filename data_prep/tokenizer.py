@@ -131,7 +131,8 @@ class Tokenizer:
     `<extra_id_k>` ids appended after the vocabulary, `<extra_id_0>` the last (as T5's vocabularies hold them); text
     never encodes to them: span corruption puts them in its samples (`sentinel_ids`). A tokenizer.json holding them
     as its last added tokens (T5's) has them as its sentinels. Text is text: a special piece written in the text
-    ("[SEP]", "</s>", "<|endoftext|>", "[MASK]") encodes to its ordinary pieces, never to a special id (`_encoder`)."""
+    ("[SEP]", "</s>", "<|endoftext|>", "[MASK]") encodes to its ordinary pieces, never to a special id (`_encoder`;
+    the words kind aside: its text is ptm's own, one word a piece, its <S> and </S> the sentences' bounds)."""
 
     def __init__(self, kind: str, directory: str, files: list[str], lowercase: bool = False, threads: int = 1,
                  sentinels: int = 0, rewrites: tuple[str, ...] = ()):
@@ -351,20 +352,32 @@ def _sp_text_only(sp, ids):
     return spm.SentencePieceProcessor(model_proto=model.SerializeToString()) if found else sp
 
 
+OUT_OF_REACH = "\uffff"  # a Unicode noncharacter (kept for a program's internal use): no text holds it
+
+
 def _pipeline_text_only(pipeline, ids):
-    """A copy of a `tokenizers.Tokenizer` that finds none of its special tokens in text (`encode_special_tokens`), whose
-    Unigram model (T5's and ALBERT's hold </s>, <pad>, <extra_id_k> among their pieces) takes none of `ids` nor of them
-    where ordinary pieces cover the text: each scores below any run of ordinary pieces as long (sentencepiece leaves
-    its control pieces out)."""
+    """A copy of a `tokenizers.Tokenizer` that finds none of `ids` nor of its special tokens in text: their pieces
+    renamed out of any text's reach (OUT_OF_REACH before them) in its model's vocabulary (a Unigram's, T5's and
+    ALBERT's, holds </s>, <pad>, <extra_id_k> among its pieces, which it would pick for text that spells them) and among
+    its added tokens, which are all special then and not matched in text (`encode_special_tokens`): as sentencepiece
+    keeps its control pieces out. The ids stay; decoding is the original pipeline's."""
     from tokenizers import Tokenizer as Pipeline
 
     spec = json.loads(pipeline.to_str())
-    if spec["model"]["type"] == "Unigram":
-        vocab = spec["model"]["vocab"]
-        ids = ids | {i for i, t in pipeline.get_added_tokens_decoder().items() if t.special}
-        floor = min(0.0, *(s for _, s in vocab)) * (max(len(p) for p, _ in vocab) + 1) - 1.0
-        for i in ids & set(range(len(vocab))):
-            vocab[i][1] = floor
+    added, model = spec.get("added_tokens") or [], spec["model"]
+    hidden = ids | {t["id"] for t in added if t.get("special")}
+    for token in added:
+        if token["id"] in hidden:
+            token.update(content=OUT_OF_REACH + token["content"], special=True)
+    vocab = model.get("vocab")
+    if isinstance(vocab, list):  # Unigram: [piece, score] at each id
+        for i in hidden & set(range(len(vocab))):
+            vocab[i][0] = OUT_OF_REACH + vocab[i][0]
+    elif isinstance(vocab, dict):  # WordPiece, BPE, WordLevel: piece -> id
+        renamed = {piece: OUT_OF_REACH + piece for piece, i in vocab.items() if i in hidden}
+        model["vocab"] = {renamed.get(piece, piece): i for piece, i in vocab.items()}
+        if model.get("unk_token") in renamed:
+            model["unk_token"] = renamed[model["unk_token"]]
     text_only = Pipeline.from_str(json.dumps(spec))
     text_only.encode_special_tokens = True
     return text_only

@@ -78,6 +78,35 @@ def test_special_pieces_written_in_text_encode_as_the_texts_ordinary_pieces(toke
         assert tok.decode(ids) == SPECIALS_AS_TEXT  # (data_prep inspect's view of it)
 
 
+def test_special_pieces_stay_text_where_a_vocabulary_cannot_spell_them_or_does_not_mark_them(tmp_path):
+    """A Unigram vocabulary without "<" (T5's own): the special piece </s> scored below any run of ordinary pieces
+    still won where those runs need <unk>; a role's piece added as a token not marked special (a WordPiece [MASK]) was
+    matched in text. A tokenizer pickled after it encoded (a spawned worker's) keeps them out too (their pieces are
+    renamed: `encode_special_tokens`, which pickling loses, is not all that keeps them out)."""
+    import pickle
+
+    from tokenizers import AddedToken, Tokenizer as Pipeline, decoders, models, pre_tokenizers
+
+    unigram = Pipeline(models.Unigram([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581the", -1.0),
+                                       ("\u2581cat", -1.0), ("\u2581", -2.0), *((c, -5.0) for c in "thecas/")], unk_id=2))
+    unigram.pre_tokenizer, unigram.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    unigram.add_special_tokens([AddedToken(t, special=True) for t in ("<pad>", "</s>", "<unk>")])
+    wordpiece = Pipeline(models.WordPiece({t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                                                       "the", "cat", "[", "]", "mask"])},
+                                          unk_token="[UNK]"))
+    wordpiece.pre_tokenizer = pre_tokenizers.Whitespace()
+    wordpiece.add_tokens([AddedToken("[MASK]", special=False)])
+    for name, pipeline, text, role in (("t5", unigram, "the </s> cat", "eod"), ("bert", wordpiece, "the [MASK] cat",
+                                                                                 "mask")):
+        (tmp_path / name).mkdir()
+        pipeline.save(str(tmp_path / name / "tokenizer.json"))
+        assert pipeline.encode(text).ids.count(pipeline.token_to_id(text.split()[1])) == 1  # (what it was)
+        tok = load_tokenizer(str(tmp_path / name / "tokenizer.json"))
+        for encoder in (tok, pickle.loads(pickle.dumps(tok))):
+            ids = encoder.encode([text])[0].tolist()
+            assert tok.special[role] not in ids and ids[0] == pipeline.token_to_id("\u2581the" if name == "t5" else "the")
+
+
 def test_wordpiece_vocab_matches_transformers(wordpiece_vocab, corpus, tmp_path):
     docs = corpus["en"][:60]
     src = write_jsonl(tmp_path / "en.jsonl", [{"text": t} for t in docs])
