@@ -242,37 +242,62 @@ WRITTEN_WHOLE = ("model", "data", "train", "optimizer", "checkpoint", "parallel"
 class Provenance:
     """Where the keys of a loaded config come from: `layers`, the files (the first base first) then "--set" (the
     command line's items, one layer); `origin`, each dotted key given -> the index of the last layer that gave it;
-    `whole`, the indices of the files written out whole (a run's config.yaml, which holds every key)."""
+    `since`, each -> the first layer of those that gave it its final value in a row (a base's choice that a later
+    layer restates is the base's); `whole`, the indices of the files written out whole (a run's config.yaml, which
+    holds every key)."""
 
     layers: tuple[str, ...]
     origin: dict
+    since: dict
     whole: frozenset
 
     def chose(self, key: str) -> int:
-        """The layer that made the choice `key` holds: the last to give it; a model feature left to the arch (null:
+        """The layer that made the choice `key` holds (`since`); a model feature left to the arch (null:
         position_encoding, attention_layers, ...) was chosen with model.arch; -1: by the defaults."""
-        if key in self.origin:
-            return self.origin[key]
+        if key in self.since:
+            return self.since[key]
         section, _, name = key.partition(".")
-        return self.origin.get("model.arch", -1) if section == "model" and name in FEATURES else -1
+        return self.since.get("model.arch", -1) if section == "model" and name in FEATURES else -1
 
 
 def load(path: str, overrides: typing.Iterable[str] = ()) -> Config:
     """A YAML file (or preset name) with its `base` chain, then `key=value` overrides (--set). A run directory's
     config.yaml written by an earlier version reads too (`MOVED`)."""
     files = Y.layers(Y.resolve(path, os.getcwd(), PRESETS_DIR), Config, PRESETS_DIR, moved=MOVED)
-    raw, origin = {}, {}
+    raw, given = {}, {}  # dotted key -> [(layer, value)], in order
     for i, (_, layer) in enumerate(files):
-        origin.update(dict.fromkeys(Y.dotted(layer, Config), i))
         raw = Y.merge(raw, layer, Config)
+        for key in Y.dotted(layer, Config):
+            given.setdefault(key, []).append((i, _value(layer, key)))
     for item in overrides:
         Y.override(raw, item, Config)
-        origin.update(dict.fromkeys(Y.given(item, Config), len(files)))
+        for key in Y.given(item, Config):
+            given.setdefault(key, []).append((len(files), _value(raw, key)))
+    origin = {key: values[-1][0] for key, values in given.items()}
+    since = {key: _first_of_final(values) for key, values in given.items()}
     cfg = Y.build(Config, raw)
     cfg.explicit = frozenset(Y.dotted(raw, Config))  # keys a file or override gave (the rest are the defaults)
     whole = all(isinstance(files[0][1].get(s), dict) for s in WRITTEN_WHOLE)  # (only the first base has no base)
-    cfg.provenance = Provenance((*(name for name, _ in files), "--set"), origin, frozenset({0} if whole else ()))
+    cfg.provenance = Provenance((*(name for name, _ in files), "--set"), origin, since,
+                                frozenset({0} if whole else ()))
     return cfg
+
+
+def _first_of_final(values: list) -> int:
+    """Of [(layer, value)] in order, the first layer of the last run that gave the final value."""
+    first = values[-1][0]
+    for layer, value in reversed(values):
+        if value != values[-1][1]:
+            break
+        first = layer
+    return first
+
+
+def _value(raw: dict, key: str):
+    """The value of dotted `key` in a raw config mapping."""
+    for part in key.split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    return raw
 
 
 def keys() -> list[str]:

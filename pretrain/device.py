@@ -38,7 +38,7 @@ def building():
         yield
     except BaseException as e:
         if memory_ran_out(e):
-            e.add_note(BUILDING)
+            e.__notes__ = [*getattr(e, "__notes__", ()), BUILDING]  # (BaseException.add_note: Python 3.11 on)
         raise
 
 

@@ -53,8 +53,8 @@ class ReportError(ValueError):
 
 
 def log_rows(path: str) -> list[dict]:
-    """A jsonl log, the last row of each step winning (a resumed run logs the steps after its checkpoint again); a
-    last line cut short (the run killed while writing it) is left out."""
+    """A jsonl log, the last row of each step winning (a resume cuts the rows logged past its checkpoint: a log written
+    before it did holds those steps twice); a last line cut short (the run killed while writing it) is left out."""
     if not os.path.isfile(path):
         return []
     by_step = {}

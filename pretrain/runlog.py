@@ -52,7 +52,8 @@ class RunLog:
             return
         write_text(os.path.join(self.out_dir, "config.yaml"), config_yaml)
         write_json(os.path.join(self.out_dir, "launch.json"), launch)
-        dropped = {name: _drop_past(os.path.join(self.out_dir, name), done) for name in ("metrics.jsonl", "valid.jsonl")}
+        dropped = {name: _drop_past(os.path.join(self.out_dir, name), done)
+                   for name in ("metrics.jsonl", "valid.jsonl")}
         if any(dropped.values()):
             self.log(f"the logs' rows past step {done} ({', '.join(f'{n} of {k}' for k, n in dropped.items() if n)}), "
                      f"of {'a run that stopped before its checkpoint' if done else 'an earlier run'} in this out_dir, "
@@ -123,18 +124,44 @@ def _clock(seconds: float) -> str:
 
 
 def _drop_past(path: str, step: int) -> int:
-    """Rewrite the jsonl log at `path` (atomically) without its rows past `step`; the number left out."""
-    if not os.path.isfile(path):
+    """Cut the jsonl log at `path` after its last row at or before `step`: the rows past it come last (each run appends
+    in step order, and cuts those past its start), a last line cut short by a kill with them. Read from its end, so a
+    long log costs no more than its rows cut; the number of rows cut."""
+    try:
+        f = open(path, "r+b")
+    except FileNotFoundError:
         return 0
-    with open(path, errors="replace") as f:
-        lines = f.read().splitlines(keepends=True)
-    kept = [line for line in lines if _step_of(line) <= step]
-    if len(kept) < len(lines):
-        write_text(path, "".join(kept))
-    return len(lines) - len(kept)
+    with f:
+        cut = end = f.seek(0, os.SEEK_END)
+        dropped = 0
+        for start, line in _lines_backwards(f, end):
+            if line.strip():
+                if _step_of(line) <= step:
+                    break
+                dropped += 1
+            cut = start
+        if cut < end:
+            f.truncate(cut)
+    return dropped
 
 
-def _step_of(line: str) -> float:
+def _lines_backwards(f, end: int, block: int = 1 << 16):
+    """(offset, line) of each line of binary file `f` (of `end` bytes), the last first."""
+    pos, rest = end, b""
+    while pos > 0:
+        size = min(block, pos)
+        pos -= size
+        f.seek(pos)
+        parts = (f.read(size) + rest).split(b"\n")
+        rest, offset, found = parts[0], pos + len(parts[0]) + 1, []
+        for part in parts[1:]:
+            found.append((offset, part))
+            offset += len(part) + 1
+        yield from reversed(found)
+    yield 0, rest
+
+
+def _step_of(line: bytes) -> float:
     """A log row's step; a line that is no row (cut short by a kill) counts as past any step."""
     try:
         return float(json.loads(line)["step"])

@@ -98,8 +98,9 @@ NARROWEST = 30  # the least room for the description column; less, and each desc
 
 
 def help_width() -> int:
-    """The columns `--help` text fills: the terminal's less 2, as argparse's help, at most WIDEST."""
-    return min(shutil.get_terminal_size().columns - 2, WIDEST)
+    """The columns `--help` text fills: the terminal's less 2, as argparse's help, at most WIDEST and at least 40 (a
+    COLUMNS of 2 failed every command, which builds the table)."""
+    return max(min(shutil.get_terminal_size().columns - 2, WIDEST), 40)
 
 
 def describe(cls, width: int | None = None) -> str:

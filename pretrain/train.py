@@ -367,7 +367,12 @@ class Trainer:
     def _fit(self) -> dict:
         cfg, first = self.cfg, self.step
         if self.run.resume and self.step >= cfg.train.steps:
-            return self._finished()
+            log(f"the checkpoint of step {self.step} ({self.run.resume}) is "
+                f"{'past' if self.step > cfg.train.steps else 'at'} train.steps={cfg.train.steps}: nothing to train; "
+                "raise train.steps to train on")
+            recorded = self._recorded()
+            if recorded is not None:
+                return recorded  # (else the run ends as it would have: its evaluation, its summary)
         out = self.runlog = RunLog(cfg.out_dir, self.rank0, log)
         out.start(cfg.to_yaml(), {"device": self.device_name, "world_size": self.world, "tp": mcore.tp_size(),
                                   "dp": self.dp, "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.world)),
@@ -462,17 +467,15 @@ class Trainer:
         out.summary(summary)
         return summary
 
-    def _finished(self) -> dict:
-        """A run resumed from a checkpoint at or past train.steps: nothing trains, and nothing of the run's record
-        (config.yaml, launch.json, summary.json, the logs) is written over; its summary, as recorded."""
-        cfg = self.cfg
-        log(f"the checkpoint of step {self.step} ({self.run.resume}) is {'past' if self.step > cfg.train.steps else 'at'}"
-            f" train.steps={cfg.train.steps}: nothing to train; raise train.steps to train on")
-        recorded = os.path.join(cfg.out_dir, "summary.json")
-        with contextlib.suppress(OSError, ValueError), open(recorded) as f:
-            return json.load(f)
-        return {"steps": self.step, "trained_steps": 0, "resumed_from": self.resumed_from,
-                "checkpoint": self.run.resume}
+    def _recorded(self) -> dict | None:
+        """The summary a finished run recorded at this step (its summary.json), which a re-run returns and writes
+        nothing over (config.yaml, launch.json, the logs); None where there is none (a run killed after its last
+        checkpoint, before its summary)."""
+        with contextlib.suppress(OSError, ValueError), open(os.path.join(self.cfg.out_dir, "summary.json")) as f:
+            recorded = json.load(f)
+            if isinstance(recorded, dict) and recorded.get("steps") == self.step:
+                return recorded
+        return None
 
     def close(self) -> None:
         """Stop the heartbeat and release DeepSpeed's hooks and buffers (ZeRO-3 partitioning, offload), so that
