@@ -378,6 +378,8 @@ MASKED = "mlm_nsp | mlm_sop | mlm | ernie | electra | unilm | distil | tinybert 
      "remove it", None),
     ({"run.yaml": "base: gpt2-tiny\ndata:\n  mask_prob: 0.3\n"}, ["data.objective=clm"],  # a choice restated is
      "data.mask_prob=0.3 is not read with data.objective=clm", None),  # the base's still (once a note)
+    ({"run.yaml": "base: gpt2-tiny\n"}, ["data.similar_words=/nonexistent.txt"],  # one line (were three)
+     "data.similar_words=/nonexistent.txt is not read with data.objective=clm", None),
     ({"run.yaml": "base: gpt2-tiny\n"}, ["data.max_predictions_per_seq=20"],
      "data.max_predictions_per_seq=20 is not read with data.objective=clm", None),
     ({"run.yaml": "base: t5-tiny\n"}, ["data.masking=token"], "data.masking=token is not read with "
