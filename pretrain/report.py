@@ -15,7 +15,8 @@ import re
 TOTAL = "loss"
 VALID = "valid_"  # the prefix of a metric's name in valid.jsonl
 STAGE = "stage"
-PANELS = (  # (title, which metric names (without VALID) it draws, with their validation curves, log scale allowed)
+PANELS = (  # (title, which metric names (without VALID) it draws, with their validation curves: the model's measures,
+    # whose curves break where a stage begins, log scale allowed)
     ("loss", lambda k: k == TOTAL, True, True),
     ("loss terms", lambda k: k.endswith("_loss"), True, True),
     ("accuracy", lambda k: re.search(r"_(acc|auc)(_|$)", k) is not None, True, False),
@@ -77,13 +78,14 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _curve(rows: list[dict], key: str, valid: bool) -> Curve:
-    """The points of `key` in `rows`, a new segment wherever the stage changes."""
+def _curve(rows: list[dict], key: str, valid: bool, staged: bool = True) -> Curve:
+    """The points of `key` in `rows`; where `staged`, a new segment wherever the stage changes (a loss's terms change
+    there by design; the learning rate, the throughput, the gradient norm go on)."""
     name, stage_name = (VALID + key, VALID + STAGE) if valid else (key, STAGE)
     segments, last = [], None
     for r in rows:
         if _number(r.get(name)):
-            if not segments or r.get(stage_name) != last:
+            if not segments or staged and r.get(stage_name) != last:
                 segments.append([])
             segments[-1].append((r["step"], r[name]))
             last = r.get(stage_name)
@@ -103,7 +105,7 @@ def panels(train: list[dict], valid: list[dict]) -> list[tuple[str, list[Curve],
     for title, takes, with_valid, log in PANELS:
         curves = []
         for key in filter(takes, names):
-            drawn = [_curve(train, key, False)] + ([_curve(valid, key, True)] if with_valid else [])
+            drawn = [_curve(train, key, False, with_valid)] + ([_curve(valid, key, True)] if with_valid else [])
             curves += [c for c in drawn if c.points]
         out.append((title, curves, log))
     return out
