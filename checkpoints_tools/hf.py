@@ -57,8 +57,9 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     with open(os.path.join(tok_dir, "ptm_tokenizer.json")) as f:
         meta = json.load(f)
     files = [os.path.join(tok_dir, name) for name in meta["files"]]
-    ids = meta["special_ids"]
-    ids.update({role: ids.get(other) for role, other in (stand_ins or {}).items() if ids.get(role) is None})
+    ids = meta["special_ids"]  # (the roles a family names by another's piece join them: `stand_ins`)
+    meta["special_ids"] = {**ids, **{role: ids.get(other) for role, other in (stand_ins or {}).items()
+                                     if ids.get(role) is None}}
 
     def pipeline():  # a sentencepiece model's, or the very one data_prep encoded with (char_bpe, tokenizer_json)
         return sentencepiece_to_fast(files[0]) if meta["kind"] == "sentencepiece" else load_tokenizer(tok_dir).backend()
