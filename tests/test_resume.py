@@ -2,6 +2,7 @@
 its checkpoint (fresh weights, data order and dropout from the new seed) could not end bit-identical or within
 1e-5. Resume refuses what does not fit, falls back from damaged checkpoints, and the precision x ZeRO x optimizer
 matrix checks the optimizer's step count, the loss scale and bit-identical weights after a resume."""
+import json
 import os
 import re
 import shutil
@@ -497,8 +498,8 @@ def test_a_checkpoint_the_disk_refuses_ends_every_rank_in_one_line_and_keeps_the
     stale.mkdir(parents=True)
     (stale / "param-tp00-dp000.safetensors.tmp").write_bytes(b"x" * 1000)
     limit = 256 << 10  # below a shard of bert-tiny's (MBs), above every other file the run writes
-    with open(run / "metrics.jsonl", "a") as f:  # but this one: its next row is refused, and the run goes on
-        f.write(" " * limit + "\n")
+    with open(run / "metrics.jsonl", "a") as f:  # but this one (a row of a step before the checkpoint, which the
+        f.write(json.dumps({"step": 1, "filler": " " * limit}) + "\n")  # resume keeps): its next row is refused
 
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
