@@ -55,6 +55,34 @@ def test_same_batches_for_any_worker_count(bert):
     assert equal(runs[0], runs[1]) and equal(runs[0], runs[2])
 
 
+def test_a_worker_found_dead_is_named_by_the_signal_that_ended_it(bert):
+    """torch says only "exited unexpectedly" of a worker it finds dead without its signal handler's word (the signal
+    came while that handler's error was swallowed: once in its profiler's first import): the signal comes from the
+    worker's exit status, so a SIGBUS (a full /dev/shm) is not named the out-of-memory killer's."""
+    import os
+    import signal
+    import time
+
+    from pretrain.data.loader import end_workers, worker_death
+
+    batches = iter(make_loader(bert, 8, total_samples=96, num_workers=1))
+    next(batches)
+    worker = batches._workers[0]
+    os.kill(worker.pid, signal.SIGBUS)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:  # (torch's SIGCHLD handler raises its own word wherever the main process is: here, in the wait)
+            if worker.exitcode is not None:
+                break
+            time.sleep(0.05)
+        except RuntimeError:
+            pass
+    said = worker_death(RuntimeError(f"DataLoader worker (pid(s) {worker.pid}) exited unexpectedly"))
+    end_workers(batches)
+    assert said.startswith(f"data-loader worker (pid {worker.pid}) was killed by SIGBUS: shared memory (/dev/shm) "
+                           "ran out"), said
+
+
 def test_unpadded_batches_are_packed_in_the_workers(bert):
     padded = collect(make_loader(bert, 8, total_samples=32, num_workers=0))
     packed = collect(make_loader(bert, 8, total_samples=32, num_workers=2, unpadded=True))

@@ -11,6 +11,7 @@ import functools
 import math
 import re
 import signal
+import weakref
 
 import numpy as np
 import torch
@@ -85,10 +86,24 @@ def make_loader(source, micro_batch_size: int, *, rank: int = 0, world_size: int
     starting it never draws from the global RNG (dropout), so a resumed run stays exact."""
     sampler = DistributedSampler(source, rank=rank, world_size=world_size, consumed_samples=consumed_samples,
                                  total_samples=total_samples)
-    return DataLoader(SampleDataset(source), batch_size=micro_batch_size, sampler=sampler,
-                      collate_fn=functools.partial(collate, unpadded=unpadded, locate=locate),
-                      num_workers=num_workers, pin_memory=torch.cuda.is_available(), persistent_workers=num_workers > 0,
-                      generator=torch.Generator(), worker_init_fn=_ignore_stop_signals)
+    with torch.autograd.profiler.record_function("ptm: a loader"):  # (imports now what its first batch would: a
+        pass  # worker's death signalled during that import was a warning with a traceback, and said no more)
+    return _Loader(SampleDataset(source), batch_size=micro_batch_size, sampler=sampler,
+                   collate_fn=functools.partial(collate, unpadded=unpadded, locate=locate),
+                   num_workers=num_workers, pin_memory=torch.cuda.is_available(), persistent_workers=num_workers > 0,
+                   generator=torch.Generator(), worker_init_fn=_ignore_stop_signals)
+
+
+class _Loader(DataLoader):
+    """torch's DataLoader, whose iterators `worker_death` can ask how a worker of theirs ended."""
+
+    def _get_iterator(self):
+        batches = super()._get_iterator()
+        _ITERATORS.add(batches)
+        return batches
+
+
+_ITERATORS = weakref.WeakSet()
 
 
 def end_workers(batches) -> None:
@@ -111,12 +126,22 @@ def _ignore_stop_signals(worker_id: int) -> None:
 _DIED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited unexpectedly)")
 
 
+def _signal_of(pids: str) -> str | None:
+    """The signal that ended the first of `pids` among the workers of the loaders made here, as torch names it
+    ("Bus error"), where torch's message did not say (a worker found dead "exited unexpectedly")."""
+    for batches in list(_ITERATORS):
+        for worker in getattr(batches, "_workers", ()):
+            if str(worker.pid) == pids.split(",")[0].strip() and (worker.exitcode or 0) < 0:
+                return signal.strsignal(-worker.exitcode)
+    return None
+
+
 def worker_death(e: BaseException) -> str | None:
     """What torch's loader raises when one of its workers died, said as what to do; None for any other failure."""
     died = _DIED.search(str(e))
     if died is None:
         return None
-    pid, signal_name = died[1], died[2]
+    pid, signal_name = died[1], died[2] or _signal_of(died[1])
     if signal_name == "Bus error":  # what a worker's tensors in a full /dev/shm get
         return (f"data-loader worker (pid {pid}) was killed by SIGBUS: shared memory (/dev/shm) ran out; raise its "
                 "size (docker --shm-size) or set data.num_workers lower, then re-run the same command to resume "
