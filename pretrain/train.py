@@ -370,9 +370,10 @@ class Trainer:
             log(f"the checkpoint of step {self.step} ({self.run.resume}) is "
                 f"{'past' if self.step > cfg.train.steps else 'at'} train.steps={cfg.train.steps}: nothing to train; "
                 "raise train.steps to train on")
-            recorded = self._recorded()
-            if recorded is not None:
-                return recorded  # (else the run ends as it would have: its evaluation, its summary)
+            recorded = [self._recorded() if self.rank0 else None]  # (rank 0's reading, for every rank: they
+            dist.broadcast_object_list(recorded, src=0)  # go on together or not at all)
+            if recorded[0] is not None:
+                return recorded[0]  # (else the run ends as it would have: its evaluation, its summary)
         out = self.runlog = RunLog(cfg.out_dir, self.rank0, log)
         out.start(cfg.to_yaml(), {"device": self.device_name, "world_size": self.world, "tp": mcore.tp_size(),
                                   "dp": self.dp, "gpus_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", self.world)),
