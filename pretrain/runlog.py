@@ -37,7 +37,7 @@ class RunLog:
         """The resolved config, the launch (what `ptm plan --check` predicts for), the progress bar and TensorBoard.
         What the logs hold past step `done` (the checkpoint this run starts from; 0: none) was trained by a run that
         stopped before it could checkpoint, or by another run in this out_dir: it goes, as those steps are trained
-        again (TensorBoard's purge_step; metrics.jsonl and valid.jsonl rewritten), so no curve holds a step twice
+        again (TensorBoard's purge_step; metrics.jsonl and valid.jsonl cut there), so no curve holds a step twice
         nor splices two runs."""
         try:
             os.makedirs(self.out_dir, exist_ok=True)

@@ -127,8 +127,8 @@ _DIED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) (?:is killed by
 
 
 def _signal_of(pids: str) -> str | None:
-    """The signal that ended the first of `pids` among the workers of the loaders made here, as torch names it
-    ("Bus error"), where torch's message did not say (a worker found dead "exited unexpectedly")."""
+    """The signal that ended the first of `pids` among the workers of the loaders' iterators made here, as torch
+    names it ("Bus error"), where torch's message did not say (a worker found dead "exited unexpectedly")."""
     for batches in list(_ITERATORS):
         for worker in getattr(batches, "_workers", ()):
             if str(worker.pid) == pids.split(",")[0].strip() and (worker.exitcode or 0) < 0:
