@@ -240,7 +240,7 @@ class Checkpoints:
         def finish() -> None:
             steps = [s["step"] for s in state.values() if s]
             write_bytes(os.path.join(tmp, "trainer.pt"), _torch_bytes(
-                {**trainer_state, "optimizer_steps": steps[0] if steps else 0,
+                {**trainer_state, "optimizer_steps": steps[0] if steps else 0, "idle_steps": dict(optimizer.idle_steps),
                  "loss_scaler": loss_scale_state(run.engine.optimizer), "engine": engine_counters(run.engine)}))
             copy_tokenizer(tokenizer_dir, tmp)
             write_text(os.path.join(tmp, "config.yaml"), config_yaml)
@@ -296,6 +296,7 @@ class Checkpoints:
         pieces, trainer = Pieces(ckpt), torch.load(path, weights_only=False)
         kinds = [k for k in KINDS if pieces.has(k)]
         layout, state = run.layout, optimizer.state
+        optimizer.idle_steps = dict(trainer.get("idle_steps", {}))  # (by parameter name: any layout)
         places: dict[str, list] = {}
         for master, segments in layout.tensors:
             if "exp_avg" in kinds:

@@ -20,7 +20,6 @@ from deepspeed.accelerator import get_accelerator
 from pretrain import kernels as K
 from pretrain import signals
 from pretrain.config import Config, ConfigError
-from pretrain.optim import Lamb
 from pretrain.parallel import mcore, multi_tensor
 from pretrain.parallel.layout import Layout, undo_construction_step
 
@@ -152,8 +151,8 @@ def _fused_lm_loss(cfg: Config, device) -> bool:
 
 def build(cfg: Config, model, optimizer, scheduler) -> Parallelized:
     """A DeepSpeed engine over `model` (already on its device) with ptm's optimizer and LR scheduler, and the kernels
-    chosen. LAMB gets the engine's `Layout` so that its trust ratios are per whole parameter whatever the
-    partitioning."""
+    chosen. The optimizer gets the engine's `Layout`: LAMB's trust ratios are per whole parameter whatever the
+    partitioning, and parameters a phase does not train are left alone in any layout (`_Adam.idle`)."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     _allow_half_on_cpu()
     _nothing_to_build()
@@ -169,7 +168,5 @@ def build(cfg: Config, model, optimizer, scheduler) -> Parallelized:
             deepspeed.zero.register_external_parameter(module, param)
     undo_construction_step(engine)
     multi_tensor.use(engine)
-    layout = Layout.of(engine)
-    if isinstance(optimizer, Lamb):
-        optimizer.layout = layout
+    layout = optimizer.layout = Layout.of(engine)
     return Parallelized(engine, layout, kernels, _fused_lm_loss(cfg, next(model.parameters()).device))

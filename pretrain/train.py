@@ -68,6 +68,7 @@ class Trainer:
         self.cfg, self.objective = cfg, self.run.objective
         self._check_start()
         self._built: dict = {}  # phase index -> (train, valid) sources
+        self._idle_names: dict = {}  # `Objective.idle`'s modules -> the names of their parameters
         self._sources((self.run.meta or {}).get("step", 0))  # then the data: a dataset the objective cannot sample
         # (e.g. built without the sentences it needs) is refused before the model is built and DeepSpeed starts
         self.world, self.dp, self.dp_rank = self.run.world, mcore.dp_size(), mcore.dp_rank()
@@ -218,6 +219,7 @@ class Trainer:
         padding = sum((1 - real.float().mean().double() for real in map(real_tokens, batches) if real is not None),
                       torch.zeros((), dtype=torch.float64, device=self.device))
         scale = unapplied_loss_scale(self.engine)  # fp16 at ZeRO-0: DeepSpeed's backward does not scale the loss
+        self.optimizer.idle = self._idle(self.objective.idle(phase))
         for i, batch in enumerate(batches):
             heartbeat.progress(f"step {step}: micro-batch {i + 1} of {self.accumulation}")
             terms = self.objective.compute(self.engine, batch, phase, fused=self.parallel.fused_lm_loss)
@@ -230,6 +232,8 @@ class Trainer:
                 signals.pause("collective")  # (tests, with a rank: the others wait in `_agree`'s all-reduce)
                 metrics = self._agree(tally, finite, padding)
             self.engine.step()
+        if self.engine.was_step_applied():  # (not an fp16 overflow)
+            self.optimizer.rested()
         self.step += 1
         signals.trained_steps += 1
         self.consumed += self.cfg.train.global_batch_size
@@ -242,6 +246,13 @@ class Trainer:
         if self.cfg.precision == "fp16":
             metrics.update(loss_scale=loss_scale(self.engine.optimizer), skipped_steps=self.engine.skipped_steps)
         return metrics
+
+    def _idle(self, modules: tuple[str, ...]) -> frozenset[str]:
+        """The names of the parameters of `modules` (names of modules or parameters: `Objective.idle`)."""
+        if modules not in self._idle_names:
+            self._idle_names[modules] = frozenset(n for n in self.parallel.layout.names
+                                                  if any(n == m or n.startswith(m + ".") for m in modules))
+        return self._idle_names[modules]
 
     def _agree(self, tally: losses.Tally, finite: torch.Tensor, padding: torch.Tensor) -> dict:
         """The step's metrics, from its one transfer to the host before the optimizer runs: the metric sums (reduced

@@ -1,5 +1,5 @@
 """The same global batch trains the same model whatever the layout, for every objective: BERT (mlm_nsp, whole-word
-masking, padded samples), ERNIE 2.0 (two tasks of one stage), GPT-2 (unpacked documents, padded windows), RoBERTa
+masking, padded samples), ERNIE 2.0 (two tasks, then a third), GPT-2 (unpacked documents, padded windows), RoBERTa
 (mlm on full sentences, its positions), ALBERT (shared layers, factorised embeddings, n-gram masking, SOP), MacBERT
 (correction masking), ELECTRA (a generator sampling the tokens a discriminator judges), NEZHA (relative positions
 inside attention), GPT (a post-LN decoder), GPT-3 (layers alternating dense and locally banded attention), UniLM
@@ -33,8 +33,9 @@ COMMON = ["data.num_workers=0", "data.seq_len=32", "model.max_position_embedding
           "train.steps=4", "checkpoint.interval=0", "train.eval_steps=1"]
 MODELS = {  # preset, overrides, heads, the loss that every objective logs first
     "bert": (["bert-tiny", "data.objective=mlm_nsp", "data.masking=whole_word", "data.short_seq_prob=0.5"], 2, "mlm_loss"),
-    "ernie": (["ernie-tiny", "ernie.stages=[{steps: 4, tasks: {knowledge_masking: 1, sentence_distance: 1}}]"], 2,
-              "mlm_loss"),
+    "ernie": (["ernie-tiny", "ernie.stages=[{steps: 2, tasks: {knowledge_masking: 1, sentence_distance: 1}}, "
+                             "{steps: 2, tasks: {knowledge_masking: 1, sentence_distance: 1, capitalization: 1}}]"], 2,
+              "mlm_loss"),  # a head that joins at step 3: its first steps as the others' (in runs of ZeRO's partitions)
     "gpt2": (["gpt2-tiny", "model.num_heads=4", "data.pack_documents=false"], 4, "lm_loss"),
     "roberta": (["roberta-tiny", "model.max_position_embeddings=40"], 2, "mlm_loss"),  # positions from the pad id + 1
     "albert": (["albert-tiny"], 2, "mlm_loss"),  # one block for 4 layers, split once by TP, one copy for ZeRO

@@ -190,6 +190,57 @@ def test_multi_tensor_step_batches_parameters_and_equals_the_per_parameter_loop(
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("foreach", [True, False])
+@pytest.mark.parametrize("cls", [AdamW, Lamb])
+def test_idle_parameters_of_a_flat_tensor_step_as_parameters_without_gradient(monkeypatch, cls, foreach):
+    """DeepSpeed hands the optimizer flat tensors that pack many parameters (ZeRO partitions), with zeros as the
+    gradient of a parameter the step did not reach (ERNIE 2.0's heads of later stages). Named idle under a layout,
+    such a parameter is left as it is (no weight decay, moments untouched) and counts its steps from its first: the
+    weights of the same optimizer stepping whole parameters whose gradient is None (torch's AdamW for AdamW)."""
+    from pretrain.parallel import layout as L
+
+    monkeypatch.setattr(L.mcore, "dp_rank", lambda: 0)
+    monkeypatch.setattr(L.mcore, "tp_size", lambda: 1)
+    model, ref = mlp(), mlp()
+    names = {id(p): n for n, p in model.named_parameters()}
+    flats, tensors = [], []
+    for group in param_groups(model, 0.1):  # each group flattened end to end, with a gap of 3 elements after it
+        flat = torch.cat([p.detach().reshape(-1) for p in group["params"]] + [torch.zeros(3)]).requires_grad_()
+        segments, at = [], 0
+        for p in group["params"]:
+            segments.append(L.Segment(names[id(p)], 0, at, p.numel()))
+            at += p.numel()
+        flats.append({**group, "params": [flat]})
+        tensors.append((flat, segments))
+    kw = {"lr": 1e-2, "foreach": foreach, **({"fused": False} if cls is AdamW and not foreach else {})}
+    opt = cls(flats, **kw)
+    opt.layout = L.Layout(model, tensors, partitioned=False)
+    ref_opt = (torch.optim.AdamW(param_groups(ref, 0.1), lr=1e-2) if cls is AdamW
+               else Lamb(param_groups(ref, 0.1), **kw))
+    idle = [{"3.weight", "3.bias"}] * 3 + [set(), {"1.weight"}, set()]  # a head that joins; a weight that pauses
+    gen = torch.Generator().manual_seed(1)
+    for step_idle in idle:
+        ref_opt.zero_grad()
+        x, y = torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
+        nn.functional.mse_loss(ref(x), y).backward()
+        for (flat, segments), group in zip(tensors, param_groups(ref, 0.1)):
+            flat.grad = torch.cat([torch.zeros(p.numel()) if s.name in step_idle else p.grad.reshape(-1)
+                                   for p, s in zip(group["params"], segments)] + [torch.zeros(3)])
+        for n, p in ref.named_parameters():
+            if n in step_idle:
+                p.grad = None
+        opt.idle = frozenset(step_idle)
+        opt.step()
+        opt.rested()
+        ref_opt.step()
+    assert opt.idle_steps == {"3.weight": 3, "3.bias": 3, "1.weight": 1}
+    for (flat, segments), group in zip(tensors, param_groups(ref, 0.1)):
+        for p, s in zip(group["params"], segments):
+            torch.testing.assert_close(flat.detach()[s.offset:s.offset + s.length], p.detach().reshape(-1),
+                                       rtol=0, atol=1e-6, msg=s.name)
+        assert not flat.detach()[-3:].any()
+
+
 # -------------------------------------------------------------------------------------- groups, build
 
 def test_param_groups_exclude_biases_and_norms():

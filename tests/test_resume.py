@@ -208,8 +208,28 @@ def matrix(train_data, tmp_path_factory):
                                       *(["grad_accum_dtype=bf16"] if (precision, stage) == ("bf16", 0) else []),
                                       *(FP16_OVERFLOW if precision == "fp16" else []),
                                       *(["train.deterministic=true"] if name == "fp32-z1-adamw" else []))
+    runs["ernie2-resume"] = ["ernie-tiny", f"data.path={train_data}", "data.num_workers=0", "data.seq_len=32",
+                             "model.max_position_embeddings=32", "train.global_batch_size=8", "train.micro_batch_size=2",
+                             "optimizer.warmup_steps=1", "train.eval_interval=0", "train.steps=4", "zero.stage=2",
+                             "checkpoint.interval=2", "checkpoint.keep=0",
+                             "ernie.stages=" + json.dumps(ERNIE_STAGES)]
     launch(out, runs, nproc=2)
     return out
+
+
+ERNIE_STAGES = [{"steps": 2, "tasks": {"knowledge_masking": 1, "capitalization": 1}},
+                {"steps": 2, "tasks": {"knowledge_masking": 1, "capitalization": 1, "sentence_distance": 1}}]
+
+
+def test_ernie2_heads_that_join_after_a_resume_count_their_steps_from_their_first(matrix):
+    """ZeRO-2, DP=2, resumed at the stage boundary: the checkpoint holds how many steps each head sat idle (by name:
+    any layout reads it), so the head that joins after the resume takes a first Adam step (bias correction of step 1,
+    not 3) as in the straight run: bit-identical weights and moments."""
+    straight, again = matrix / "ernie2-resume", matrix / "ernie2-resume-again"
+    assert summary(again)["resumed_from"]["step"] == 2
+    idle = torch.load(straight / "checkpoints" / "step_00000002" / "trainer.pt", weights_only=False)["idle_steps"]
+    assert idle["tasks.sequence.sentence_distance.weight"] == 2 and "tasks.token.capitalization.weight" not in idle
+    assert_same_checkpoints(straight, again)
 
 
 @pytest.mark.parametrize("name", MATRIX)

@@ -151,7 +151,9 @@ def assert_report(run_dir):
 def test_ernie2_schedule_switches_tasks_at_the_stage_boundaries(dataset, tmp_path):
     """Three stages, each adding a task and keeping the earlier ones (continual multi-task learning): each stage's
     samples come from its tasks; the tasks in the loss change at each boundary; a task's head receives gradient in
-    exactly the steps of the stages that include it; each evaluation reports the stage of its step and its tasks."""
+    exactly the steps of the stages that include it, and the parameters no gradient reaches are those the objective
+    names idle, left untouched (no weight decay) until their first step, an Adam step of step count 1; each evaluation
+    reports the stage of its step and its tasks."""
     from pretrain.objectives.ernie import TASKS
     from pretrain.data.factory import build_sources
     from pretrain.train import Trainer
@@ -178,11 +180,26 @@ def test_ernie2_schedule_switches_tasks_at_the_stage_boundaries(dataset, tmp_pat
     graded = {name: set() for name in heads}
     for name, head in heads.items():
         head.weight.register_hook(lambda grad, name=name: graded[name].add(trainer.step))
+    reached = {n: set() for n, _ in trainer.model.named_parameters()}
+    for n, p in trainer.model.named_parameters():
+        p.register_hook(lambda grad, n=n: reached[n].add(trainer.step))
+    weights = {}  # before each optimizer step (DeepSpeed steps each param group in a call of its own)
+    trainer.optimizer.register_step_pre_hook(lambda *_: weights.setdefault(
+        trainer.step, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}) and None)
     trainer.fit()
     in_stage = {name: {step for step in range(6) if name in stages[step // 2]} for name in heads}
     assert graded == in_stage
-    term = {"mlm": "knowledge_masking"}
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    for step in range(6):  # the parameters a stage declares idle are those no gradient reaches, left as they are
+        idle = trainer.objective.idle(trainer.objective.phase(step))
+        assert {n for n in reached if step not in reached[n]} == {n for n in reached if any(
+            n == m or n.startswith(m + ".") for m in idle)}, step
+    late = "tasks.sequence.sentence_distance.bias"  # joins at step 5 (index 4), after 4 applied steps
+    assert all(torch.equal(weights[step][n], weights[0][n]) for step in range(5)  # no decay while idle
+               for n in (late, late.replace("bias", "weight")))
+    first = (weights[5][late] - weights[4][late]).abs()  # its first Adam step: lr * |g| / (|g| + eps) ~ lr
+    assert first.min() > 0.999 * rows[4]["lr"] and first.max() <= rows[4]["lr"] * (1 + 1e-5), (first, rows[4]["lr"])
+    term = {"mlm": "knowledge_masking"}
     for i, stage in enumerate(stages):
         mine = [r for r in rows if r["stage"] == i + 1]
         assert [r["step"] for r in mine] == [2 * i + 1, 2 * i + 2]

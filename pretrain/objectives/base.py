@@ -102,6 +102,12 @@ class Objective:
         """The log line's words for a phase that begins."""
         return str(phase)
 
+    def idle(self, phase) -> tuple[str, ...]:
+        """The model's modules (or parameters) that `phase` does not train, by name: no gradient reaches them, so the
+        optimizer leaves them as they are (no weight decay) and counts their steps from their first, as torch does a
+        parameter whose gradient is None; DeepSpeed would hand it zeros (ERNIE 2.0's heads of later stages)."""
+        return ()
+
     def phase_metrics(self, step: int) -> dict[str, float]:
         """Metrics naming the phase of step `step` (`stage`, from 1), when there are several."""
         return {"stage": self.phase_index(step) + 1} if self.phases() else {}

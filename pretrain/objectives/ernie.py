@@ -99,6 +99,15 @@ class Ernie(Masked):
     def describe(self, phase) -> str:
         return f"tasks {phase.tasks}"
 
+    def idle(self, phase) -> tuple[str, ...]:
+        """The heads of tasks outside the stage, the MLM head without knowledge masking, the pooler without a sequence
+        task, and the NSP head (kept for the export, trained by no task)."""
+        tasks = _tasks(phase)
+        return (*(f"tasks.token.{t}" for t in TOKEN_TASKS if t not in tasks),
+                *(f"tasks.sequence.{t}" for t in SEQUENCE_TASKS if t not in tasks),
+                *(() if "knowledge_masking" in tasks else ("mlm",)),
+                *(() if any(t in SEQUENCE_TASKS for t in tasks) else ("pooler",)), "nsp")
+
     def source(self, path, corpus, docs, phase, cache_dir=None):
         from pretrain.data.multitask import ErnieDataset
 

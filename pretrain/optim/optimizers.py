@@ -20,10 +20,16 @@ class _Adam(torch.optim.Optimizer):
     parameters wins, off on CPU -- ZeRO-Offload's partitions too --, where one parameter at a time stays in cache:
     bench/optimizer_step.py)."""
 
+    layout = None  # a `pretrain.parallel.layout.Layout` naming the runs of the tensors (ZeRO partitions, TP
+    # shards), where these are not the model's parameters: the engine sets it
+
     def __init__(self, params, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
                  foreach: bool | None = None, **extra):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, **extra))
         self._foreach = foreach
+        self.idle: frozenset[str] = frozenset()  # parameters (layout names) this step trains not: left as they are
+        self.idle_steps: dict[str, int] = {}  # applied steps each parameter sat idle (`rested`): its own step count
+        # is its tensor's less these, as torch counts a parameter's steps that had a gradient
 
     @property
     def foreach(self) -> bool:
@@ -50,24 +56,58 @@ class _Adam(torch.optim.Optimizer):
     def implementation(self) -> str:
         return "multi-tensor (torch._foreach_*)" if self.foreach else "one parameter at a time"
 
+    def rested(self) -> None:
+        """Count an applied step (one that reached the weights; not an fp16 overflow) for the idle parameters."""
+        for name in self.idle:
+            self.idle_steps[name] = self.idle_steps.get(name, 0) + 1
+
     def _batches(self, params: list[torch.Tensor], together: bool):
-        """(step, params, grads, exp_avgs, exp_avg_sqs) per batch of tensors at the same step count, after
-        advancing each tensor's state one step (moments created on the first step). A parameter that skipped
-        steps (no gradient) lands in a batch of its own; unless `together`, every parameter does."""
+        """`Batch`es of tensors at the same step count, after advancing each tensor's state one step (moments
+        created on the first step). A parameter that skipped steps (no gradient) lands in a batch of its own; unless
+        `together`, every parameter does. Under a layout, a tensor holding idle parameters, or parameters whose step
+        counts differ (`idle_steps`), is stepped in runs: views, each at its parameters' count, idle runs left out."""
         batches: dict = {}
         for p in params:
             state = self.state[p]
             if not state:
                 state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
             state["step"] += 1
-            batches.setdefault(state["step"] if together else id(p), []).append(p)
-        for batch in batches.values():
-            states = [self.state[p] for p in batch]
-            yield (states[0]["step"], batch, [p.grad for p in batch], [s["exp_avg"] for s in states],
-                   [s["exp_avg_sq"] for s in states])
+            tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
+            for step, at, length in self._runs(p, state["step"]):
+                piece = tensors if at is None else [t.view(-1)[at:at + length] for t in tensors]
+                batch = batches.setdefault(step if together else len(batches), Batch(step))
+                batch.add(piece, None if at is None else (p, at))
+        yield from batches.values()
+
+    def _runs(self, p: torch.Tensor, step: int) -> list[tuple[int, int | None, int]]:
+        """(step count, first element or None for the whole tensor, length) of the parts of `p` to step."""
+        if self.layout is None or not (self.idle or self.idle_steps):
+            return [(step, None, p.numel())]
+        runs, at = [], 0
+        for name, length in self.layout.runs(p):
+            count = None if name in self.idle else step - self.idle_steps.get(name, 0)
+            if runs and runs[-1][0] == count and runs[-1][1] + runs[-1][2] == at:
+                runs[-1] = (count, runs[-1][1], runs[-1][2] + length)
+            elif count is not None:
+                runs.append((count, at, length))
+            at += length
+        return [(step, None, p.numel())] if runs == [(step, 0, p.numel())] else runs
 
     def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
         raise NotImplementedError
+
+
+class Batch:
+    """Tensors (or runs of tensors) a multi-tensor call steps together, all at `step`: `tensors` (params, grads,
+    exp_avgs, exp_avg_sqs), and `where` each came from ((tensor, first element) for a run, None for a whole)."""
+
+    def __init__(self, step: int):
+        self.step, self.tensors, self.where = step, ([], [], [], []), []
+
+    def add(self, piece, where) -> None:
+        for out, t in zip(self.tensors, piece):
+            out.append(t)
+        self.where.append(where)
 
 
 class AdamW(_Adam):
@@ -91,19 +131,14 @@ class AdamW(_Adam):
 
     def _step_group(self, group, params):
         beta1, beta2 = group["betas"]
-        for step, *tensors in self._batches(params, self.foreach or self.fused):
-            F.adamw_update(*tensors, step=step, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+        for b in self._batches(params, self.foreach or self.fused):
+            F.adamw_update(*b.tensors, step=b.step, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                            weight_decay=group["weight_decay"], fused=self.fused)
 
 
 class Lamb(_Adam):
     """LAMB (You et al. 2019, Algorithm 2). Group options: lr, betas, eps, weight_decay, adapt (trust ratio on).
-
-    `layout`: when the optimizer's tensors are not whole parameters (ZeRO partitions, tensor-parallel
-    shards), a `pretrain.parallel.layout.Layout` that computes each whole parameter's trust ratio across
-    processes; the engine sets it."""
-
-    layout = None
+    Under a `layout`, each whole parameter's trust ratio is computed across processes."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
                  adapt: bool = True, foreach: bool | None = None):
@@ -111,11 +146,22 @@ class Lamb(_Adam):
 
     def _step_group(self, group, params):
         beta1, beta2 = group["betas"]
-        ordered, updates = [], []
-        for step, *tensors in self._batches(params, self.foreach):
-            ordered += tensors[0]
-            updates += F.lamb_update(*tensors, step=step, beta1=beta1, beta2=beta2, eps=group["eps"],
-                                     weight_decay=group["weight_decay"])
+        ordered, updates, stepped_in_runs = [], [], {}
+        for b in self._batches(params, self.foreach):
+            runs = F.lamb_update(*b.tensors, step=b.step, beta1=beta1, beta2=beta2, eps=group["eps"],
+                                 weight_decay=group["weight_decay"])
+            for p, update, where in zip(b.tensors[0], runs, b.where):
+                if where is None:
+                    ordered.append(p)
+                    updates.append(update)
+                    continue
+                whole, at = where  # a run: into its tensor's update, zero on idle runs (a trust ratio over wholes)
+                if id(whole) not in stepped_in_runs:
+                    stepped_in_runs[id(whole)] = whole, torch.zeros_like(whole)
+                stepped_in_runs[id(whole)][1].view(-1)[at:at + update.numel()] = update
+        for whole, update in stepped_in_runs.values():
+            ordered.append(whole)
+            updates.append(update)
         if group["adapt"]:
             F.scale(*self.trust_ratios(ordered, updates), foreach=self.foreach)
         if self.foreach:

@@ -125,6 +125,10 @@ class Layout:
                     ratios.append(ratio[owner])
         return pieces, ratios
 
+    def runs(self, t: torch.Tensor) -> list[tuple[str | None, int]]:
+        """(parameter name, None for a gap; length) of each run of optimizer tensor `t`'s elements, in order."""
+        return [(None if owner is None else self.names[owner], length) for owner, length in zip(*self._pieces(t))]
+
     def _pieces(self, t: torch.Tensor) -> tuple[list[int | None], list[int]]:
         """The parameter index (None for gaps) and length of each run of `t`'s elements."""
         key = id(t)
