@@ -28,7 +28,7 @@ from pretrain.data.factory import build_sources
 from pretrain.data.loader import end_workers, make_loader
 from pretrain.data.packing import real_tokens
 from pretrain.parallel import mcore
-from pretrain.parallel.layout import loss_scale, unapplied_loss_scale
+from pretrain.parallel.layout import loss_scale, measures_grad_norm, unapplied_loss_scale
 from pretrain.resolve import resolve
 from pretrain.runlog import RunLog, log
 
@@ -95,9 +95,10 @@ class Trainer:
         self.device_name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
         self.step = self.consumed = 0
         self._stop: bool | None = None  # whether a rank got a stop signal, agreed by the last step (`_agree`)
-        # DeepSpeed's gradient norm of the last step (a device tensor, a number, or None where it computes none),
-        # read with the next step's transfer (`_agree`): `_previous_norm`
+        # the last step's gradient norm (a device tensor or a number; None before the first step): DeepSpeed's, or
+        # ptm's where DeepSpeed's step measures none (`_own_norm`), read with the next step's transfer (`_agree`)
         self._norm: torch.Tensor | float | None = None
+        self._own_norm = not measures_grad_norm(self.engine)
         self._previous_norm: float | None = None
         self.resumed_from = None
         if self.run.resume:
@@ -231,13 +232,14 @@ class Trainer:
                 heartbeat.progress(f"step {step}: its metrics and optimizer step")
                 signals.pause("collective")  # (tests, with a rank: the others wait in `_agree`'s all-reduce)
                 metrics = self._agree(tally, finite, padding)
+                own = self.parallel.layout.grad_norm() if self._own_norm else None  # before the step clips
             self.engine.step()
         if self.engine.was_step_applied():  # (not an fp16 overflow)
             self.optimizer.rested()
         self.step += 1
         signals.trained_steps += 1
         self.consumed += self.cfg.train.global_batch_size
-        norm = self.engine.get_global_grad_norm()  # read with the next step's transfer, or by `_read_norm`
+        norm = self.engine.get_global_grad_norm() if own is None else own  # read with the next step's transfer
         # on the device even where DeepSpeed computes it elsewhere (ZeRO-Offload: on the host)
         self._norm = norm.detach().to(self.device, torch.float64, copy=True) / scale if torch.is_tensor(norm) else (
             None if norm is None else float(norm) / scale)
@@ -324,8 +326,7 @@ class Trainer:
         return {f"valid_{k}": v for k, v in means.items()}
 
     def _log_row(self, out: RunLog, held: tuple | None, norm: float | None) -> None:
-        """Log a step's row (step, metrics, shown) held back for its gradient norm (`norm`; None where DeepSpeed
-        computed none)."""
+        """Log a step's row (step, metrics, shown) held back for its gradient norm (`norm`; None: none measured)."""
         if held is None:
             return
         step, metrics, show = held

@@ -83,8 +83,9 @@ class Layout:
     def segments(self, tensor: torch.Tensor) -> list[Segment]:
         return self._segments[id(tensor)]
 
-    def sums_of_squares(self, tensors: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        """Each named parameter's whole sum of squares (fp32, indexed like `names`) of `values`, which are laid
+    def sums_of_squares(self, tensors: list[torch.Tensor], values: list[torch.Tensor],
+                        wide: torch.dtype = torch.float32) -> torch.Tensor:
+        """Each named parameter's whole sum of squares (in `wide`, indexed like `names`) of `values`, which are laid
         out like the optimizer tensors `tensors` (the tensors themselves, their updates, ...): one multi-tensor
         norm over every segment of every tensor, added up per parameter."""
         pieces, owners = [], []
@@ -93,12 +94,12 @@ class Layout:
             for s in self.segments(t):
                 pieces.append(flat[s.offset:s.offset + s.length])
                 owners.append(self.index[s.name])
-        sums = torch.zeros(len(self.names), dtype=torch.float32, device=values[0].device if values else None)
+        sums = torch.zeros(len(self.names), dtype=wide, device=values[0].device if values else None)
         if pieces:
             key = tuple(map(id, tensors))
             if key not in self._owners:
                 self._owners[key] = torch.tensor(owners, device=sums.device)
-            sums.index_add_(0, self._owners[key], sum_of_squares(pieces))
+            sums.index_add_(0, self._owners[key], sum_of_squares(pieces, wide))
         if self.partitioned:
             dev.all_reduce(sums, mcore.dp_group())
         if mcore.tp_size() > 1:
@@ -106,6 +107,14 @@ class Layout:
             parts = dev.all_reduce(sums * split, mcore.tp_group())
             sums = torch.where(split, parts, sums)
         return sums
+
+    def grad_norm(self) -> torch.Tensor:
+        """The global norm of the gradients of optimizer tensors that are the parameters themselves (fp32 at ZeRO-0,
+        where DeepSpeed's step measures none: `measures_grad_norm`), taken after the last backward (which reduced them
+        over DP) and before the step (which clips them): each split parameter's shards and each replicated one once,
+        in fp64 as DeepSpeed's ZeRO norms (torch's fp32 norm on CPU is 3e-4 off on a word-embedding gradient)."""
+        tensors = [t for t, _ in self.tensors if t.grad is not None]
+        return self.sums_of_squares(tensors, [t.grad for t in tensors], torch.float64).sum().sqrt()
 
     def trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor]
                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -159,6 +168,12 @@ def undo_construction_step(engine) -> None:
     with torch.no_grad():
         for master, p in zip(_flat(opt.fp32_groups), _flat(opt.fp16_groups)):
             master.copy_(p.float())
+
+
+def measures_grad_norm(engine) -> bool:
+    """Whether DeepSpeed's step measures the gradient norm (`engine.get_global_grad_norm()`): its ZeRO optimizers
+    and mixed-precision wrappers do; a client optimizer it steps bare (fp32 at ZeRO-0) leaves it None."""
+    return hasattr(engine.optimizer, "_global_grad_norm")
 
 
 def _scaler(opt):
