@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 import textwrap
+import traceback
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,7 +43,8 @@ def parser() -> argparse.ArgumentParser:
                                       "summary",
                        description="Plot RUN_DIR/metrics.jsonl and valid.jsonl (training and validation: the total "
                                    "loss, each loss term and accuracy the objective logs; learning rate, tokens/s, "
-                                   "gradient norm; a line at each change of stage) into one PNG; print summary.json.")
+                                   "gradient norm; a line at each change of stage) into one PNG; print summary.json "
+                                   "and, where the run failed, failed.json.")
     r.add_argument("run_dir", help="a training out_dir")
     r.add_argument("--out", help="PNG to write (default: RUN_DIR/report.png)")
     for command in family_commands().values():  # a family's own (ELMo's `elmo`)
@@ -73,15 +75,17 @@ def main(argv=None) -> None:
         sys.exit(run(a))
     if a.command == "report":
         from pretrain.report import ReportError, report
+        from pretrain.runlog import FAILED
 
         try:
             print(f"wrote {report(a.run_dir, a.out)}")
         except (FileNotFoundError, ReportError) as e:
             print(f"pretrain: error: {e}", file=sys.stderr)
             sys.exit(2)
-        summary = os.path.join(a.run_dir, "summary.json")
-        if os.path.isfile(summary):
-            print(open(summary).read())
+        for name in ("summary.json", FAILED):  # (both: a finished run that failed when trained further)
+            path = os.path.join(a.run_dir, name)
+            if os.path.isfile(path):
+                print(open(path).read())
         return
     if a.command in family_commands():
         from pretrain.checkpoint import CheckpointError
@@ -107,6 +111,7 @@ def main(argv=None) -> None:
     from pretrain.data.loader import worker_death
     from pretrain.device import DeviceError, out_of_memory
     from pretrain import heartbeat
+    from pretrain.runlog import failed
     from pretrain.train import Stopped, train
     from ptm.files import refused_write
 
@@ -117,25 +122,31 @@ def main(argv=None) -> None:
         said = f"pretrain: error: rank {_rank()} on {socket.gethostname()}: {e}"
         print(said, file=sys.stderr)
         signals.note_end(2, said)
+        failed(said, 2, e)
         sys.exit(2)
     except (ConfigError, CheckpointError, PrepError, RendezvousError) as e:  # the same on every rank: said once
         said = "\n".join(f"pretrain: error: {line}" for line in str(e).splitlines()) if _rank() == 0 else None
         if said:
             print(said, file=sys.stderr)
         signals.note_end(2, said)  # (srun kills the ranks still ending when one exits, and reports that kill: 143)
+        failed(said, 2, e)
         sys.exit(2)
     except FloatingPointError as e:
         if _rank() == 0:
-            print(f"pretrain: error: {e}", file=sys.stderr)
+            print(said := f"pretrain: error: {e}", file=sys.stderr)
+            failed(said, 3, e)
         sys.exit(3)
-    except KeyboardInterrupt:  # Ctrl-C: the loader's workers have ended (`Trainer.fit`); no traceback, one line
+    except KeyboardInterrupt as e:  # Ctrl-C: the loader's workers have ended (`Trainer.fit`); no traceback, one line
         if _rank() == 0:
-            signals.end_line("pretrain: interrupted (SIGINT); re-run the same command to resume from the last "
-                             "checkpoint", 130)
+            said = "pretrain: interrupted (SIGINT); re-run the same command to resume from the last checkpoint"
+            signals.end_line(said, 130)
+            failed(said, 130, e)
         else:
             signals.note_end(130)
         sys.exit(130)
     except Stopped as e:  # (rank 0 said why before the ranks' last collective)
+        if _rank() == 0:
+            failed(e.line, e.code, e)
         signals.ignore()
         signals.pause("exit")  # (tests: a rank slower to end)
         sys.exit(e.code)
@@ -145,6 +156,7 @@ def main(argv=None) -> None:
             line, code = signals.stopped_during(heartbeat.first_line(e))
             if _rank() == 0:  # (the rank that says it notes it: the script says it otherwise)
                 signals.end_line(line, code)
+                failed(line, code, e)
             sys.exit(code)
         own = (worker_death(e) or out_of_memory(e, signals.trained_steps)  # this rank's problem: it says it
                or refused_write(e, "out_dir", "re-run to resume from the last checkpoint"))  # (config.yaml, logs)
@@ -152,11 +164,15 @@ def main(argv=None) -> None:
             said = f"pretrain: error: rank {_rank()} on {socket.gethostname()}: {own}"
             print(said, file=sys.stderr)
             signals.note_end(2, said)
+            failed(said, 2, e)
             sys.exit(2)
         if not isinstance(e, RuntimeError) or not _lost_contact(e, torch.distributed.DistError):
+            failed(traceback.format_exception_only(e)[0].splitlines()[0], 1, e)  # (the traceback's last line)
             raise
-        print(heartbeat.lost_contact(_rank(), f"{heartbeat.first_line(e)}; the launcher's log names the rank that "
-                                              "failed"), file=sys.stderr)
+        said = heartbeat.lost_contact(_rank(), f"{heartbeat.first_line(e)}; the launcher's log names the rank that "
+                                               "failed")
+        print(said, file=sys.stderr)
+        failed(said, heartbeat.LOST_CONTACT, e)
         sys.exit(heartbeat.LOST_CONTACT)
     if _rank() == 0:
         print(json.dumps(summary, indent=2))

@@ -39,6 +39,7 @@ import time
 import torch.distributed as dist
 
 from pretrain import signals
+from pretrain.runlog import failed
 
 LOST_CONTACT = 4  # the exit status of a rank that lost contact with the others
 NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_BLOCKING_WAIT": "0"}
@@ -167,12 +168,14 @@ class Heartbeat:
         while not self._stop.wait(self.interval_s):
             reason = self.verdict(time.monotonic())
             if reason and not self._stop.is_set():
-                if self.posted is None:  # tell the others (best effort: the store may be what is gone)
-                    post = threading.Thread(target=self._post, args=(reason,), daemon=True)
-                    post.start()
-                    post.join(self.interval_s)
                 line, code = signals.stopped_during(reason) if signals.received else (
                     lost_contact(self.rank, reason), LOST_CONTACT)
+                # tell the others, then keep the line in out_dir, a beat at most each (best effort: the store may be
+                # what is gone, out_dir on a stalled file system)
+                tasks = ([(self._post, (reason,))] if self.posted is None else []) + [(failed, (line, code))]
+                for thread in [threading.Thread(target=f, args=args, daemon=True) for f, args in tasks]:
+                    thread.start()
+                    thread.join(self.interval_s)
                 if signals.received and self.rank == 0:  # (the rank that says it notes it)
                     signals.end_line(line, code)
                 elif code == LOST_CONTACT or self.rank == 0:

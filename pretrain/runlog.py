@@ -1,8 +1,9 @@
 """What a run shows and keeps, written by rank 0: the progress bar and log lines, TensorBoard scalars,
 metrics.jsonl and valid.jsonl (one row per step / evaluation), config.yaml and launch.json at the start,
-summary.json at the end (`ptm report` draws the curves from them)."""
+summary.json at the end (`ptm report` draws the curves from them), failed.json where the run failed (`failed`)."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -10,7 +11,11 @@ import os
 import sys
 import time
 
+from pretrain.signals import PREEMPTED
 from ptm.files import refused_write, write_json, write_text
+
+FAILED = "failed.json"
+started: str | None = None  # the out_dir of the run this process has started (`RunLog.start`) and not finished
 
 
 def log(msg: str) -> None:
@@ -48,10 +53,15 @@ class RunLog:
 
             raise ConfigError(f"out_dir={self.out_dir} cannot be created ({e.strerror}); set out_dir under a "
                               "directory this user may write") from None
+        global started
         if not self.rank0:
+            started = self.out_dir
             return
         write_text(os.path.join(self.out_dir, "config.yaml"), config_yaml)
         write_json(os.path.join(self.out_dir, "launch.json"), launch)
+        started = self.out_dir  # (from here a failure is this run's; an earlier attempt's goes: this one runs)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(self.out_dir, FAILED))
         dropped = {name: _drop_past(os.path.join(self.out_dir, name), done)
                    for name in ("metrics.jsonl", "valid.jsonl")}
         if any(dropped.values()):
@@ -115,8 +125,23 @@ class RunLog:
         self.bar = self.writer = None
 
     def summary(self, summary: dict) -> None:
+        global started
+        started = None  # (finished: whatever fails after it is no failure of the run)
         if self.rank0:
             write_json(os.path.join(self.out_dir, "summary.json"), summary)
+
+
+def failed(line: str | None, code: int, error: BaseException | None = None) -> None:
+    """Keep why the run this process started failed in OUT_DIR/failed.json: `line` (what stderr ends with), the
+    exception's type and the exit status. Nothing where no run started (a config refused before it leaves out_dir as it
+    was), the line is another rank's to say (None), a rank said it first (the one whose own failure it is, before the
+    others lose contact), or for a preemption (exit 75: checkpointed, the job requeues). Never raises."""
+    if started is None or line is None or code == PREEMPTED:
+        return
+    path = os.path.join(started, FAILED)
+    with contextlib.suppress(OSError):
+        if not os.path.exists(path):
+            write_json(path, {"error": line, "exception": type(error).__name__ if error else None, "exit": code})
 
 
 def _clock(seconds: float) -> str:

@@ -266,6 +266,9 @@ def test_a_stalled_rank_is_named_by_the_heartbeat_before_any_collective_times_ou
         assert re.search(f"pretrain: error: {says}", stderr), stderr[-3000:]
     else:
         assert f"pretrain: error: {says}" in stderr, stderr[-3000:]
+    said = json.load(open(tmp_path / "failed.json"))  # (the judge keeps its line in out_dir; a rank's, the first)
+    assert said["exit"] == 4 and said["error"] in [line for rank in (0, 1)
+                                                   for line in (tmp_path / f"stderr-{rank}").read_text().splitlines()]
 
 
 def test_a_stalled_main_thread_names_the_ranks_still_behind_it():

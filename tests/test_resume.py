@@ -533,6 +533,7 @@ def test_a_checkpoint_the_disk_refuses_ends_every_rank_in_one_line_and_keeps_the
     assert lines[0].startswith("pretrain: error: cannot write checkpoint step_00000003 in ") and all(
         s in lines[0] for s in ("File too large", "step_00000002, the last checkpoint, is untouched",
                                 "re-run the same command")), lines[0]
+    assert json.load(open(run / "failed.json")) == {"error": lines[0], "exception": "CheckpointError", "exit": 2}
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000002"]
     assert C.resolve(str(run)).endswith("step_00000002") and C.verify(C.resolve(str(run))) is None
     assert proc.stderr.count(f"pretrain: warning: cannot write {run}/metrics.jsonl: File too large; the run goes on"

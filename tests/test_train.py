@@ -360,6 +360,28 @@ def test_a_gpu_out_of_memory_names_what_it_tried_to_allocate():
     assert out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"), 12) is None
 
 
+def test_failed_json_keeps_the_first_line_of_a_started_run_and_no_preemption(tmp_path, monkeypatch):
+    """failed.json holds the first line said where the run this process started failed (the rank whose own failure
+    it was says it before the others lose contact), none for a run not started (out_dir as it was) nor for a
+    preemption (exit 75: checkpointed and requeued); `ptm report` prints it after the run's summary."""
+    from conftest import call_cli
+    from pretrain import runlog
+
+    worker = "pretrain: error: rank 1 on host: data-loader worker (pid 7) was killed (Killed), ..."
+    monkeypatch.setattr(runlog, "started", None)
+    runlog.failed(worker, 2, RuntimeError())
+    monkeypatch.setattr(runlog, "started", str(tmp_path))
+    runlog.failed("pretrain: stopped by SIGTERM at step 3: ...; exit 75: requeue or resubmit the job to resume", 75)
+    assert not (tmp_path / "failed.json").exists()
+    runlog.failed(worker, 2, RuntimeError())
+    runlog.failed("pretrain: error: rank 0 on host lost contact with the other ranks (...)", 4, RuntimeError())
+    assert json.load(open(tmp_path / "failed.json")) == {"error": worker, "exception": "RuntimeError", "exit": 2}
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    (tmp_path / "summary.json").write_text('{"steps": 1}')
+    shown = call_cli("pretrain", "report", tmp_path).stdout
+    assert shown.index('"steps": 1') < shown.index(f'"error": "{worker}"')
+
+
 @pytest.mark.parametrize("how", ["SIGINT", "failure", "a worker killed", "a worker's SIGBUS"])
 def test_sigint_or_a_failure_mid_run_ends_the_process_and_its_loader_workers(dataset, tmp_path, how):
     """SIGINT to the training process alone (Ctrl-C) ends it with one line and exit 130; an unexpected failure (here
@@ -367,7 +389,8 @@ def test_sigint_or_a_failure_mid_run_ends_the_process_and_its_loader_workers(dat
     out-of-memory killer's; SIGBUS: a full /dev/shm's) with one line naming the worker and what to do, and exit 2,
     not torch's traceback; all
     while data-loader workers run, which ignore SIGTERM (pretrain/data/loader.py) and once kept the process waiting
-    for them at its exit, forever."""
+    for them at its exit, forever. Each leaves that last line, the exception's type and the status in out_dir's
+    failed.json, which the next run there removes as it starts (here one that finishes)."""
     import os
     import signal
     import socket
@@ -381,13 +404,12 @@ def test_sigint_or_a_failure_mid_run_ends_the_process_and_its_loader_workers(dat
 
     pause = tmp_path / "pause"
     pause.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "pretrain", "train", "--config", "bert-tiny", "--set",
-                             f"data.path={dataset}", f"out_dir={tmp_path / 'run'}", "data.num_workers=2",
-                             "data.seq_len=32", "model.max_position_embeddings=32", "train.global_batch_size=8",
-                             "train.micro_batch_size=8", "train.steps=50", "optimizer.warmup_steps=1",
-                             "train.eval_interval=0", "checkpoint.interval=0", "data.valid_fraction=0.02"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "PTM_TEST_PAUSE": f"workers:{pause}"},
+    run = ["pretrain", "train", "--config", "bert-tiny", "--set", f"data.path={dataset}", f"out_dir={tmp_path / 'run'}",
+           "data.num_workers=2", "data.seq_len=32", "model.max_position_embeddings=32", "train.global_batch_size=8",
+           "train.micro_batch_size=8", "train.steps=50", "optimizer.warmup_steps=1", "train.eval_interval=0",
+           "checkpoint.interval=0", "data.valid_fraction=0.02"]
+    proc = subprocess.Popen([sys.executable, "-m", *run], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, "PTM_TEST_PAUSE": f"workers:{pause}"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (a shell's `&`)
     try:
         deadline = time.time() + 300
@@ -433,3 +455,10 @@ def test_sigint_or_a_failure_mid_run_ends_the_process_and_its_loader_workers(dat
             f"pretrain: error: rank 0 on {socket.gethostname()}: data-loader worker (pid {workers[0].pid}) {said}") \
             and "data.num_workers lower" in lines[-1], err[-3000:]
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    failed = tmp_path / "run" / "failed.json"
+    kind = {"SIGINT": "KeyboardInterrupt", "failure": "CalledProcessError"}.get(how, "RuntimeError")
+    assert json.load(open(failed)) == {"error": lines[-1].removeprefix("[rank0]: "),  # (torch's, on a traceback)
+                                       "exception": kind, "exit": proc.returncode}
+    if how == "SIGINT":
+        run_cli(*run, "train.steps=1", "data.num_workers=0")
+        assert not failed.exists() and (tmp_path / "run" / "summary.json").exists()
