@@ -241,6 +241,38 @@ def test_idle_parameters_of_a_flat_tensor_step_as_parameters_without_gradient(mo
         assert not flat.detach()[-3:].any()
 
 
+@pytest.mark.parametrize("foreach", [True, False])
+def test_lamb_leaves_a_tensor_of_idle_parameters_alone(monkeypatch, foreach):
+    """DeepSpeed steps each param group (ZeRO-3: each sub-group) in a call of its own; a rank's partition of one may
+    hold only idle parameters (the tail of a group: heads a stage trains not). LAMB leaves it as it is and still
+    takes part in the trust ratios' all-reduce (the other ranks' pieces wait for it); it stepped nothing there
+    (a multi-tensor call refuses an empty list)."""
+    from pretrain.parallel import layout as L
+
+    monkeypatch.setattr(L.mcore, "dp_rank", lambda: 0)
+    monkeypatch.setattr(L.mcore, "tp_size", lambda: 1)
+    model = mlp()
+    named = dict(model.named_parameters())
+    groups, tensors = [], []
+    for names in (["0.weight", "0.bias"], ["3.weight", "3.bias"]):
+        flat = torch.cat([named[n].detach().reshape(-1) for n in names]).requires_grad_()
+        flat.grad = torch.randn_like(flat)
+        starts = np.cumsum([0] + [named[n].numel() for n in names])
+        tensors.append((flat, [L.Segment(n, 0, int(at), named[n].numel()) for n, at in zip(names, starts)]))
+        groups.append({"params": [flat], "weight_decay": 0.1})
+    opt = Lamb(groups, lr=1e-2, foreach=foreach)
+    opt.layout = L.Layout(model, tensors, partitioned=False)
+    opt.idle = frozenset({"3.weight", "3.bias"})
+    reduced = []
+    monkeypatch.setattr(L.dev, "all_reduce", lambda t, group=None: reduced.append(t.numel()) or t)
+    monkeypatch.setattr(L.mcore, "dp_group", lambda: None)
+    opt.layout.partitioned = True  # (ZeRO's partitions: per-parameter sums are all-reduced over the DP ranks)
+    before = [t.detach().clone() for t, _ in tensors]
+    opt.step()
+    assert not torch.equal(tensors[0][0].detach(), before[0]) and torch.equal(tensors[1][0].detach(), before[1])
+    assert len(reduced) == 4  # two sums of squares (weights, updates) per group: the idle one's too
+
+
 # -------------------------------------------------------------------------------------- groups, build
 
 def test_param_groups_exclude_biases_and_norms():

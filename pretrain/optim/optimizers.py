@@ -162,8 +162,11 @@ class Lamb(_Adam):
         for whole, update in stepped_in_runs.values():
             ordered.append(whole)
             updates.append(update)
-        if group["adapt"]:
-            F.scale(*self.trust_ratios(ordered, updates), foreach=self.foreach)
+        ratios = self.trust_ratios(ordered, updates) if group["adapt"] else None  # (every rank: an all-reduce)
+        if not ordered:  # every run idle (a ZeRO partition holding only heads the phase trains not)
+            return
+        if ratios:
+            F.scale(*ratios, foreach=self.foreach)
         if self.foreach:
             F.lamb_apply(ordered, updates, group["lr"])
             return
