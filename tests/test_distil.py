@@ -1,8 +1,8 @@
 """Distillation. DistilBERT: the soft targets against a float64 reference, over one rank's vocabulary and split over
 two; a new student equal to every other teacher layer; training and the export as DistilBertForMaskedLM, which
-transformers loads and whose logits are ptm's. TinyBERT, from a Hugging Face teacher: its two stages, the layer-wise
-terms against a float64 reference computed from transformers' models, the export as BertForMaskedLM / BertModel; a
-missing teacher named in one line, a teacher without an mlm head too."""
+transformers loads and whose logits are ptm's. TinyBERT, from a Hugging Face teacher: its two stages (what each trains
+not left as it is), the layer-wise terms against a float64 reference computed from transformers' models, the export as
+BertForMaskedLM / BertModel; a missing teacher named in one line, a teacher without an mlm head too."""
 import numpy as np
 import pytest
 import torch
@@ -155,6 +155,35 @@ def test_tinybert_distils_layers_then_the_prediction_layer_and_exports_as_bert(t
     with torch.no_grad():
         torch.testing.assert_close(base(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()],
                                    ours.encode(ids, mask)[mask.bool()], rtol=1e-5, atol=1e-5)
+
+
+def test_tinybert_leaves_what_a_stage_trains_not_as_it_is(train_data, bert_teacher, tmp_path):
+    """The layer-wise stage trains not the MLM head, the prediction stage not the projection `fit` (only a watched
+    term reaches them: zero gradients): the parameters `idle` names are those, left as they are (no weight decay),
+    and the MLM head's first step is an Adam step of step count 1 (about lr where |g| >> eps), not of step 3."""
+    import json
+
+    from pretrain.config import load
+    from pretrain.train import Trainer
+
+    cfg = load("tinybert-tiny", [f"data.path={train_data}", f"distill.teacher={bert_teacher}", f"out_dir={tmp_path}",
+                                 *COMMON, "train.steps=3", "distill.layer_steps=2"])
+    trainer = Trainer(cfg)
+    trained = {n: set() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    for n, p in trainer.model.named_parameters():
+        if p.requires_grad:
+            p.register_hook(lambda grad, n=n: trained[n].add(trainer.step) if grad.any() else None)
+    weights = {}  # before each optimizer step
+    trainer.optimizer.register_step_pre_hook(lambda *_: weights.setdefault(
+        trainer.step, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}) and None)
+    trainer.fit()
+    for step in range(3):
+        idle = trainer.objective.idle(trainer.objective.phase(step))
+        assert {n for n in trained if step not in trained[n]} == {n for n in trained if n.split(".")[0] in idle}, step
+    assert torch.equal(weights[2]["mlm.dense.weight"], weights[0]["mlm.dense.weight"])  # no decay while idle
+    lr = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")][2]["lr"]
+    first = (trainer.model.mlm.dense.bias.detach() - weights[2]["mlm.dense.bias"]).abs()
+    assert first.median() > 0.99 * lr and first.max() <= lr * (1 + 1e-5), (first, lr)  # (at count 3: 0.64 lr)
 
 
 def test_tinybert_layer_terms_equal_a_float64_reference_of_the_transformers_models(tinybert):

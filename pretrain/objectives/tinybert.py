@@ -68,6 +68,11 @@ class TinyBert(Distil):
         layers = self.cfg.distill.layer_steps
         return Stage("layers" if layers < 0 or step < layers else "prediction", 0)
 
+    def idle(self, phase) -> tuple[str, ...]:
+        """The MLM head in the layer-wise stage, the projection `fit` in the prediction stage: only a watched term
+        (weight 0) reaches them there, a zero gradient."""
+        return ("mlm",) if phase.name == "layers" else ("fit",)
+
     def describe(self, phase) -> str:
         return {"layers": "layer-wise distillation (embeddings, attention scores, hidden states)",
                 "prediction": "prediction-layer distillation (soft targets)"}[phase.name]
