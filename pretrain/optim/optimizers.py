@@ -30,6 +30,7 @@ class _Adam(torch.optim.Optimizer):
         self.idle: frozenset[str] = frozenset()  # parameters (layout names) this step trains not: left as they are
         self.idle_steps: dict[str, int] = {}  # applied steps each parameter sat idle (`rested`): its own step count
         # is its tensor's less these, as torch counts a parameter's steps that had a gradient
+        self._split: dict = {}  # (tensor, idle, lags) -> its runs (`_runs`)
 
     @property
     def foreach(self) -> bool:
@@ -83,15 +84,24 @@ class _Adam(torch.optim.Optimizer):
         """(step count, first element or None for the whole tensor, length) of the parts of `p` to step."""
         if self.layout is None or not (self.idle or self.idle_steps):
             return [(step, None, p.numel())]
+        lags = tuple(sorted((n, k) for n, k in self.idle_steps.items() if n not in self.idle))
+        key = (id(p), self.idle, lags)  # (the runs change where a phase begins: cached, not found every step)
+        if key not in self._split:
+            self._split[key] = self._split_runs(p, dict(lags))
+        return [(step - lag, at, length) for lag, at, length in self._split[key]]
+
+    def _split_runs(self, p: torch.Tensor, lags: dict[str, int]) -> list[tuple[int, int | None, int]]:
+        """(steps behind the tensor's, first element or None for the whole tensor, length) of the parts of `p`
+        that are not idle, neighbours at the same count joined."""
         runs, at = [], 0
         for name, length in self.layout.runs(p):
-            count = None if name in self.idle else step - self.idle_steps.get(name, 0)
-            if runs and runs[-1][0] == count and runs[-1][1] + runs[-1][2] == at:
-                runs[-1] = (count, runs[-1][1], runs[-1][2] + length)
-            elif count is not None:
-                runs.append((count, at, length))
+            lag = None if name in self.idle else lags.get(name, 0)
+            if runs and runs[-1][0] == lag and runs[-1][1] + runs[-1][2] == at:
+                runs[-1] = (lag, runs[-1][1], runs[-1][2] + length)
+            elif lag is not None:
+                runs.append((lag, at, length))
             at += length
-        return [(step, None, p.numel())] if runs == [(step, 0, p.numel())] else runs
+        return [(0, None, p.numel())] if runs == [(0, 0, p.numel())] else runs
 
     def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
         raise NotImplementedError
