@@ -20,7 +20,7 @@ import yaml
 
 from pretrain import checkpoint as C
 from pretrain.checkpoint_manager import resume_mismatches
-from pretrain import cost, engine, hardware, heartbeat, losses, models, optim, signals
+from pretrain import cost, engine, families, hardware, heartbeat, losses, models, optim, signals
 from pretrain import device as dev
 from pretrain import kernels as K
 from pretrain.config import Config, ConfigError
@@ -68,7 +68,7 @@ class Trainer:
         self.cfg, self.objective = cfg, self.run.objective
         self._check_start()
         self._built: dict = {}  # phase index -> (train, valid) sources
-        self._idle_names: dict = {}  # `Objective.idle`'s modules -> the names of their parameters
+        self._idle_names: dict = {}  # modules not trained -> the names of their parameters (`idle`)
         self._sources((self.run.meta or {}).get("step", 0))  # then the data: a dataset the objective cannot sample
         # (e.g. built without the sentences it needs) is refused before the model is built and DeepSpeed starts
         self.world, self.dp, self.dp_rank = self.run.world, mcore.dp_size(), mcore.dp_rank()
@@ -220,7 +220,7 @@ class Trainer:
         padding = sum((1 - real.float().mean().double() for real in map(real_tokens, batches) if real is not None),
                       torch.zeros((), dtype=torch.float64, device=self.device))
         scale = unapplied_loss_scale(self.engine)  # fp16 at ZeRO-0: DeepSpeed's backward does not scale the loss
-        self.optimizer.idle = self._idle(self.objective.idle(phase))
+        self.optimizer.idle = self.idle(self.step)
         for i, batch in enumerate(batches):
             heartbeat.progress(f"step {step}: micro-batch {i + 1} of {self.accumulation}")
             terms = self.objective.compute(self.engine, batch, phase, fused=self.parallel.fused_lm_loss)
@@ -249,8 +249,11 @@ class Trainer:
             metrics.update(loss_scale=loss_scale(self.engine.optimizer), skipped_steps=self.engine.skipped_steps)
         return metrics
 
-    def _idle(self, modules: tuple[str, ...]) -> frozenset[str]:
-        """The names of the parameters of `modules` (names of modules or parameters: `Objective.idle`)."""
+    def idle(self, step: int) -> frozenset[str]:
+        """The names of the parameters optimizer step `step` (from 0) does not train: of the modules its phase does not
+        (`Objective.idle`) and those the model's config never does (`Family.idle`)."""
+        family = families.get(self.cfg.model.arch)
+        modules = self.objective.idle(self.objective.phase(step)) + (family.idle(self.cfg.model) if family.idle else ())
         if modules not in self._idle_names:
             self._idle_names[modules] = frozenset(n for n in self.parallel.layout.names
                                                   if any(n == m or n.startswith(m + ".") for m in modules))

@@ -1,7 +1,8 @@
 """Run under torchrun (or alone): train several tiny configs one after another in the same process group, each
 into OUT/NAME, so that tests compare layouts without paying process start-up for each. Rank 0 writes
-OUT/NAME/facts.json: DeepSpeed's optimizer wrapper, every optimizer state's step count, the loss scale, and the
-dtypes of the tensors its reduction collectives carried (gradient buckets; metrics and counts are too small to count).
+OUT/NAME/facts.json: DeepSpeed's optimizer wrapper, every optimizer state's step count, the loss scale, the
+dtypes of the tensors its reduction collectives carried (gradient buckets; metrics and counts are too small to count),
+the trainable parameters no non-zero gradient reached on this rank and those the run names idle at every step.
 
     torchrun --nproc_per_node 4 tests/engine_worker.py OUT '{"NAME": ["CONFIG", "key=value", ...], ...}'
 
@@ -39,13 +40,24 @@ def record_reductions() -> None:
         setattr(dist, name, recording)
 
 
-def facts(trainer: Trainer) -> dict:
+def watch_gradients(trainer: Trainer) -> set[str]:
+    """The trainable parameters that a gradient with a non-zero element reaches, filled as the run trains."""
+    reached: set[str] = set()
+    for n, p in trainer.model.named_parameters():
+        if p.requires_grad:
+            p.register_hook(lambda grad, n=n: reached.add(n) if n not in reached and grad.any() else None)
+    return reached
+
+
+def facts(trainer: Trainer, reached: set[str]) -> dict:
     steps = sorted({int(s["step"]) for s in trainer.optimizer.state.values() if s})
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, steps)
     return {"wrapper": type(trainer.engine.optimizer).__name__, "optimizer_steps": sorted({s for r in every for s in r}),
             "loss_scale": loss_scale(trainer.engine.optimizer), "skipped_steps": trainer.engine.skipped_steps,
-            "deterministic": torch.are_deterministic_algorithms_enabled(), "reduced_dtypes": sorted(reduced)}
+            "deterministic": torch.are_deterministic_algorithms_enabled(), "reduced_dtypes": sorted(reduced),
+            "unreached": sorted(n for n, p in trainer.model.named_parameters() if p.requires_grad and n not in reached),
+            "always_idle": sorted(set.intersection(*(set(trainer.idle(s)) for s in range(trainer.cfg.train.steps))))}
 
 
 if __name__ == "__main__":
@@ -59,8 +71,9 @@ if __name__ == "__main__":
         trainer = Trainer(load(overrides[0], [*overrides[1:], f"out_dir={out}/{name}", *more]))
         if name.endswith("-naive"):
             trainer.optimizer.layout = None
+        reached = watch_gradients(trainer)
         trainer.fit()
-        record = facts(trainer)
+        record = facts(trainer, reached)
         trainer.close()
         if dist.get_rank() == 0:
             with open(f"{out}/{name}/facts.json", "w") as f:

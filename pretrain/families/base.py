@@ -115,6 +115,8 @@ class Family:
     wire: Callable | None = None  # wire(model): what its model builds beyond the features' layers (ELECTRA's
     # generator), called by the model once its own layers are initialised
     export: str = "keep the model in ptm's format"  # what to do with a model that has no HF class (no adapter)
+    idle: Callable | None = None  # idle(model_cfg): names of its model's modules or parameters that config never
+    # trains (Transformer-XL's XLNet-only ones, kept for the export): left as they are, as `Objective.idle`'s
 
 
     @property

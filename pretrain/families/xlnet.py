@@ -188,6 +188,15 @@ class XLNetCost(Cost):
                           + m.mem_len + 24)
 
 
+def idle(m) -> tuple[str, ...]:
+    """A causal model (Transformer-XL) runs no query stream and reads no segments (a causal LM's samples have none):
+    the query stream's input and the segment terms stay as initialised, for XLNetLMHeadModel's export."""
+    if not m.causal:
+        return ()
+    segments = (f"blocks.{i}.attn.{n}" for i in range(m.num_layers) for n in ("segment_bias", "segments"))
+    return ("query_start", *(segments if m.relative_segments else ()))
+
+
 FAMILY = Family("xlnet", "XLNet / Transformer-XL: two-stream relative attention with memory, permutation LM",
                 FEATURES, XLNetAdapter(), check, model="pretrain.models.two_stream:XLNet", cost=XLNetCost(),
-                section=SECTION, vocab_rows=OWN_ROWS)
+                section=SECTION, vocab_rows=OWN_ROWS, idle=idle)
