@@ -31,11 +31,16 @@ def adamw_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, exp_avg_sqs
 
 
 def lamb_update(params: Tensors, grads: Tensors, exp_avgs: Tensors, exp_avg_sqs: Tensors, *, step: int,
-                beta1: float, beta2: float, eps: float, weight_decay: float) -> Tensors:
+                beta1: float, beta2: float, eps: float, weight_decay: float, out: Tensors | None = None) -> Tensors:
     """LAMB's update directions, u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w, of tensors that are all at
-    `step`; the moments are updated in place."""
+    `step`, new tensors or written into `out`; the moments are updated in place."""
     _moments(grads, exp_avgs, exp_avg_sqs, beta1, beta2)
-    updates = torch._foreach_div(exp_avgs, 1 - beta1 ** step)
+    if out is None:
+        updates = torch._foreach_div(exp_avgs, 1 - beta1 ** step)
+    else:
+        updates = out
+        torch._foreach_copy_(updates, exp_avgs)
+        torch._foreach_div_(updates, 1 - beta1 ** step)
     torch._foreach_div_(updates, _denominators(exp_avg_sqs, step, beta2, eps))
     if weight_decay:
         torch._foreach_add_(updates, params, alpha=weight_decay)

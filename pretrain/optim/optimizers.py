@@ -76,7 +76,7 @@ class _Adam(torch.optim.Optimizer):
             tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
             for step, at, length in self._runs(p, state["step"]):
                 piece = tensors if at is None else [t.view(-1)[at:at + length] for t in tensors]
-                batch = batches.setdefault(step if together else len(batches), Batch(step))
+                batch = batches.setdefault((step, at is None) if together else len(batches), Batch(step))
                 batch.add(piece, None if at is None else (p, at))
         yield from batches.values()
 
@@ -158,18 +158,19 @@ class Lamb(_Adam):
         beta1, beta2 = group["betas"]
         ordered, updates, stepped_in_runs = [], [], {}
         for b in self._batches(params, self.foreach):
-            runs = F.lamb_update(*b.tensors, step=b.step, beta1=beta1, beta2=beta2, eps=group["eps"],
-                                 weight_decay=group["weight_decay"])
-            for p, update, where in zip(b.tensors[0], runs, b.where):
-                if where is None:
-                    ordered.append(p)
-                    updates.append(update)
-                    continue
-                whole, at = where  # a run: into its tensor's update, zero on idle runs (a trust ratio over wholes)
-                if id(whole) not in stepped_in_runs:
-                    stepped_in_runs[id(whole)] = whole, torch.zeros_like(whole)
-                stepped_in_runs[id(whole)][1].view(-1)[at:at + update.numel()] = update
-        for whole, update in stepped_in_runs.values():
+            out = None  # runs (a batch holds runs or whole tensors): into their tensor's update, zero on idle runs
+            if b.where[0] is not None:
+                out = []
+                for p, (whole, at) in zip(b.tensors[0], b.where):
+                    if id(whole) not in stepped_in_runs:
+                        stepped_in_runs[id(whole)] = whole, torch.zeros_like(whole)
+                    out.append(stepped_in_runs[id(whole)][1].view(-1)[at:at + p.numel()])
+            made = F.lamb_update(*b.tensors, step=b.step, beta1=beta1, beta2=beta2, eps=group["eps"],
+                                 weight_decay=group["weight_decay"], out=out)
+            if out is None:
+                ordered += b.tensors[0]
+                updates += made
+        for whole, update in stepped_in_runs.values():  # (trust ratios are taken over whole tensors)
             ordered.append(whole)
             updates.append(update)
         ratios = self.trust_ratios(ordered, updates) if group["adapt"] else None  # (every rank: an all-reduce)
