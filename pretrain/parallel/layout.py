@@ -172,8 +172,9 @@ def undo_construction_step(engine) -> None:
 
 def measures_grad_norm(engine) -> bool:
     """Whether DeepSpeed's step measures the gradient norm (`engine.get_global_grad_norm()`): its ZeRO optimizers
-    and mixed-precision wrappers do; a client optimizer it steps bare (fp32 at ZeRO-0) leaves it None."""
-    return hasattr(engine.optimizer, "_global_grad_norm")
+    and mixed-precision wrappers do (BF16_Optimizer's attribute appears at its first step); the client optimizer it
+    steps bare (fp32 at ZeRO-0) leaves it None."""
+    return engine.optimizer is not engine.client_optimizer
 
 
 def _scaler(opt):
