@@ -83,21 +83,6 @@ def test_fp16_without_zero_scales_the_loss_and_updates_as_zero_1_does(train_data
     trainer.close()
 
 
-def test_fp32_without_zero_logs_the_gradient_norm_zero_1_does(train_data, tmp_path):
-    """DeepSpeed's step measures no gradient norm where it steps ptm's optimizer bare (fp32 at ZeRO-0): ptm takes it
-    from the reduced gradients before they are clipped, so ZeRO-0 logs the norms ZeRO-1 does, in one process and under
-    TP=2 x DP=2 (each split parameter's shards and each replicated one counted once; dropout off: its streams are per
-    rank)."""
-    runs = {f"z{stage}": bert(train_data, f"zero.stage={stage}", "train.steps=3", "optimizer.warmup_steps=1",
-                              "model.hidden_dropout=0", "model.attention_dropout=0") for stage in (0, 1)}
-    launch(tmp_path, runs, nproc=1)
-    launch(tmp_path, {"tp2-z0": [*runs["z0"], "parallel.tp=2"]}, nproc=4)
-    norms = {name: [json.loads(line)["grad_norm"] for line in open(tmp_path / name / "metrics.jsonl")]
-             for name in (*runs, "tp2-z0")}
-    assert len(norms["z1"]) == 3 and min(norms["z1"]) > config(runs["z0"]).train.grad_clip  # every step clipped
-    assert all(norms[name] == pytest.approx(norms["z1"], rel=1e-5) for name in ("z0", "tp2-z0")), norms
-
-
 def test_a_nan_loss_stops_the_run_with_its_step_and_samples(train_data, tmp_path):
     """A genuine NaN (here: NaN weights from a checkpoint) is not a loss-scale overflow: under fp16 the run stops
     with exit code 3, naming the step and the global sample range, and writes no checkpoint."""

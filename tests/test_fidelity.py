@@ -268,9 +268,16 @@ def test_a_memory_carried_along_streams_trains_the_same_weights_on_every_split(t
 def test_gpt2_zero0_offload_and_a_partition_unaware_lamb(trained):
     """ZeRO-0 against a ZeRO-0 reference (both clip with DeepSpeed's fp32 norms), the optimizer offloaded to CPU
     memory under ZeRO-2/3; a LAMB that takes trust ratios over ZeRO's flat partitions instead of parameters visibly
-    differs."""
+    differs. fp32 ZeRO-0 (one process, TP=2 x DP=2), where DeepSpeed steps ptm's optimizer bare and measures no
+    gradient norm, logs the norms ZeRO-1 does (ptm's own, before clipping: each split shard and replicated
+    parameter once)."""
     for opt in OPTIMIZERS:
         assert diff(trained, "gpt2", f"{opt}-z0", f"{opt}-z0ref") < 1e-5
+    ref = losses_by_step(trained / "gpt2-lamb-ref", "grad_norm")
+    assert len(ref) == 4 and min(ref.values()) > 0.5  # every step clipped
+    for name in ("z0", "z0ref"):
+        got = losses_by_step(trained / f"gpt2-lamb-{name}", "grad_norm")
+        assert got.keys() == ref.keys() and all(got[s] == pytest.approx(ref[s], rel=1e-6) for s in ref), (name, got)
     for stage in (2, 3):
         assert diff(trained, "gpt2", f"lamb-z{stage}offload", "lamb-ref") < 1e-5
     assert diff(trained, "gpt2", "lamb-z2-naive", "lamb-ref") > 1e-3
