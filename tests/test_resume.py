@@ -209,7 +209,8 @@ def matrix(train_data, tmp_path_factory):
                                       *(FP16_OVERFLOW if precision == "fp16" else []),
                                       *(["train.deterministic=true"] if name == "fp32-z1-adamw" else []))
     runs["ernie2-resume"] = ["ernie-tiny", f"data.path={train_data}", "data.num_workers=0", "data.seq_len=32",
-                             "model.max_position_embeddings=32", "train.global_batch_size=8", "train.micro_batch_size=2",
+                             "model.max_position_embeddings=32", "train.global_batch_size=8",
+                             "train.micro_batch_size=2",
                              "optimizer.warmup_steps=1", "train.eval_interval=0", "train.steps=4", "zero.stage=2",
                              "checkpoint.interval=2", "checkpoint.keep=0",
                              "ernie.stages=" + json.dumps(ERNIE_STAGES)]
