@@ -1,6 +1,6 @@
-"""`python -m checkpoints_tools` (also `ptm convert`): consolidate, reshard, to-hf, from-hf, and to-NAME / from-NAME for
-each family's own formats (`Family.formats`: ELMo's to-elmo, from-elmo); the families named in --help are the
-registry's (pretrain/families/)."""
+"""`python -m checkpoints_tools` (also `ptm convert`): consolidate, reshard, rollback, to-hf, from-hf, and to-NAME /
+from-NAME for each family's own formats (`Family.formats`: ELMo's to-elmo, from-elmo); the families named in --help
+are the registry's (pretrain/families/)."""
 from __future__ import annotations
 
 import argparse
@@ -44,7 +44,8 @@ def parser() -> argparse.ArgumentParser:
 
     prog = sys.argv[0] if sys.argv[0].startswith("ptm ") else "python -m checkpoints_tools"
     exported, formats = hf_families(), other_formats()
-    ap = argparse.ArgumentParser(prog=prog, description="Consolidate and reshard ptm checkpoints of any layout; "
+    ap = argparse.ArgumentParser(prog=prog, description="Consolidate and reshard ptm checkpoints of any layout, roll a "
+                                                        "run back to an earlier checkpoint; "
                                                         "convert them to and from Hugging Face format "
                                                         f"({', '.join(exported)})" + "".join(
                                                             f" and {family}'s {fmt.files} (to-{name}, from-{name})"
@@ -87,6 +88,15 @@ def parser() -> argparse.ArgumentParser:
         i = sub.add_parser(f"from-{name}", help=f"{fmt.files} -> ptm checkpoint", description=fmt.reads)
         i.add_argument("source", help=fmt.source)
         i.add_argument("--out", required=True, help="checkpoint directory to write")
+    b = sub.add_parser("rollback", help="make a run resume from an earlier checkpoint of its own (a loss spike)",
+                       description="Point OUT_DIR's `latest` at its checkpoint of --step, so that the same training "
+                                   "command resumes there (add train.skip_steps to leave a spike's batches out). "
+                                   "Nothing is deleted: the later checkpoints, the logs' rows past that step and the "
+                                   "run's summary.json / failed.json move to OUT_DIR/checkpoints/rolled-back-after-"
+                                   "step_N. Run it while the run is stopped.")
+    b.add_argument("out_dir", help="the out_dir of a training run")
+    b.add_argument("--step", type=whole("a step of the run's checkpoints (1, 2, ...)"), required=True,
+                   help="the step of the checkpoint to resume from (one of OUT_DIR/checkpoints/step_N)")
     return show_defaults(ap)
 
 
@@ -96,6 +106,8 @@ def main(argv=None) -> None:
     from pretrain.device import memory_ran_out
 
     try:
+        if a.command == "rollback":
+            return _rollback(a.out_dir, a.step)
         if os.path.exists(a.out) and not os.path.isdir(a.out):
             raise CheckpointError(f"--out {a.out} is a file; pass a directory to write "
                                   f"({OUT_HELP.get(a.command, NEW)})")
@@ -124,7 +136,7 @@ def main(argv=None) -> None:
             if initialised:
                 print(f"initialised (not in {source}): {', '.join(initialised)}")
     except (CheckpointError, OSError) as e:
-        said = refused_write(e, a.out, "re-run the same command") or str(e)
+        said = refused_write(e, getattr(a, "out", None) or a.out_dir, "re-run the same command") or str(e)
         print("\n".join(f"checkpoints_tools: error: {line}" for line in said.splitlines()), file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: what was written goes (OUT.tmp), an earlier OUT stays
@@ -137,3 +149,17 @@ def main(argv=None) -> None:
         print(f"checkpoints_tools: error: {memory_ran_out(e)}; nothing was written to {a.out}: run it where more "
               "memory is free", file=sys.stderr)
         sys.exit(2)
+
+
+def _rollback(out_dir: str, step: int) -> None:
+    from checkpoints_tools.rollback import rollback
+
+    done = rollback(out_dir, step)
+    if done is None:
+        print(f"step_{step:08d} is already the checkpoint {out_dir} resumes, and none is later: nothing to roll back")
+        return
+    aside, later, rows = done
+    moved = [", ".join(later) or "no checkpoint", ", ".join(f"{n} row{'s' * (n != 1)} of {log}"
+                                                          for log, n in rows.items() if n) or "no log rows"]
+    print(f"{out_dir} resumes from step {step} now; moved to {aside}: {'; '.join(moved)}. Re-run its training "
+          "command to resume, with train.skip_steps=[[FIRST,LAST]] added to leave the batches of those steps out")

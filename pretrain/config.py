@@ -89,6 +89,21 @@ class TrainConfig:
                               "metrics, under any layout)", range="> 0")
     deterministic: bool = opt(False, "deterministic kernels (torch.use_deterministic_algorithms): bit-identical resume "
                                      "on GPUs too, at some speed; CPU runs are deterministic anyway")
+    skip_steps: list[list[int]] = opt([], "steps left out, as [first, last] pairs (numbered as in metrics.jsonl): "
+                                          "their global batches are not trained on, the learning-rate schedule and "
+                                          "the data move on past them (a loss spike's batches: README \"Loss "
+                                          "spikes\"); e.g. [[1201, 1300]]")
+
+    def skipped(self, step: int) -> tuple[int, int] | None:
+        """The (first, last) step of the train.skip_steps range that holds `step` (from 1), ranges that overlap or
+        touch joined; None where none does."""
+        joined: list[tuple[int, int]] = []
+        for first, last in sorted(map(tuple, self.skip_steps)):
+            if joined and first <= joined[-1][1] + 1:
+                joined[-1] = (joined[-1][0], max(joined[-1][1], last))
+            else:
+                joined.append((first, last))
+        return next(((first, last) for first, last in joined if first <= step <= last), None)
 
 
 @dataclass
@@ -102,6 +117,9 @@ class OptimizerConfig:
     warmup_steps: int | float = opt(0.01, "linear warmup: a number of steps, or below 1 a fraction of train.steps",
                                     range=">= 0")
     min_lr: float = opt(0.0, "learning rate at the end of the decay", range=">= 0")
+    decay_steps: int | float = opt(0, "the decay ends at this step and min_lr holds after it: a number of steps, or "
+                                      "below 1 a fraction of train.steps; 0: at train.steps (GPT-3 ends its decay at "
+                                      "260B of its 300B tokens)", range=">= 0")
     poly_power: float = opt(1.0, "power of the poly decay", range=">= 0")
     multi_tensor: str = opt("auto", "auto | on | off: LAMB/AdamW arithmetic over all tensors at once (torch._foreach_*, "
                                     "apex's multi-tensor kernels on CUDA) or one tensor at a time; auto = on for CUDA "
@@ -111,6 +129,12 @@ class OptimizerConfig:
     def warmup(self, total_steps: int) -> int:
         """The warmup length in steps."""
         return round(self.warmup_steps * total_steps) if self.warmup_steps < 1 else int(self.warmup_steps)
+
+    def decay_end(self, total_steps: int) -> int:
+        """The step the decay ends at."""
+        if not self.decay_steps:
+            return total_steps
+        return round(self.decay_steps * total_steps) if self.decay_steps < 1 else int(self.decay_steps)
 
 
 @dataclass
@@ -335,6 +359,10 @@ def _range_errors(cfg: Config, dp: int) -> list[str]:
     betas = cfg.optimizer.betas
     errors.need(len(betas) == 2 and all(0 <= b < 1 for b in betas),
                 f"optimizer.betas={betas} must be two values in [0, 1); e.g. set optimizer.betas=[0.9,0.999]")
+    for i, pair in enumerate(cfg.train.skip_steps):
+        errors.need(len(pair) == 2 and 1 <= pair[0] <= pair[1],
+                    f"train.skip_steps[{i}]={pair} is not a [first, last] pair of steps (1 <= first <= last); "
+                    f"write e.g. train.skip_steps=[[1201,1300]]")
     errors.need(dp >= 1, f"data-parallel size {dp} must be positive; launch at least parallel.tp processes")
     errors.need(cfg.data.paths and all(cfg.data.paths),
                 "data.path is empty; set data.path=DIR (a dataset built by `ptm prep`) or a list of them")
@@ -424,6 +452,11 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
                 f"optimizer.warmup_steps={o.warmup_steps} is neither whole steps nor a fraction below 1; round it")
     errors.need(o.warmup(t.steps) <= t.steps, f"optimizer.warmup_steps={o.warmup_steps} is longer than "
                                               f"train.steps={t.steps}; shorten the warmup")
+    errors.need(o.decay_steps < 1 or float(o.decay_steps).is_integer(),
+                f"optimizer.decay_steps={o.decay_steps} is neither whole steps nor a fraction below 1; round it")
+    errors.need(not o.decay_steps or o.decay_end(t.steps) > o.warmup(t.steps),
+                f"optimizer.decay_steps={o.decay_steps} ends the decay at step {o.decay_end(t.steps)}, not after the "
+                f"warmup's {o.warmup(t.steps)} steps; make it longer (0: decay until train.steps)")
     errors.need(o.min_lr <= o.lr, f"optimizer.min_lr={o.min_lr} exceeds optimizer.lr={o.lr}; lower optimizer.min_lr")
     errors.need(cfg.parallel.heartbeat_s < cfg.parallel.timeout_s,
                 f"parallel.heartbeat_s={cfg.parallel.heartbeat_s} is not below parallel.timeout_s="

@@ -12,9 +12,10 @@ import sys
 import time
 
 from pretrain.signals import PREEMPTED
-from ptm.files import refused_write, write_json, write_text
+from ptm.files import refused_write, write_bytes, write_json, write_text
 
 FAILED = "failed.json"
+LOGS = ("metrics.jsonl", "valid.jsonl")  # the per-step and per-evaluation rows
 started: str | None = None  # the out_dir of the run this process has started (`RunLog.start`) and not finished
 
 
@@ -62,8 +63,7 @@ class RunLog:
         started = self.out_dir  # (from here a failure is this run's; an earlier attempt's goes: this one runs)
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(self.out_dir, FAILED))
-        dropped = {name: _drop_past(os.path.join(self.out_dir, name), done)
-                   for name in ("metrics.jsonl", "valid.jsonl")}
+        dropped = {name: _drop_past(os.path.join(self.out_dir, name), done) for name in LOGS}
         if any(dropped.values()):
             self.log(f"the logs' rows past step {done} ({', '.join(f'{n} of {k}' for k, n in dropped.items() if n)}), "
                      f"of {'a run that stopped before its checkpoint' if done else 'an earlier run'} in this out_dir, "
@@ -86,6 +86,11 @@ class RunLog:
         self.bar.update(1)
         self.bar.set_postfix_str(fmt(metrics, (*headline, "lr", "samples_per_s", "tokens_per_s")),
                                  refresh=False)
+
+    def left_out(self) -> None:
+        """A step train.skip_steps leaves out: the bar moves on; no row (its curves have a gap there)."""
+        if self.rank0:
+            self.bar.update(1)
 
     def _times(self, step: int) -> str:
         """" elapsed=H:MM:SS eta=H:MM:SS" of this run's steps so far (what the bar shows, for a log without one)."""
@@ -148,10 +153,11 @@ def _clock(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
 
 
-def _drop_past(path: str, step: int) -> int:
+def _drop_past(path: str, step: int, keep: str | None = None) -> int:
     """Cut the jsonl log at `path` after its last row at or before `step`: the rows past it come last (each run appends
-    in step order, and cuts those past its start), a last line cut short by a kill with them. Read from its end, so a
-    long log costs no more than its rows cut; the number of rows cut."""
+    in step order, and cuts those past its start), a last line cut short by a kill with them; what is cut is first
+    written to `keep` where given (atomically; none where nothing is cut). Read from its end, so a long log costs no
+    more than its rows cut; the number of rows cut."""
     try:
         f = open(path, "r+b")
     except FileNotFoundError:
@@ -166,8 +172,18 @@ def _drop_past(path: str, step: int) -> int:
                 dropped += 1
             cut = start
         if cut < end:
+            if keep is not None:
+                f.seek(cut)
+                write_bytes(keep, f.read())
             f.truncate(cut)
     return dropped
+
+
+def set_aside_past(out_dir: str, step: int, keep_dir: str) -> dict[str, int]:
+    """Move the rows of a run's logs (metrics.jsonl, valid.jsonl) past `step` into files of the same names in
+    `keep_dir`; {log: rows moved}."""
+    return {name: _drop_past(os.path.join(out_dir, name), step, os.path.join(keep_dir, name))
+            for name in LOGS}
 
 
 def _lines_backwards(f, end: int, block: int = 1 << 16):

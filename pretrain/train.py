@@ -93,7 +93,7 @@ class Trainer:
         self.accumulation = self.engine.gradient_accumulation_steps()
         self.flops_per_sample = cost.flops_per_sample(cfg)
         self.device_name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
-        self.step = self.consumed = 0
+        self.step = self.consumed = self.left_out = 0  # (left_out: steps of this run that train.skip_steps named)
         self._stop: bool | None = None  # whether a rank got a stop signal, agreed by the last step (`_agree`)
         # the last step's gradient norm (a device tensor or a number; None before the first step): DeepSpeed's, or
         # ptm's where DeepSpeed's step measures none (`_own_norm`), read with the next step's transfer (`_agree`)
@@ -277,7 +277,9 @@ class Trainer:
         if not finite:
             raise FloatingPointError(f"the loss is not finite at step {self.step + 1} (samples {self.consumed:,} to "
                                      f"{self.consumed + self.cfg.train.global_batch_size - 1:,}); the weights were "
-                                     "not updated: lower optimizer.lr or check these samples")
+                                     "not updated: lower optimizer.lr or check these samples; to leave them out, "
+                                     f"re-run with train.skip_steps=[[{self.step + 1},{self.step + 1}]] added (it "
+                                     "resumes from the last checkpoint)")
 
     def _sources(self, step: int):
         """(train, valid) sample sources of the objective's phase at `step` (e.g. ERNIE's stage: its tasks, its
@@ -430,22 +432,32 @@ class Trainer:
             start = time.time()
             if self.step == cfg.train.steps - 1:
                 signals.pause("last")
-            try:
-                metrics = self.train_step(micro)
-            except FloatingPointError:  # the last finite step's row is logged (with its norm) before the error
+            if cfg.train.skipped(self.step + 1):
+                self._log_row(out, held, self._read_norm())  # (the last trained step's row, before the line)
+                held = None
+                end_workers(micro)  # (the loader starts again where the steps left out end)
+                micro = self.batches = None
+                self._leave_out(out)
+            else:
+                if micro is None:
+                    micro = self.batches = self._loader(self._sources(self.step)[0], self.consumed,
+                                                        cfg.data.num_workers)
+                try:
+                    metrics = self.train_step(micro)
+                except FloatingPointError:  # the last finite step's row is logged (with its norm) before the error
+                    self._log_row(out, held, self._previous_norm)
+                    raise
+                dt = time.time() - start
+                if self.step == first + 1 and self.parallel.kernels == "compile":
+                    log(f"step {self.step} took {dt:.1f} s, torch.compile's compilation included")
+                metrics.update(step_time_s=dt, samples_per_s=cfg.train.global_batch_size / dt,
+                               tokens_per_s=tokens_per_step / dt, memory_gib=dev.peak_memory_gib(),
+                               **dev.device_memory(), **self._utilisation(cfg.train.global_batch_size / dt))
+                # a step's row waits for its gradient norm, which the next step's transfer brings
                 self._log_row(out, held, self._previous_norm)
-                raise
-            dt = time.time() - start
-            if self.step == first + 1 and self.parallel.kernels == "compile":
-                log(f"step {self.step} took {dt:.1f} s, torch.compile's compilation included")
-            metrics.update(step_time_s=dt, samples_per_s=cfg.train.global_batch_size / dt, tokens_per_s=tokens_per_step / dt,
-                           memory_gib=dev.peak_memory_gib(), **dev.device_memory(),
-                           **self._utilisation(cfg.train.global_batch_size / dt))
-            # a step's row waits for its gradient norm, which the next step's transfer brings
-            self._log_row(out, held, self._previous_norm)
-            recent.append(metrics["loss"])
-            held = (self.step, metrics, bool(cfg.train.log_interval and self.step % cfg.train.log_interval == 0
-                                             or self.step == cfg.train.steps))  # (the last step's row is shown)
+                recent.append(metrics["loss"])
+                held = (self.step, metrics, bool(cfg.train.log_interval and self.step % cfg.train.log_interval == 0
+                                                 or self.step == cfg.train.steps))  # (the last step's row is shown)
             evaluate = cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0
             save = cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and self.step < cfg.train.steps
             if evaluate or save or self.step == cfg.train.steps:
@@ -463,14 +475,15 @@ class Trainer:
             if self.step != first:  # the run's last evaluation, in valid.jsonl and TensorBoard too
                 out.evaluation(self.step, last_eval)
         out.close()
-        elapsed = time.time() - t0
-        summary = {"steps": self.step, "trained_steps": self.step - first, "resumed_from": self.resumed_from,
+        elapsed, trained = time.time() - t0, self.step - first - self.left_out
+        summary = {"steps": self.step, "trained_steps": trained, "resumed_from": self.resumed_from,
+                   **({"steps_left_out": self.left_out} if self.left_out else {}),
                    "seconds": round(elapsed, 1),
                    "samples": self.consumed, "checkpoint": final,
                    **({"train_loss": round(sum(recent) / len(recent), 4)} if recent else {}),
                    **{k: round(v, 4) for k, v in last_eval.items()},
-                   "tokens_per_s": round((self.step - first) * tokens_per_step / max(elapsed, 1e-9)),
-                   **{k: round(v, 4) for k, v in self._utilisation((self.step - first) * cfg.train.global_batch_size
+                   "tokens_per_s": round(trained * tokens_per_step / max(elapsed, 1e-9)),
+                   **{k: round(v, 4) for k, v in self._utilisation(trained * cfg.train.global_batch_size
                                                                    / max(elapsed, 1e-9)).items()},
                    "skipped_steps": self.engine.skipped_steps, "peak_memory_gib": round(dev.peak_memory_gib(), 2),
                    **{k: round(v, 2) for k, v in dev.device_memory().items()},
@@ -482,6 +495,21 @@ class Trainer:
                 "and Megatron's accounting); fewer come with a lower fp16.initial_scale_power")
         out.summary(summary)
         return summary
+
+    def _leave_out(self, out: RunLog) -> None:
+        """Step `self.step + 1` is one train.skip_steps names: its global batch is not trained on (no forward, no
+        update, no dropout drawn), the data position and the learning-rate schedule move on past it as if it were."""
+        first, last = self.cfg.train.skipped(self.step + 1)
+        if self.step + 1 == first or not self.left_out:  # (a range's first step, or where a resumed run is in one)
+            upto = min(last, self.cfg.train.steps)
+            size = self.cfg.train.global_batch_size
+            log(f"steps {self.step + 1}-{upto} left out (train.skip_steps): samples {self.consumed:,} to "
+                f"{self.consumed + (upto - self.step) * size - 1:,} not trained on; the learning rate moves on")
+        self.step += 1
+        self.left_out += 1
+        self.consumed += self.cfg.train.global_batch_size
+        self.scheduler.step()
+        out.left_out()
 
     def _recorded(self) -> dict | None:
         """The summary a finished run recorded at this step (its summary.json), which a re-run returns and writes

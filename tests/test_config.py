@@ -15,7 +15,7 @@ from pretrain.objectives.ernie import ErnieStage
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 TOP_KEYS = "seed, out_dir, precision, grad_accum_dtype, deepspeed_config, kernels, fused_lm_loss, model, data, train, optimizer, checkpoint, parallel, zero, fp16, ernie, electra, unilm, xlnet, distill, sbo"
-OPTIMIZER_KEYS = "name, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, poly_power, multi_tensor"
+OPTIMIZER_KEYS = "name, lr, weight_decay, betas, eps, schedule, warmup_steps, min_lr, decay_steps, poly_power, multi_tensor"
 
 
 def write(path, text):
@@ -223,6 +223,10 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["data.mask_prob=0"], 1, "data.mask_prob=0.0 is outside (0, 1)"),
     (["model.hidden_dropout=1"], 1, "model.hidden_dropout=1.0 is outside [0, 1)"),
     (["optimizer.betas=[0.9]"], 1, "optimizer.betas=[0.9] must be two values in [0, 1)"),
+    (["train.skip_steps=[[5, 3]]"], 1, "train.skip_steps[0]=[5, 3] is not a [first, last] pair of steps (1 <= "
+                                       "first <= last); write e.g. train.skip_steps=[[1201,1300]]"),
+    (["train.skip_steps=[[1, 2], [7]]"], 1, "train.skip_steps[1]=[7] is not a [first, last] pair"),
+    (["train.skip_steps=[[0, 2]]"], 1, "train.skip_steps[0]=[0, 2] is not a [first, last] pair"),
     (["data.path="], 1, "data.path is empty; set data.path=DIR"),
     (["data.path=[a, b]", "data.weights=[1]"], 1, "data.weights=[1.0] must be one positive weight per data.path (2)"),
     (["data.path=[a, b]", "data.weights=[1, 0]"], 1, "must be one positive weight per data.path"),
@@ -230,6 +234,9 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["optimizer.warmup_steps=1201"], 1, "optimizer.warmup_steps=1201 is longer than train.steps=1200"),
     (["optimizer.warmup_steps=2.5"], 1, "optimizer.warmup_steps=2.5 is neither whole steps nor a fraction below 1"),
     (["optimizer.min_lr=0.1"], 1, "optimizer.min_lr=0.1 exceeds optimizer.lr=0.002"),
+    (["optimizer.warmup_steps=10", "optimizer.decay_steps=10"], 1, "optimizer.decay_steps=10 ends the decay at step 10, "
+     "not after the warmup's 10 steps; make it longer (0: decay until train.steps)"),
+    (["optimizer.decay_steps=2.5"], 1, "optimizer.decay_steps=2.5 is neither whole steps nor a fraction below 1"),
     (["model.activation_checkpointing=[1, 2]"], 1, "model.activation_checkpointing=[1, 2] names layers outside 0..1"),
     (["data.objective=clm"], 1, "data.objective=clm does not fit model.arch=bert"),
     (["model.arch=gpt2"], 1, "data.objective=mlm_nsp does not fit model.arch=gpt2"),
@@ -658,3 +665,10 @@ def test_a_mapping_valued_key_given_whole_replaces_and_unknown_mix_modes_are_nam
     with pytest.raises(ConfigError) as e:
         load("unilm-tiny", ["unilm.mix={foo: 1, seq2seq: 1}", "data.path=data"]).validate()
     assert str(e.value) == "unilm.mix has unknown modes foo; use bidirectional, left_to_right, right_to_left, seq2seq"
+
+
+def test_skip_steps_name_ranges_that_join_where_they_overlap_or_touch():
+    train = load("bert-tiny", ["train.skip_steps=[[10, 12], [5, 6], [7, 8], [11, 20]]"]).train
+    assert [train.skipped(s) for s in (4, 5, 8, 9, 10, 20, 21)] == [None, (5, 8), (5, 8), None, (10, 20), (10, 20),
+                                                                   None]
+    assert load("bert-tiny").train.skipped(1) is None

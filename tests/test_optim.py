@@ -327,6 +327,18 @@ def test_scheduler_drives_the_optimizer_lr():
     assert seen == pytest.approx([s(i) for i in range(50)], abs=1e-12)
 
 
+def test_a_decay_that_ends_before_the_run_holds_min_lr_after():
+    """optimizer.decay_steps (GPT-3's decay ends at 260B of its 300B tokens): steps or a fraction of train.steps."""
+    for decay in ("80", "0.8"):
+        s = Schedule.from_config(C.load("bert-tiny", ["optimizer.warmup_steps=10", "optimizer.schedule=cosine",
+                                                    "optimizer.lr=1.0", "optimizer.min_lr=0.1",
+                                                    f"optimizer.decay_steps={decay}"]).optimizer, total_steps=100)
+        assert [s(10), s(45), s(80), s(90), s(100)] == pytest.approx([1.0, 0.55, 0.1, 0.1, 0.1])
+    whole = Schedule.from_config(C.load("bert-tiny", ["optimizer.schedule=cosine", "optimizer.warmup_steps=10"]
+                                        ).optimizer, total_steps=100)
+    assert whole.total_steps == 100 and whole(99) > whole(100) == 0.0
+
+
 def test_schedule_kinds_match_the_config():
     assert tuple(optim.schedule.DECAYS) == C.SCHEDULES
     with pytest.raises(ValueError, match="unknown schedule 'step'"):

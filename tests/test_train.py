@@ -89,6 +89,66 @@ def test_resume_is_exact(dataset, tmp_path, capfd):
     assert json.load(open(tmp_path / "a" / "summary.json")) == again
 
 
+def test_a_loss_spike_is_rolled_back_and_its_steps_left_out(dataset, tmp_path, capfd):
+    """train.skip_steps: the steps named train nothing (weights and moments stay as they were), the data position and
+    the learning rate move on past them (the next step reads the samples and takes the lr it would have). `ptm convert
+    rollback` makes a run resume an earlier checkpoint of its own, the later ones and the logs' rows past it moved
+    aside, not deleted; resumed there with the skip, it ends bit-identical to a run that skipped from the start."""
+    import shutil
+
+    from conftest import call_cli
+    from pretrain import checkpoint as C
+    from pretrain.train import train
+
+    def cfg(out, *more):
+        return _cfg(dataset, f"out_dir={out}", "train.steps=6", "checkpoint.interval=2", "checkpoint.keep=0", *more)
+
+    def ckpt(run, step):
+        return C.Pieces(str(tmp_path / run / "checkpoints" / f"step_{step:08d}"))
+
+    def same(a, b):
+        return all(torch.equal(a.full(kind, n), b.full(kind, n)) for kind in C.KINDS for n in a.params)
+
+    spiked = train(cfg(tmp_path / "spiked"))
+    capfd.readouterr()
+    skipped = train(cfg(tmp_path / "skip", "train.skip_steps=[[3,4]]"))
+    assert "pretrain: steps 3-4 left out (train.skip_steps): samples 16 to 31 not trained on" in capfd.readouterr().err
+    assert (skipped["steps"], skipped["trained_steps"], skipped["steps_left_out"], skipped["samples"]) == (6, 4, 2, 48)
+    rows, theirs = (read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("skip", "spiked"))
+    trained = lambda rows: [(r["loss"], r["lr"], r["grad_norm"]) for r in rows]  # noqa: E731
+    assert [r["step"] for r in rows] == [1, 2, 5, 6] and trained(rows[:2]) == trained(theirs[:2])
+    assert [r["lr"] for r in rows[2:]] == [r["lr"] for r in theirs[4:]]  # the schedule moved on
+    assert same(ckpt("skip", 2), ckpt("skip", 4)) and ckpt("skip", 4).meta["consumed_samples"] == 32
+    assert not same(ckpt("skip", 4), ckpt("skip", 6))
+    # steps 5-6 read the samples from 32: as a run resumed at step 4 without the skip does
+    shutil.copytree(tmp_path / "skip", tmp_path / "again")
+    call_cli("checkpoints_tools", "rollback", tmp_path / "again", "--step", "4")
+    train(cfg(tmp_path / "again"))
+    assert same(ckpt("skip", 6), ckpt("again", 6))
+    # the spiked run rolled back to step 2: its later checkpoints, log rows and summary kept aside
+    out = call_cli("checkpoints_tools", "rollback", tmp_path / "spiked", "--step", "2").stdout
+    aside = tmp_path / "spiked" / "checkpoints" / "rolled-back-after-step_00000002"
+    assert out == (f"{tmp_path / 'spiked'} resumes from step 2 now; moved to {aside}: step_00000004, step_00000006; "
+                   "4 rows of metrics.jsonl, 1 row of valid.jsonl. Re-run its training command to resume, with "
+                   "train.skip_steps=[[FIRST,LAST]] added to leave the batches of those steps out\n")
+    assert sorted(p.name for p in aside.iterdir()) == ["metrics.jsonl", "step_00000004", "step_00000006",
+                                                       "summary.json", "valid.jsonl"]
+    assert read_jsonl(aside / "metrics.jsonl") == theirs[2:] and json.load(open(aside / "summary.json")) == spiked
+    assert [r["step"] for r in read_jsonl(tmp_path / "spiked" / "metrics.jsonl")] == [1, 2]
+    assert C.resolve(str(tmp_path / "spiked")).endswith("step_00000002")
+    again = call_cli("checkpoints_tools", "rollback", tmp_path / "spiked", "--step", "2").stdout
+    assert again == "step_00000002 is already the checkpoint " f"{tmp_path / 'spiked'} resumes, and none is later: " \
+                    "nothing to roll back\n"
+    proc = call_cli("checkpoints_tools", "rollback", tmp_path / "spiked", "--step", "3", check=False)
+    assert proc.returncode == 2 and proc.stderr == (
+        f"checkpoints_tools: error: {tmp_path / 'spiked' / 'checkpoints'} has no checkpoint of step 3 (it has step 2); "
+        "pass --step 2, the last before it\n")
+    resumed = train(cfg(tmp_path / "spiked", "train.skip_steps=[[3,4]]"))
+    assert resumed["resumed_from"]["step"] == 2 and (resumed["trained_steps"], resumed["steps_left_out"]) == (2, 2)
+    assert same(ckpt("skip", 6), ckpt("spiked", 6))
+    assert [r["step"] for r in read_jsonl(tmp_path / "spiked" / "metrics.jsonl")] == [1, 2, 5, 6]
+
+
 def test_a_run_without_a_held_out_split_says_so_and_sums_up_its_training_loss(dataset, tmp_path, capfd):
     """data.valid_fraction=0: an eval_interval that evaluates nothing is said once (it was silent), no empty "step N:"
     line nor {step} rows are logged, and the summary holds the training loss (its only measure of the run)."""

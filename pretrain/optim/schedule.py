@@ -34,8 +34,10 @@ class Schedule:
 
     @classmethod
     def from_config(cls, optimizer, total_steps: int) -> Schedule:
-        """From a config's `optimizer` section (lr, schedule, warmup_steps, min_lr, poly_power)."""
-        return cls(lr=optimizer.lr, total_steps=total_steps, warmup_steps=optimizer.warmup(total_steps),
+        """From a config's `optimizer` section (lr, schedule, warmup_steps, min_lr, poly_power, decay_steps) for a run
+        of `total_steps`."""
+        return cls(lr=optimizer.lr, total_steps=optimizer.decay_end(total_steps),
+                   warmup_steps=optimizer.warmup(total_steps),
                    kind=optimizer.schedule, min_lr=optimizer.min_lr, power=optimizer.poly_power)
 
     def __call__(self, step: int) -> float:
