@@ -140,8 +140,9 @@ def main(argv=None) -> None:
         print("\n".join(f"checkpoints_tools: error: {line}" for line in said.splitlines()), file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: what was written goes (OUT.tmp), an earlier OUT stays
-        print(f"checkpoints_tools: interrupted; nothing was written to {a.out}: re-run the same command",
-              file=sys.stderr)
+        print(f"checkpoints_tools: interrupted; nothing was written to {a.out}: re-run the same command"
+              if a.command != "rollback" else "checkpoints_tools: interrupted; re-run the same command to finish the "
+              "rollback", file=sys.stderr)
         sys.exit(getattr(e, "status", 130))
     except Exception as e:
         if memory_ran_out(e) is None:

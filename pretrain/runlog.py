@@ -88,7 +88,9 @@ class RunLog:
                                  refresh=False)
 
     def left_out(self) -> None:
-        """A step train.skip_steps leaves out: the bar moves on; no row (its curves have a gap there)."""
+        """A step train.skip_steps leaves out: the bar moves on; no row; the time left is estimated from the steps
+        trained."""
+        self.first += 1
         if self.rank0:
             self.bar.update(1)
 
@@ -153,11 +155,11 @@ def _clock(seconds: float) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
 
 
-def _drop_past(path: str, step: int, keep: str | None = None) -> int:
+def _drop_past(path: str, step: int, keep: str | None = None, dry: bool = False) -> int:
     """Cut the jsonl log at `path` after its last row at or before `step`: the rows past it come last (each run appends
     in step order, and cuts those past its start), a last line cut short by a kill with them; what is cut is first
-    written to `keep` where given (atomically; none where nothing is cut). Read from its end, so a long log costs no
-    more than its rows cut; the number of rows cut."""
+    written to `keep` where given (atomically; none where nothing is cut); `dry`: nothing cut. Read from its end, so a
+    long log costs no more than its rows cut; the number of rows cut."""
     try:
         f = open(path, "r+b")
     except FileNotFoundError:
@@ -171,7 +173,7 @@ def _drop_past(path: str, step: int, keep: str | None = None) -> int:
                     break
                 dropped += 1
             cut = start
-        if cut < end:
+        if cut < end and not dry:
             if keep is not None:
                 f.seek(cut)
                 write_bytes(keep, f.read())
@@ -179,11 +181,11 @@ def _drop_past(path: str, step: int, keep: str | None = None) -> int:
     return dropped
 
 
-def set_aside_past(out_dir: str, step: int, keep_dir: str) -> dict[str, int]:
+def set_aside_past(out_dir: str, step: int, keep_dir: str | None) -> dict[str, int]:
     """Move the rows of a run's logs (metrics.jsonl, valid.jsonl) past `step` into files of the same names in
-    `keep_dir`; {log: rows moved}."""
-    return {name: _drop_past(os.path.join(out_dir, name), step, os.path.join(keep_dir, name))
-            for name in LOGS}
+    `keep_dir` (None: only count them); {log: rows}."""
+    return {name: _drop_past(os.path.join(out_dir, name), step, keep_dir and os.path.join(keep_dir, name),
+                             dry=keep_dir is None) for name in LOGS}
 
 
 def _lines_backwards(f, end: int, block: int = 1 << 16):

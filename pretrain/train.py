@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -146,6 +147,12 @@ class Trainer:
             log(f"{why}: dropout streams re-seeded")
         log(f"resumed from step {self.step} (samples {self.consumed:,}) of {self.run.resume}, written by "
             f"tp={meta['tp']} dp={meta['dp']} zero={meta.get('zero_stage')}")
+        was_skipped = _config_value(self.run.resume, "train", "skip_steps") or []
+        late = [pair for pair in self.cfg.train.skip_steps if pair[0] <= self.step and pair not in was_skipped]
+        if late:
+            log(f"warning: train.skip_steps {late} start{'s' * (len(late) == 1)} at or before step {self.step}, the "
+                f"checkpoint resumed: the steps up to it were trained; to leave them out, stop and roll the run back to "
+                f"a checkpoint before them (python -m checkpoints_tools rollback {self.cfg.out_dir} --step M)")
         was_batch = _config_value(self.run.resume, "train", "global_batch_size")
         if was_batch not in (None, self.cfg.train.global_batch_size) and self._sources(self.step)[1] is not None:
             log(f"train.global_batch_size {was_batch} -> {self.cfg.train.global_batch_size}: an evaluation reads the "
@@ -278,8 +285,13 @@ class Trainer:
             raise FloatingPointError(f"the loss is not finite at step {self.step + 1} (samples {self.consumed:,} to "
                                      f"{self.consumed + self.cfg.train.global_batch_size - 1:,}); the weights were "
                                      "not updated: lower optimizer.lr or check these samples; to leave them out, "
-                                     f"re-run with train.skip_steps=[[{self.step + 1},{self.step + 1}]] added (it "
-                                     "resumes from the last checkpoint)")
+                                     f"re-run with train.skip_steps={self._skips_with(self.step + 1)} (it resumes "
+                                     "from the last checkpoint)")
+
+    def _skips_with(self, step: int) -> str:
+        """train.skip_steps with `step` added, as --set takes it (whole: a --set replaces the list)."""
+        pairs = sorted([*map(list, self.cfg.train.skip_steps), [step, step]])
+        return "[" + ",".join(f"[{a},{b}]" for a, b in pairs) + "]"
 
     def _sources(self, step: int):
         """(train, valid) sample sources of the objective's phase at `step` (e.g. ERNIE's stage: its tasks, its
@@ -402,7 +414,7 @@ class Trainer:
         log("kernels: " + K.describe(cfg, self.parallel.kernels, self.parallel.fused_lm_loss, self.optimizer,
                                      self.device, self.objective.attention_mask))
         phase = self.objective.phase_index(self.step)
-        micro = self.batches = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
+        micro = self.batches = self._next_loader()
         signals.pause("workers")  # (tests: the data-loader workers run)
         tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         t0, last_eval, history, held = time.time(), {}, [], None
@@ -426,13 +438,13 @@ class Trainer:
                 self._log_row(out, held, self._read_norm())  # the last step of the stage before, logged before it
                 held = None
                 phase = self.objective.phase_index(self.step)
-                micro = self.batches = self._loader(self._sources(self.step)[0], self.consumed, cfg.data.num_workers)
+                micro = self.batches = self._next_loader()
                 log(f"step {self.step + 1}: stage {phase + 1}: "
                     + self.objective.describe(self.objective.phase(self.step)))
-            start = time.time()
             if self.step == cfg.train.steps - 1:
                 signals.pause("last")
-            if cfg.train.skipped(self.step + 1):
+            left_out = cfg.train.skipped(self.step + 1) is not None
+            if left_out:
                 self._log_row(out, held, self._read_norm())  # (the last trained step's row, before the line)
                 held = None
                 end_workers(micro)  # (the loader starts again where the steps left out end)
@@ -440,8 +452,8 @@ class Trainer:
                 self._leave_out(out)
             else:
                 if micro is None:
-                    micro = self.batches = self._loader(self._sources(self.step)[0], self.consumed,
-                                                        cfg.data.num_workers)
+                    micro = self.batches = self._next_loader()
+                start = time.time()
                 try:
                     metrics = self.train_step(micro)
                 except FloatingPointError:  # the last finite step's row is logged (with its norm) before the error
@@ -458,8 +470,10 @@ class Trainer:
                 recent.append(metrics["loss"])
                 held = (self.step, metrics, bool(cfg.train.log_interval and self.step % cfg.train.log_interval == 0
                                                  or self.step == cfg.train.steps))  # (the last step's row is shown)
-            evaluate = cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0
-            save = cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and self.step < cfg.train.steps
+            # (none at a step left out: its weights are the last trained step's)
+            evaluate = cfg.train.eval_interval and self.step % cfg.train.eval_interval == 0 and not left_out
+            save = (cfg.checkpoint.interval and self.step % cfg.checkpoint.interval == 0 and self.step < cfg.train.steps
+                    and not left_out)
             if evaluate or save or self.step == cfg.train.steps:
                 self._log_row(out, held, self._read_norm())
                 held = None
@@ -496,6 +510,13 @@ class Trainer:
         out.summary(summary)
         return summary
 
+    def _next_loader(self):
+        """The micro-batches of the next step on, from the data position reached; None where that step is one
+        train.skip_steps leaves out (the first step trained after it starts one)."""
+        if self.cfg.train.skipped(self.step + 1):
+            return None
+        return self._loader(self._sources(self.step)[0], self.consumed, self.cfg.data.num_workers)
+
     def _leave_out(self, out: RunLog) -> None:
         """Step `self.step + 1` is one train.skip_steps names: its global batch is not trained on (no forward, no
         update, no dropout drawn), the data position and the learning-rate schedule move on past it as if it were."""
@@ -508,7 +529,9 @@ class Trainer:
         self.step += 1
         self.left_out += 1
         self.consumed += self.cfg.train.global_batch_size
-        self.scheduler.step()
+        with warnings.catch_warnings():  # (torch's, where no optimizer step came first: a run that skips its first)
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
+            self.scheduler.step()
         out.left_out()
 
     def _recorded(self) -> dict | None:

@@ -95,12 +95,15 @@ def test_a_nan_loss_stops_the_run_with_its_step_and_samples(train_data, tmp_path
     call_cli("checkpoints_tools", "consolidate", tmp_path / "ok", "--out", tmp_path / "nan", "--weights-only")
     C.save_model(str(tmp_path / "nan"), bad)
     proc = run_cli("pretrain", "train", "--config", "bert-tiny", "--set", *bert(train_data, "precision=fp16")[1:],
-                   f"checkpoint.init_from={tmp_path / 'nan'}", f"out_dir={tmp_path / 'run'}", check=False)
+                   f"checkpoint.init_from={tmp_path / 'nan'}", f"out_dir={tmp_path / 'run'}",
+                   "train.skip_steps=[[5,6]]", check=False)
     assert proc.returncode == 3, proc.stderr[-3000:]
     said = "pretrain: error: the loss is not finite at step 1 (samples 0 to 7)"  # steps numbered from 1, as logged
     error = json.load(open(tmp_path / "run" / "failed.json"))  # (out_dir keeps why the run ended)
     assert error["error"].startswith(said) and error["error"] in proc.stderr.splitlines()
     assert error["exception"] == "FloatingPointError" and error["exit"] == 3
+    assert error["error"].endswith("to leave them out, re-run with train.skip_steps=[[1,1],[5,6]] (it resumes from "
+                                   "the last checkpoint)")  # (the whole list: a --set replaces it)
     assert not (tmp_path / "run" / "checkpoints").exists()
     # diverging (no clipping, a huge learning rate): every finite step is in metrics.jsonl, the last one included,
     # whose row waits for its gradient norm from the next step's transfer

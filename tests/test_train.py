@@ -89,16 +89,15 @@ def test_resume_is_exact(dataset, tmp_path, capfd):
     assert json.load(open(tmp_path / "a" / "summary.json")) == again
 
 
-def test_a_loss_spike_is_rolled_back_and_its_steps_left_out(dataset, tmp_path, capfd):
-    """train.skip_steps: the steps named train nothing (weights and moments stay as they were), the data position and
-    the learning rate move on past them (the next step reads the samples and takes the lr it would have). `ptm convert
-    rollback` makes a run resume an earlier checkpoint of its own, the later ones and the logs' rows past it moved
-    aside, not deleted; resumed there with the skip, it ends bit-identical to a run that skipped from the start."""
-    import shutil
-
+def test_a_loss_spike_is_rolled_back_and_its_steps_left_out(dataset, tmp_path, capfd, monkeypatch):
+    """train.skip_steps: the steps named read and train nothing (no checkpoint nor evaluation falls on them), the
+    data position and the learning rate move on past them: the next steps read the micro-batches and take the lr they
+    would have. `ptm convert rollback` makes a run resume an earlier checkpoint of its own, the later ones and the logs'
+    rows past it moved aside, not deleted; resumed there with the skip, it ends bit-identical to a run that skipped
+    from the start. A range added at or before the checkpoint resumed is a warning."""
     from conftest import call_cli
     from pretrain import checkpoint as C
-    from pretrain.train import train
+    from pretrain.train import Trainer, train
 
     def cfg(out, *more):
         return _cfg(dataset, f"out_dir={out}", "train.steps=6", "checkpoint.interval=2", "checkpoint.keep=0", *more)
@@ -109,22 +108,30 @@ def test_a_loss_spike_is_rolled_back_and_its_steps_left_out(dataset, tmp_path, c
     def same(a, b):
         return all(torch.equal(a.full(kind, n), b.full(kind, n)) for kind in C.KINDS for n in a.params)
 
+    read, to_device = {}, Trainer._to_device  # the micro-batches each run trained on, by step
+
+    def recorded(self, batch):
+        if self.model.training:  # (not an evaluation's)
+            read.setdefault(self.cfg.out_dir, {}).setdefault(self.step + 1, []).append(batch["input_ids"].clone())
+        return to_device(self, batch)
+
+    monkeypatch.setattr(Trainer, "_to_device", recorded)
     spiked = train(cfg(tmp_path / "spiked"))
     capfd.readouterr()
     skipped = train(cfg(tmp_path / "skip", "train.skip_steps=[[3,4]]"))
     assert "pretrain: steps 3-4 left out (train.skip_steps): samples 16 to 31 not trained on" in capfd.readouterr().err
     assert (skipped["steps"], skipped["trained_steps"], skipped["steps_left_out"], skipped["samples"]) == (6, 4, 2, 48)
-    rows, theirs = (read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("skip", "spiked"))
+    mine, theirs = read[str(tmp_path / "skip")], read[str(tmp_path / "spiked")]
+    assert sorted(mine) == [1, 2, 5, 6] and all(torch.equal(a, b) for s in mine for a, b in zip(mine[s], theirs[s]))
+    rows, logged = (read_jsonl(tmp_path / run / "metrics.jsonl") for run in ("skip", "spiked"))
     trained = lambda rows: [(r["loss"], r["lr"], r["grad_norm"]) for r in rows]  # noqa: E731
-    assert [r["step"] for r in rows] == [1, 2, 5, 6] and trained(rows[:2]) == trained(theirs[:2])
-    assert [r["lr"] for r in rows[2:]] == [r["lr"] for r in theirs[4:]]  # the schedule moved on
-    assert same(ckpt("skip", 2), ckpt("skip", 4)) and ckpt("skip", 4).meta["consumed_samples"] == 32
-    assert not same(ckpt("skip", 4), ckpt("skip", 6))
-    # steps 5-6 read the samples from 32: as a run resumed at step 4 without the skip does
-    shutil.copytree(tmp_path / "skip", tmp_path / "again")
-    call_cli("checkpoints_tools", "rollback", tmp_path / "again", "--step", "4")
-    train(cfg(tmp_path / "again"))
-    assert same(ckpt("skip", 6), ckpt("again", 6))
+    assert [r["step"] for r in rows] == [1, 2, 5, 6] and trained(rows[:2]) == trained(logged[:2])
+    assert [r["lr"] for r in rows[2:]] == [r["lr"] for r in logged[4:]]  # the schedule moved on
+    assert sorted(p.name for p in (tmp_path / "skip" / "checkpoints").glob("step_*")) == ["step_00000002",
+                                                                                          "step_00000006"]
+    steps = [torch.load(tmp_path / run / "checkpoints" / "step_00000006" / "trainer.pt")["optimizer_steps"]
+             for run in ("skip", "spiked")]
+    assert steps == [4, 6] and ckpt("skip", 6).meta["consumed_samples"] == 48
     # the spiked run rolled back to step 2: its later checkpoints, log rows and summary kept aside
     out = call_cli("checkpoints_tools", "rollback", tmp_path / "spiked", "--step", "2").stdout
     aside = tmp_path / "spiked" / "checkpoints" / "rolled-back-after-step_00000002"
@@ -133,7 +140,7 @@ def test_a_loss_spike_is_rolled_back_and_its_steps_left_out(dataset, tmp_path, c
                    "train.skip_steps=[[FIRST,LAST]] added to leave the batches of those steps out\n")
     assert sorted(p.name for p in aside.iterdir()) == ["metrics.jsonl", "step_00000004", "step_00000006",
                                                        "summary.json", "valid.jsonl"]
-    assert read_jsonl(aside / "metrics.jsonl") == theirs[2:] and json.load(open(aside / "summary.json")) == spiked
+    assert read_jsonl(aside / "metrics.jsonl") == logged[2:] and json.load(open(aside / "summary.json")) == spiked
     assert [r["step"] for r in read_jsonl(tmp_path / "spiked" / "metrics.jsonl")] == [1, 2]
     assert C.resolve(str(tmp_path / "spiked")).endswith("step_00000002")
     again = call_cli("checkpoints_tools", "rollback", tmp_path / "spiked", "--step", "2").stdout
@@ -147,6 +154,25 @@ def test_a_loss_spike_is_rolled_back_and_its_steps_left_out(dataset, tmp_path, c
     assert resumed["resumed_from"]["step"] == 2 and (resumed["trained_steps"], resumed["steps_left_out"]) == (2, 2)
     assert same(ckpt("skip", 6), ckpt("spiked", 6))
     assert [r["step"] for r in read_jsonl(tmp_path / "spiked" / "metrics.jsonl")] == [1, 2, 5, 6]
+    capfd.readouterr()  # a range the checkpoint resumed is past: said, not silently trained
+    train(cfg(tmp_path / "skip", "train.steps=7", "train.skip_steps=[[3,4],[5,5]]"))
+    assert (f"pretrain: warning: train.skip_steps [[5, 5]] starts at or before step 6, the checkpoint resumed: the "
+            "steps up to it were trained; to leave them out, stop and roll the run back to a checkpoint before them "
+            f"(python -m checkpoints_tools rollback {tmp_path / 'skip'} --step M)") in capfd.readouterr().err
+    # a rollback cut short (here after moving the checkpoints) is finished by the same command, into its directory
+    import checkpoints_tools.rollback as R
+
+    def cut_short(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(R, "set_aside_past", cut_short)
+        assert call_cli("checkpoints_tools", "rollback", tmp_path / "skip", "--step", "2", check=False).returncode == 130
+    call_cli("checkpoints_tools", "rollback", tmp_path / "skip", "--step", "2")
+    assert [p.name for p in (tmp_path / "skip" / "checkpoints").glob("rolled-back-*")] == [
+        "rolled-back-after-step_00000002"]
+    assert sorted(p.name for p in (tmp_path / "skip" / "checkpoints" / "rolled-back-after-step_00000002").iterdir()
+                  ) == ["metrics.jsonl", "step_00000006", "step_00000007", "summary.json", "valid.jsonl"]
 
 
 def test_a_run_without_a_held_out_split_says_so_and_sums_up_its_training_loss(dataset, tmp_path, capfd):
