@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -94,6 +95,31 @@ class TrainConfig:
                                           "the data move on past them (a loss spike's batches: README \"Loss "
                                           "spikes\"); e.g. [[1201, 1300]]")
 
+    batch_rampup: list[int] = opt([], "grow the global batch from START by INCREMENT sequences in equal shares of "
+                                      "SAMPLES sequences, global_batch_size from there on: [START, INCREMENT, SAMPLES] "
+                                      "(Megatron's --rampup-batch-size; GPT-3's ramp); the learning-rate schedule then "
+                                      "counts samples, in steps of global_batch_size; []: the whole batch from step 1")
+
+    def batch_at(self, consumed: int) -> int:
+        """The global batch of the step that starts at sample `consumed` (as Megatron's ramp: START plus an
+        INCREMENT for each whole share of SAMPLES / increments consumed)."""
+        if not self.batch_rampup:
+            return self.global_batch_size
+        start, increment, samples = self.batch_rampup
+        increments = (self.global_batch_size - start) // increment
+        return start + min(increments, consumed * increments // samples) * increment
+
+    def samples_before(self, step: int) -> int:
+        """The samples the steps before step `step` (from 0) read."""
+        if not self.batch_rampup:
+            return step * self.global_batch_size
+        ramp = _ramp(self.global_batch_size, *self.batch_rampup)
+        return ramp[step] if step < len(ramp) else ramp[-1] + (step - len(ramp) + 1) * self.global_batch_size
+
+    def batch_unit(self) -> int:
+        """The largest batch that every step's global batch is a whole number of."""
+        return math.gcd(self.global_batch_size, *self.batch_rampup[:2])
+
     def skipped(self, step: int) -> tuple[int, int] | None:
         """The (first, last) step of the train.skip_steps range that holds `step` (from 1), ranges that overlap or
         touch joined; None where none does."""
@@ -104,6 +130,16 @@ class TrainConfig:
             else:
                 joined.append((first, last))
         return next(((first, last) for first, last in joined if first <= step <= last), None)
+
+
+@functools.lru_cache(maxsize=4)
+def _ramp(total: int, start: int, increment: int, samples: int) -> list[int]:
+    """The samples read before each step of a batch ramp, up to its first step at the whole batch."""
+    train = TrainConfig(global_batch_size=total, batch_rampup=[start, increment, samples])
+    before = [0]
+    while train.batch_at(before[-1]) < total:
+        before.append(before[-1] + train.batch_at(before[-1]))
+    return before
 
 
 @dataclass
@@ -417,6 +453,20 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
                 + (f"the data-parallel size {dp}; " if t.micro_batch_size == AUTO else
                    f"train.micro_batch_size x data-parallel size = {t.micro_batch_size} x {dp} = {per_step}; ") +
                 f"set train.global_batch_size to a multiple of {per_step}")
+    ramp = t.batch_rampup
+    errors.need(not ramp or len(ramp) == 3 and 0 < ramp[0] < t.global_batch_size and ramp[1] > 0 and ramp[2] > 0
+                and (t.global_batch_size - ramp[0]) % ramp[1] == 0,
+                f"train.batch_rampup={ramp} is not [START, INCREMENT, SAMPLES] with 0 < START < "
+                f"train.global_batch_size={t.global_batch_size}, whole INCREMENTs between them and SAMPLES > 0; e.g. "
+                f"[{t.global_batch_size // 8 or 1}, {t.global_batch_size // 8 or 1}, 100000]")
+    errors.need(not ramp or len(ramp) != 3 or all(b % per_step == 0 for b in ramp[:2]),
+                f"train.batch_rampup={ramp}: every global batch of the ramp must be a whole number of "
+                + (f"data-parallel size {dp}" if t.micro_batch_size == AUTO else
+                   f"train.micro_batch_size x data-parallel size = {per_step}")
+                + f"; make START and INCREMENT multiples of {per_step}")
+    errors.need(not ramp or not (d.streams or m.mem_len),
+                "train.batch_rampup changes the global batch, which is the number of streams that data.streams and "
+                "model.mem_len read along; remove train.batch_rampup")
     needed = positions_needed(m, d.seq_len)
     errors.need(needed <= m.max_position_embeddings,
                 f"data.seq_len={d.seq_len} needs {needed} positions but model.max_position_embeddings="

@@ -202,6 +202,7 @@ def narrow(cfg: Config, accumulation: int, out_dir: str, width: int = HEAD_WIDTH
     m.attention_dropout = 0.0
     c.parallel.tp = 1
     c.train.micro_batch_size, c.train.global_batch_size = 1, accumulation
+    c.train.batch_rampup, c.train.skip_steps = [], []  # (every step counted trains `accumulation` micro-batches)
     c.train.log_interval, c.train.eval_interval, c.checkpoint.interval = 10 ** 6, 0, 0
     c.optimizer.multi_tensor = "on"
     c.kernels, c.fused_lm_loss, c.checkpoint.init_from = "eager", "off", ""

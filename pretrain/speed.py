@@ -407,6 +407,14 @@ def _step_table(p: Prediction) -> list[str]:
     return lines
 
 
+def _train_time(cfg: Config, p) -> float:
+    """Seconds to train train.steps at prediction `p`'s speed; with a batch ramp, its samples at the whole batch's
+    samples/s (the ramp's smaller steps are slower per sample: a lower bound)."""
+    if not cfg.train.batch_rampup:
+        return cfg.train.steps * p.step
+    return cfg.train.samples_before(cfg.train.steps) / p.samples_per_s
+
+
 def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency(),
            launches: Launches | None = None, at=None) -> str:
     """The speed section of `ptm plan --gpu`: the step by part, throughput, MFU, time to train, scaling;
@@ -417,7 +425,9 @@ def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()
              *_step_table(p), *[f"  note: {n}" for n in p.notes],
              f"throughput: {p.samples_per_s:,.1f} samples/s, {p.tokens_per_s:,.0f} tokens/s, MFU {100 * p.mfu:.1f}% "
              f"({p.mfu * p.peak / 1e12:,.0f} TFLOP/s per GPU)",
-             f"time to train {cfg.train.steps:,} steps: {_duration(cfg.train.steps * p.step)}"]
+             f"time to train {cfg.train.steps:,} steps" + (f" ({cfg.train.samples_before(cfg.train.steps):,} samples: "
+                                                          "the batch ramps)" if cfg.train.batch_rampup else "")
+             + f": {_duration(_train_time(cfg, p))}"]
     nodes = math.ceil(world / hw.gpus_per_node)
     if nodes > 1:
         same = "the micro batch as auto picks it at each size" if at else "the same micro batch"
@@ -436,7 +446,7 @@ def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()
             base = base or q.samples_per_s / gpus
             split = f"{q.samples_per_step // (q.dp * q.accumulation)} x {q.accumulation}"
             lines.append(f"  {k:>5} {gpus:>6} {split:>12} {q.samples_per_s:>12,.1f} {100 * q.mfu:>6.1f}% "
-                         f"{100 * q.samples_per_s / gpus / base:>10.1f}% {_duration(cfg.train.steps * q.step):>16}")
+                         f"{100 * q.samples_per_s / gpus / base:>10.1f}% {_duration(_train_time(cfg, q)):>16}")
             over = over or q.samples_per_s / gpus > base * (1 + 1e-9)
         if over:
             lines.append("  (over 100%: on more GPUs each holds and updates a smaller ZeRO share of the states: "

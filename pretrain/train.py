@@ -88,13 +88,15 @@ class Trainer:
                 self.objective.initialise(model)
             model.to(self.device)
             self.optimizer = optim.build(model, cfg.optimizer)
-            self.scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps).scheduler(self.optimizer)
+            self.scheduler = optim.Schedule.from_config(cfg.optimizer, cfg.train.steps, cfg.train).scheduler(
+                self.optimizer)
             self.parallel = engine.build(cfg, model, self.optimizer, self.scheduler)
         self.engine, self.model = self.parallel.engine, model
-        self.accumulation = self.engine.gradient_accumulation_steps()
+        self.accumulation, self.micro = self.engine.gradient_accumulation_steps(), cfg.train.micro_batch_size
         self.flops_per_sample = cost.flops_per_sample(cfg)
         self.device_name = torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu"
-        self.step = self.consumed = self.left_out = 0  # (left_out: steps of this run that train.skip_steps named)
+        # (left_out: steps of this run that train.skip_steps named; trained_samples: what this run's steps read)
+        self.step = self.consumed = self.left_out = self.trained_samples = 0
         self._stop: bool | None = None  # whether a rank got a stop signal, agreed by the last step (`_agree`)
         # the last step's gradient norm (a device tensor or a number; None before the first step): DeepSpeed's, or
         # ptm's where DeepSpeed's step measures none (`_own_norm`), read with the next step's transfer (`_agree`)
@@ -219,6 +221,7 @@ class Trainer:
         self.engine.train()
         phase, step = self.objective.phase(self.step), self.step + 1
         lr = self.scheduler.get_last_lr()[0]  # this step's (the engine's step moves the scheduler on to the next's)
+        size = self._accumulate()  # (the global batch)
         heartbeat.progress(f"step {step}: loading its micro-batches")
         batches = [self._to_device(next(micro_batches)) for _ in range(self.accumulation)]
         heartbeat.progress(f"step {step}: counting its loss elements over the data-parallel ranks")
@@ -245,7 +248,8 @@ class Trainer:
             self.optimizer.rested()
         self.step += 1
         signals.trained_steps += 1
-        self.consumed += self.cfg.train.global_batch_size
+        self.consumed += size
+        self.trained_samples += size
         norm = self.engine.get_global_grad_norm() if own is None else own  # read with the next step's transfer
         # on the device even where DeepSpeed computes it elsewhere (ZeRO-Offload: on the host)
         self._norm = norm.detach().to(self.device, torch.float64, copy=True) / scale if torch.is_tensor(norm) else (
@@ -282,9 +286,10 @@ class Trainer:
 
     def _stop_unless_finite(self, finite: bool) -> None:
         if not finite:
+            end = self.consumed + self.cfg.train.batch_at(self.consumed) - 1
             raise FloatingPointError(f"the loss is not finite at step {self.step + 1} (samples {self.consumed:,} to "
-                                     f"{self.consumed + self.cfg.train.global_batch_size - 1:,}); the weights were "
-                                     "not updated: lower optimizer.lr or check these samples; to leave them out, "
+                                     f"{end:,}); the weights were not updated: lower optimizer.lr or check these "
+                                     "samples; to leave them out, "
                                      f"re-run with train.skip_steps={self._skips_with(self.step + 1)} (it resumes "
                                      "from the last checkpoint)")
 
@@ -416,7 +421,6 @@ class Trainer:
         phase = self.objective.phase_index(self.step)
         micro = self.batches = self._next_loader()
         signals.pause("workers")  # (tests: the data-loader workers run)
-        tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         t0, last_eval, history, held = time.time(), {}, [], None
         recent = collections.deque(maxlen=LAST_LOSSES)  # the training loss of the last steps, for the summary
         signals.training = True  # a stop signal from here is acted on at a step boundary (before: SIGTERM ends it)
@@ -462,9 +466,10 @@ class Trainer:
                 dt = time.time() - start
                 if self.step == first + 1 and self.parallel.kernels == "compile":
                     log(f"step {self.step} took {dt:.1f} s, torch.compile's compilation included")
-                metrics.update(step_time_s=dt, samples_per_s=cfg.train.global_batch_size / dt,
-                               tokens_per_s=tokens_per_step / dt, memory_gib=dev.peak_memory_gib(),
-                               **dev.device_memory(), **self._utilisation(cfg.train.global_batch_size / dt))
+                batch = self.accumulation * self.micro * self.dp  # (this step's: a batch ramp grows it)
+                metrics.update(step_time_s=dt, samples_per_s=batch / dt, tokens_per_s=batch * cfg.data.seq_len / dt,
+                               memory_gib=dev.peak_memory_gib(), **dev.device_memory(),
+                               **self._utilisation(batch / dt))
                 # a step's row waits for its gradient norm, which the next step's transfer brings
                 self._log_row(out, held, self._previous_norm)
                 recent.append(metrics["loss"])
@@ -496,8 +501,8 @@ class Trainer:
                    "samples": self.consumed, "checkpoint": final,
                    **({"train_loss": round(sum(recent) / len(recent), 4)} if recent else {}),
                    **{k: round(v, 4) for k, v in last_eval.items()},
-                   "tokens_per_s": round(trained * tokens_per_step / max(elapsed, 1e-9)),
-                   **{k: round(v, 4) for k, v in self._utilisation(trained * cfg.train.global_batch_size
+                   "tokens_per_s": round(self.trained_samples * cfg.data.seq_len / max(elapsed, 1e-9)),
+                   **{k: round(v, 4) for k, v in self._utilisation(self.trained_samples
                                                                    / max(elapsed, 1e-9)).items()},
                    "skipped_steps": self.engine.skipped_steps, "peak_memory_gib": round(dev.peak_memory_gib(), 2),
                    **{k: round(v, 2) for k, v in dev.device_memory().items()},
@@ -509,6 +514,20 @@ class Trainer:
                 "and Megatron's accounting); fewer come with a lower fp16.initial_scale_power")
         out.summary(summary)
         return summary
+
+    def _accumulate(self) -> int:
+        """The global batch of the next step (train.batch_rampup: growing with the samples read), and DeepSpeed's
+        accumulation set to it: its boundary test counts micro-batches, so its count is made a whole number of steps
+        of the new accumulation (as a resume under another layout does)."""
+        batch = self.cfg.train.batch_at(self.consumed)
+        self.accumulation = batch // (self.micro * self.dp)
+        if self.accumulation != self.engine.gradient_accumulation_steps():
+            self.engine.set_train_batch_size(batch)
+            for holder in (self.engine.optimizer, getattr(self.engine.optimizer, "optimizer", None)):
+                if hasattr(holder, "gradient_accumulation_steps"):  # (ZeRO's: it accumulates off-device by it)
+                    holder.gradient_accumulation_steps = self.accumulation
+            self.engine.micro_steps = self.engine.global_steps * self.accumulation
+        return batch
 
     def _next_loader(self):
         """The micro-batches of the next step on, from the data position reached; None where that step is one
@@ -522,13 +541,14 @@ class Trainer:
         update, no dropout drawn), the data position and the learning-rate schedule move on past it as if it were."""
         first, last = self.cfg.train.skipped(self.step + 1)
         if self.step + 1 == first or not self.left_out:  # (a range's first step, or where a resumed run is in one)
-            upto = min(last, self.cfg.train.steps)
-            size = self.cfg.train.global_batch_size
-            log(f"steps {self.step + 1}-{upto} left out (train.skip_steps): samples {self.consumed:,} to "
-                f"{self.consumed + (upto - self.step) * size - 1:,} not trained on; the learning rate moves on")
+            upto, end = min(last, self.cfg.train.steps), self.consumed
+            for _ in range(upto - self.step):
+                end += self.cfg.train.batch_at(end)
+            log(f"steps {self.step + 1}-{upto} left out (train.skip_steps): samples {self.consumed:,} to {end - 1:,} "
+                "not trained on; the learning rate moves on")
         self.step += 1
         self.left_out += 1
-        self.consumed += self.cfg.train.global_batch_size
+        self.consumed += self.cfg.train.batch_at(self.consumed)
         with warnings.catch_warnings():  # (torch's, where no optimizer step came first: a run that skips its first)
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before")
             self.scheduler.step()

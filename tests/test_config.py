@@ -223,6 +223,19 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["data.mask_prob=0"], 1, "data.mask_prob=0.0 is outside (0, 1)"),
     (["model.hidden_dropout=1"], 1, "model.hidden_dropout=1.0 is outside [0, 1)"),
     (["optimizer.betas=[0.9]"], 1, "optimizer.betas=[0.9] must be two values in [0, 1)"),
+    (["train.batch_rampup=[8, 8]"], 1, "train.batch_rampup=[8, 8] is not [START, INCREMENT, SAMPLES] with 0 < START < "
+                                       "train.global_batch_size=32, whole INCREMENTs between them and SAMPLES > 0"),
+    (["train.batch_rampup=[8, 10, 1000]"], 1, "train.batch_rampup=[8, 10, 1000] is not [START, INCREMENT, SAMPLES]"),
+    (["train.batch_rampup=[32, 8, 1000]"], 1, "train.batch_rampup=[32, 8, 1000] is not [START, INCREMENT, SAMPLES]"),
+    (["train.batch_rampup=[8, 8, 1000]"], 2, "train.batch_rampup=[8, 8, 1000]: every global batch of the ramp must be "
+     "a whole number of train.micro_batch_size x data-parallel size = 32; make START and INCREMENT multiples of 32"),
+    (["train.micro_batch_size=auto", "train.batch_rampup=[6, 2, 1000]"], 4, "train.batch_rampup=[6, 2, 1000]: every "
+     "global batch of the ramp must be a whole number of data-parallel size 4; make START and INCREMENT multiples "
+     "of 4"),
+    (["model.arch=xlnet", "model.type_vocab_size=0", "model.mem_len=16", "data.objective=plm",
+      "data.pack_documents=true", "train.batch_rampup=[16, 16, 1000]"], 1,
+     "train.batch_rampup changes the global batch, which is the number of streams that data.streams and "
+     "model.mem_len read along; remove train.batch_rampup"),
     (["train.skip_steps=[[5, 3]]"], 1, "train.skip_steps[0]=[5, 3] is not a [first, last] pair of steps (1 <= "
                                        "first <= last); write e.g. train.skip_steps=[[1201,1300]]"),
     (["train.skip_steps=[[1, 2], [7]]"], 1, "train.skip_steps[1]=[7] is not a [first, last] pair"),
@@ -672,3 +685,24 @@ def test_skip_steps_name_ranges_that_join_where_they_overlap_or_touch():
     assert [train.skipped(s) for s in (4, 5, 8, 9, 10, 20, 21)] == [None, (5, 8), (5, 8), None, (10, 20), (10, 20),
                                                                    None]
     assert load("bert-tiny").train.skipped(1) is None
+
+
+def test_a_batch_ramp_grows_as_megatron_s_and_its_schedule_counts_samples():
+    """train.batch_rampup=[START, INCREMENT, SAMPLES]: START plus one INCREMENT per whole share of SAMPLES / increments
+    read (Megatron's RampupBatchsizeNumMicroBatches), the whole batch after; the learning rate of a step is the
+    schedule's at the samples read before it, in steps of the whole batch."""
+    from pretrain.optim import Schedule
+
+    train = load("bert-tiny", ["train.global_batch_size=16", "train.batch_rampup=[4, 4, 30]"]).train
+    assert [train.batch_at(c) for c in (0, 9, 10, 19, 20, 29, 30, 10 ** 6)] == [4, 4, 8, 8, 12, 12, 16, 16]
+    before = [0]
+    for _ in range(8):
+        before.append(before[-1] + train.batch_at(before[-1]))
+    assert before == [0, 4, 8, 12, 20, 32, 48, 64, 80] and [train.samples_before(s) for s in range(9)] == before
+    assert train.samples_before(100) == 32 + 95 * 16 and train.batch_unit() == 4
+    cfg = load("bert-tiny", ["train.global_batch_size=16", "train.batch_rampup=[4, 4, 30]", "optimizer.lr=1.0",
+                             "optimizer.warmup_steps=4", "optimizer.schedule=linear"])
+    schedule = Schedule.from_config(cfg.optimizer, 10, cfg.train)  # the run: 10 steps, 112 samples: 7 whole batches
+    assert (schedule.total_steps, schedule.warmup_steps) == (7.0, 4)
+    assert [schedule(schedule.position(s)) for s in (1, 6, 8)] == pytest.approx([4 / 16 / 4, 48 / 16 / 4, 1 - 1 / 3])
+    assert load("bert-tiny").train.batch_unit() == load("bert-tiny").train.global_batch_size

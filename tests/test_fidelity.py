@@ -9,7 +9,8 @@ heads; its own dataset, with sentinels), BART (a post-LN encoder-decoder: text i
 MASS (BART's shape, half of each sentence masked and decoded), XLNet (two-stream relative attention, a factorisation
 order per sample), ELMo (LSTMs, a softmax split by TP, on words), DistilBERT (a frozen teacher in the same step) and
 TinyBERT (attention scores and hidden states of the teacher, split by TP alike, then its soft targets), under TP=2 x
-DP=2 with ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process.
+DP=2 with ZeRO 1-3 (LAMB and AdamW), micro batch 8 vs 4 x 2, and DP=2 vs DP=1, against one process; and a batch that
+grows (train.batch_rampup).
 
 Every loss is a sum over its elements divided by their count in the whole global batch (pretrain/losses.py); with
 per-micro-batch means the BERT differences were up to 1.4e-1. The one-process references run under ZeRO-1: DeepSpeed
@@ -81,6 +82,7 @@ EQUAL_COUNTS = ("t5", "xlnet", "elmo")  # every sample predicts as many tokens (
 STAGES = (1, 2, 3)
 NOCLIP = {"ref": (), "mb8": ("train.micro_batch_size=8",)}  # and TP=2 x DP=2 under ZeRO-2: every split of the batch
 OPTIMIZERS = ("lamb", "adamw")
+RAMP = ("train.batch_rampup=[4,4,8]",)  # global batches of 4 for steps 1-2, then 8 (DeepSpeed's accumulation changes)
 
 
 def run(model: str, data: str | dict, *overrides: str) -> list:
@@ -118,6 +120,7 @@ def trained(datasets, tmp_path_factory):
                 for m in ("bert", "gpt2")})
     one.update({f"{m}-noclip-{name}": run(m, data, "optimizer.name=lamb", "zero.stage=1", "train.grad_clip=0",
                                           *more) for m in MODELS for name, more in NOCLIP.items()})
+    one["bert-ramp-ref"] = run("bert", data, "optimizer.name=lamb", "zero.stage=1", *RAMP)
     one.update({f"{m}-{name}": run(m, data, "optimizer.name=lamb", "zero.stage=1", *more) for m in RECURRENT
                 for name, more in (("ref", ()), ("mb8", ("train.micro_batch_size=8",)),
                                    ("mem8", ("model.mem_len=8",)))})
@@ -142,6 +145,7 @@ def trained(datasets, tmp_path_factory):
     four.update({f"{m}-noclip-z2": run(m, data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2",
                                        "train.grad_clip=0") for m in MODELS})
     four["gpt2-lamb-z2-naive"] = run("gpt2", data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2")
+    four["bert-ramp-z2"] = run("bert", data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2", *RAMP)
     four.update({f"{m}-z2": run(m, data, "optimizer.name=lamb", "parallel.tp=2", "zero.stage=2") for m in RECURRENT})
     launch(out, four, nproc=4, timeout=LAUNCH_TIMEOUT)
     return out
@@ -204,6 +208,14 @@ def test_tp2_dp2_under_zero_1_2_3_matches_one_process(trained, model):
         for stage in STAGES:
             assert diff(trained, model, f"{opt}-z{stage}", f"{opt}-ref") < 1e-5
     assert diff(trained, model, "lamb-ref", "adamw-ref") > 1e-2  # the comparisons can tell optimizers apart
+
+
+def test_a_batch_ramp_trains_the_same_weights_on_every_layout(trained):
+    """train.batch_rampup=[4, 4, 8]: steps 1-2 of 4 samples, then of 8; one process (accumulation 2, then 4) and
+    TP=2 x DP=2 under ZeRO-2 (1, then 2: DeepSpeed's accumulation and its partitioned gradients follow the batch)."""
+    assert summary(trained / "bert-ramp-ref")["samples"] == summary(trained / "bert-ramp-z2")["samples"] == 24
+    assert diff(trained, "bert", "ramp-z2", "ramp-ref") < 1e-5
+    assert diff(trained, "bert", "ramp-ref", "lamb-ref") > 1e-3  # (the ramp trains otherwise than the whole batch)
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -15,7 +15,7 @@ import yaml
 
 from conftest import ROOT, run_cli
 from pretrain import hardware, speed
-from pretrain.config import load
+from pretrain.config import ConfigError, load
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import speed_model  # noqa: E402
@@ -347,6 +347,22 @@ def test_plan_prints_the_step_throughput_time_and_scaling():
     assert [int(_numbers(r)[0]) for r in rows] == [1, 2, 4] and _numbers(rows[0])[6] == 100.0
     eight = speed.predict(load("bert-large", ["precision=bf16"]), hardware.gpu("a100-80gb"), 8)
     assert _numbers(rows[2])[6] == pytest.approx(100 * p.samples_per_s / 32 / (eight.samples_per_s / 8), abs=0.06)
+
+
+def test_a_batch_ramp_is_timed_by_the_samples_its_steps_read():
+    """train.batch_rampup: the plan's time to train is the samples that train.steps read, at the whole batch's
+    samples/s; a data-parallel size that does not divide the ramp's batches is one line."""
+    from pretrain.memory import data_parallel_size
+
+    hw, cfg = hardware.gpu("h100"), load("gpt3-small", ["train.micro_batch_size=2", "train.batch_rampup=[16,16,1953125]"])
+    p, samples = speed.predict(cfg, hw, 8), cfg.train.samples_before(cfg.train.steps)
+    assert samples < 572205 * 256  # (the ramp's steps read fewer)
+    assert (f"time to train 572,205 steps ({samples:,} samples: the batch ramps): "
+            f"{speed._duration(samples / p.samples_per_s)}") in speed.report(cfg, hw, 8)
+    with pytest.raises(ConfigError, match=r"^train.batch_rampup=\[16, 16, 1953125\]: its batches are not whole "
+                                          r"numbers of the data-parallel size 32; make START and INCREMENT multiples "
+                                          r"of 32$"):
+        data_parallel_size(cfg, 32)
 
 
 def test_scaling_takes_the_micro_batch_auto_picks_at_each_size():

@@ -175,6 +175,29 @@ def test_a_loss_spike_is_rolled_back_and_its_steps_left_out(dataset, tmp_path, c
                   ) == ["metrics.jsonl", "step_00000006", "step_00000007", "summary.json", "valid.jsonl"]
 
 
+def test_a_batch_ramp_trains_as_runs_of_each_of_its_batches(dataset, tmp_path):
+    """train.batch_rampup=[4, 4, 12] under a global batch of 8: steps 1-3 read 4 samples, then 8 (Megatron's
+    ramp; DeepSpeed's accumulation goes from 1 to 2 after an odd count of micro-batches). Its weights and moments
+    equal, bit for bit, those of a run of 4-sample steps at step 3 and of that run resumed with a batch of 8 at step 6
+    (a constant learning rate: the ramp's schedule counts samples)."""
+    from pretrain import checkpoint as C
+    from pretrain.train import train
+
+    def cfg(out, *more):
+        return _cfg(dataset, f"out_dir={tmp_path / out}", "optimizer.warmup_steps=0", "optimizer.schedule=constant",
+                    "checkpoint.interval=3", "checkpoint.keep=0", *more)
+
+    ramp = train(cfg("ramp", "train.steps=6", "train.batch_rampup=[4,4,12]"))
+    assert ramp["samples"] == 3 * 4 + 3 * 8
+    rows = read_jsonl(tmp_path / "ramp" / "metrics.jsonl")
+    assert [round(r["samples_per_s"] * r["step_time_s"]) for r in rows] == [4, 4, 4, 8, 8, 8]
+    train(cfg("steps", "train.steps=3", "train.global_batch_size=4"))
+    train(cfg("steps", "train.steps=6"))  # (resumed: the checkpoint's samples read, 8 a step from there)
+    for step in (3, 6):
+        mine, theirs = (C.Pieces(str(tmp_path / run / "checkpoints" / f"step_{step:08d}")) for run in ("ramp", "steps"))
+        assert all(torch.equal(mine.full(kind, n), theirs.full(kind, n)) for kind in C.KINDS for n in mine.params)
+
+
 def test_a_run_without_a_held_out_split_says_so_and_sums_up_its_training_loss(dataset, tmp_path, capfd):
     """data.valid_fraction=0: an eval_interval that evaluates nothing is said once (it was silent), no empty "step N:"
     line nor {step} rows are logged, and the summary holds the training loss (its only measure of the run)."""

@@ -1,7 +1,9 @@
 """Learning-rate schedules: linear warmup, then linear | poly | cosine decay to min_lr, or constant."""
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,18 +29,24 @@ class Schedule:
     kind: str = "linear"
     min_lr: float = 0.0
     power: float = 1.0
+    position: Callable[[int], float] | None = None  # an optimizer step's place in the schedule (None: the step)
 
     def __post_init__(self):
         if self.kind not in DECAYS:
             raise ValueError(f"unknown schedule {self.kind!r}; choose one of {', '.join(DECAYS)}")
 
     @classmethod
-    def from_config(cls, optimizer, total_steps: int) -> Schedule:
+    def from_config(cls, optimizer, total_steps: int, train=None) -> Schedule:
         """From a config's `optimizer` section (lr, schedule, warmup_steps, min_lr, poly_power, decay_steps) for a run
-        of `total_steps`."""
+        of `total_steps`; with a `train` section that ramps the batch (train.batch_rampup), the schedule counts samples,
+        in steps of the whole global batch (so its warmup and decay cover the samples they do without the ramp)."""
+        position = None
+        if train is not None and train.batch_rampup:
+            position = functools.partial(_full_batches, train)
+            total_steps = position(total_steps)
         return cls(lr=optimizer.lr, total_steps=optimizer.decay_end(total_steps),
                    warmup_steps=optimizer.warmup(total_steps),
-                   kind=optimizer.schedule, min_lr=optimizer.min_lr, power=optimizer.poly_power)
+                   kind=optimizer.schedule, min_lr=optimizer.min_lr, power=optimizer.poly_power, position=position)
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:
@@ -49,4 +57,10 @@ class Schedule:
     def scheduler(self, optimizer: torch.optim.Optimizer) -> LambdaLR:
         """A torch LambdaLR following this schedule for an optimizer whose groups were created with `lr`;
         call its step() after each optimizer.step()."""
-        return LambdaLR(optimizer, lambda step: self(step) / self.lr)
+        place = self.position or (lambda step: step)
+        return LambdaLR(optimizer, lambda step: self(place(step)) / self.lr)
+
+
+def _full_batches(train, step: int) -> float:
+    """Optimizer step `step`'s place in a schedule that counts samples: the whole global batches read before it."""
+    return train.samples_before(step) / train.global_batch_size
