@@ -354,7 +354,8 @@ def test_a_batch_ramp_is_timed_by_the_samples_its_steps_read():
     samples/s; a data-parallel size that does not divide the ramp's batches is one line."""
     from pretrain.memory import data_parallel_size
 
-    hw, cfg = hardware.gpu("h100"), load("gpt3-small", ["train.micro_batch_size=2", "train.batch_rampup=[16,16,1953125]"])
+    hw = hardware.gpu("h100")
+    cfg = load("gpt3-small", ["train.micro_batch_size=2", "train.batch_rampup=[16,16,1953125]"])
     p, samples = speed.predict(cfg, hw, 8), cfg.train.samples_before(cfg.train.steps)
     assert samples < 572205 * 256  # (the ramp's steps read fewer)
     assert (f"time to train 572,205 steps ({samples:,} samples: the batch ramps): "
