@@ -69,6 +69,9 @@ def plan_cell(preset: str, data: dict[str, str], out: str, kind: str, budget: fl
     run_dir = os.path.join(out, preset, "run")
     base = [f"data.path={path}", f"out_dir={run_dir}", *overrides]
     cfg = _costed(preset, base)
+    if cfg.train.batch_rampup:  # (its steps read fewer samples than the budget's price of a step)
+        raise TaskError(f"{preset}: train.batch_rampup varies the samples of a step, and the budget prices steps of "
+                        "train.global_batch_size; leave it out of compare's --set")
     per_step = cfg.train.global_batch_size
     if kind == "flops":
         steps = budget / (cost.flops_per_sample(cfg) * per_step)

@@ -18,6 +18,7 @@ the layer that chose (the file that sets data.objective, a file based on it, a -
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import math
@@ -97,8 +98,10 @@ class TrainConfig:
 
     batch_rampup: list[int] = opt([], "grow the global batch from START by INCREMENT sequences in equal shares of "
                                       "SAMPLES sequences, global_batch_size from there on: [START, INCREMENT, SAMPLES] "
-                                      "(Megatron's --rampup-batch-size; GPT-3's ramp); the learning-rate schedule then "
-                                      "counts samples, in steps of global_batch_size; []: the whole batch from step 1")
+                                      "(Megatron's --rampup-batch-size; GPT-3's ramp), START and INCREMENT multiples "
+                                      "of the data-parallel size; a step's micro batch is the largest divisor of its "
+                                      "per-rank batch up to micro_batch_size; the learning-rate schedule counts "
+                                      "samples, in steps of global_batch_size; []: the whole batch from step 1")
 
     def batch_at(self, consumed: int) -> int:
         """The global batch of the step that starts at sample `consumed` (as Megatron's ramp: START plus an
@@ -113,8 +116,9 @@ class TrainConfig:
         """The samples the steps before step `step` (from 0) read."""
         if not self.batch_rampup:
             return step * self.global_batch_size
-        ramp = _ramp(self.global_batch_size, *self.batch_rampup)
-        return ramp[step] if step < len(ramp) else ramp[-1] + (step - len(ramp) + 1) * self.global_batch_size
+        steps, before, batches = _ramp(self.global_batch_size, *self.batch_rampup)
+        i = bisect.bisect_right(steps, step) - 1
+        return before[i] + (step - steps[i]) * batches[i]
 
     def batch_unit(self) -> int:
         """The largest batch that every step's global batch is a whole number of."""
@@ -133,13 +137,20 @@ class TrainConfig:
 
 
 @functools.lru_cache(maxsize=4)
-def _ramp(total: int, start: int, increment: int, samples: int) -> list[int]:
-    """The samples read before each step of a batch ramp, up to its first step at the whole batch."""
+def _ramp(total: int, start: int, increment: int, samples: int) -> tuple[list[int], list[int], list[int]]:
+    """A batch ramp in stretches of steps of one batch: (the first step of each, the samples read before it, its
+    batch), the last stretch the whole batch's; one stretch per increment at most."""
     train = TrainConfig(global_batch_size=total, batch_rampup=[start, increment, samples])
-    before = [0]
-    while train.batch_at(before[-1]) < total:
-        before.append(before[-1] + train.batch_at(before[-1]))
-    return before
+    increments = (total - start) // increment
+    steps, before, batches = [0], [0], [start]
+    while batches[-1] < total:  # the stretch ends where the samples read reach the next increment's share
+        share = (batches[-1] - start) // increment + 1
+        until = -(-share * samples // increments)  # (the first count of samples at that share)
+        n = -(-(until - before[-1]) // batches[-1])
+        steps.append(steps[-1] + n)
+        before.append(before[-1] + n * batches[-1])
+        batches.append(train.batch_at(before[-1]))
+    return steps, before, batches
 
 
 @dataclass
@@ -459,11 +470,9 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
                 f"train.batch_rampup={ramp} is not [START, INCREMENT, SAMPLES] with 0 < START < "
                 f"train.global_batch_size={t.global_batch_size}, whole INCREMENTs between them and SAMPLES > 0; e.g. "
                 f"[{t.global_batch_size // 8 or 1}, {t.global_batch_size // 8 or 1}, 100000]")
-    errors.need(not ramp or len(ramp) != 3 or all(b % per_step == 0 for b in ramp[:2]),
-                f"train.batch_rampup={ramp}: every global batch of the ramp must be a whole number of "
-                + (f"data-parallel size {dp}" if t.micro_batch_size == AUTO else
-                   f"train.micro_batch_size x data-parallel size = {per_step}")
-                + f"; make START and INCREMENT multiples of {per_step}")
+    errors.need(not ramp or len(ramp) != 3 or all(b % dp == 0 for b in ramp[:2]),
+                f"train.batch_rampup={ramp}: every global batch of the ramp must be a whole number of samples per "
+                f"data-parallel rank (data-parallel size {dp}); make START and INCREMENT multiples of {dp}")
     errors.need(not ramp or not (d.streams or m.mem_len),
                 "train.batch_rampup changes the global batch, which is the number of streams that data.streams and "
                 "model.mem_len read along; remove train.batch_rampup")
@@ -500,13 +509,19 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
                 f"head projects hidden states onto the word embeddings; use the mlm head or model.embedding_size=0")
     errors.need(o.warmup_steps < 1 or float(o.warmup_steps).is_integer(),
                 f"optimizer.warmup_steps={o.warmup_steps} is neither whole steps nor a fraction below 1; round it")
-    errors.need(o.warmup(t.steps) <= t.steps, f"optimizer.warmup_steps={o.warmup_steps} is longer than "
-                                              f"train.steps={t.steps}; shorten the warmup")
+    # (under a batch ramp the schedule counts whole batches: the run is the samples its steps read, in them)
+    ramped = ramp and not any(line.startswith("train.batch_rampup") for line in errors)
+    run = t.samples_before(t.steps) / t.global_batch_size if ramped else t.steps
+    errors.need(o.warmup(run) <= run, f"optimizer.warmup_steps={o.warmup_steps} is longer than " + (
+        f"the run: train.steps={t.steps} under train.batch_rampup read {run:,.2f} whole batches of "
+        f"train.global_batch_size" if ramped else f"train.steps={t.steps}") + "; shorten the warmup")
     errors.need(o.decay_steps < 1 or float(o.decay_steps).is_integer(),
                 f"optimizer.decay_steps={o.decay_steps} is neither whole steps nor a fraction below 1; round it")
-    errors.need(not o.decay_steps or o.decay_end(t.steps) > o.warmup(t.steps),
-                f"optimizer.decay_steps={o.decay_steps} ends the decay at step {o.decay_end(t.steps)}, not after the "
-                f"warmup's {o.warmup(t.steps)} steps; make it longer (0: decay until train.steps)")
+    errors.need(not o.decay_steps or o.decay_end(run) > o.warmup(run),
+                f"optimizer.decay_steps={o.decay_steps} ends the decay at "
+                + (f"{o.decay_end(run):g} whole batches" if ramped else f"step {o.decay_end(run)}")
+                + f", not after the warmup's {o.warmup(run)}{' whole batches' if ramped else ' steps'}; make it longer "
+                  "(0: decay until train.steps)")
     errors.need(o.min_lr <= o.lr, f"optimizer.min_lr={o.min_lr} exceeds optimizer.lr={o.lr}; lower optimizer.min_lr")
     errors.need(cfg.parallel.heartbeat_s < cfg.parallel.timeout_s,
                 f"parallel.heartbeat_s={cfg.parallel.heartbeat_s} is not below parallel.timeout_s="

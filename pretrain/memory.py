@@ -95,9 +95,10 @@ def data_parallel_size(cfg: Config, world_size: int) -> int:
     probe.train.batch_rampup = []  # (a ramp's batches are checked against the run's global batch)
     probe.validate(world_size // tp, paths=False)  # (a plan writes nothing: out_dir is the run's business)
     dp = world_size // tp
-    if cfg.train.batch_unit() % dp:
-        raise ConfigError(f"train.batch_rampup={cfg.train.batch_rampup}: its batches are not whole numbers of the "
-                          f"data-parallel size {dp}; make START and INCREMENT multiples of {dp}")
+    if cfg.train.batch_rampup and cfg.train.batch_unit() % dp:
+        raise ConfigError(f"train.batch_rampup={cfg.train.batch_rampup}: its batches are not whole numbers of samples "
+                          f"per data-parallel rank (data-parallel size {dp}); make START and INCREMENT multiples of "
+                          f"{dp}")
     return dp
 
 
@@ -111,13 +112,10 @@ def auto_micro_batch(cfg: Config, world_size: int, capacity_gib: float | None) -
     probe = copy.deepcopy(cfg)
     probe.train.micro_batch_size = 1
     dp = data_parallel_size(probe, world_size)
-    global_batch = cfg.train.global_batch_size
-    per_rank = cfg.train.batch_unit() // dp  # (with a batch ramp: a micro batch that divides each of its batches)
+    per_rank, global_batch = cfg.train.global_batch_size // dp, cfg.train.global_batch_size
     if global_batch % dp:
         raise ConfigError(f"train.global_batch_size={global_batch} is not divisible by the data-parallel size {dp}; "
                           f"set train.global_batch_size to a multiple of {dp}")
-    if per_rank == 0:  # (a batch ramp that the data-parallel size does not divide: the config's check says so)
-        return 1
     if capacity_gib is None:
         return per_rank
     largest = estimate(probe, world_size, HEADROOM * capacity_gib).max_micro_batch

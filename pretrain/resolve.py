@@ -82,7 +82,8 @@ def _pick_micro_batch(cfg: Config, world: int) -> None:
     log(f"train.micro_batch_size=auto: {micro} ({per_rank // micro} accumulation step{'s' * (per_rank > micro)} of "
         f"{per_rank} sequences per rank; {memory.HEADROOM:.0%} of {capacity:.1f} GiB per "
         f"{'GPU' if dev.device().type == 'cuda' else 'process, of the host memory'}"
-        + ("; a divisor of each batch of train.batch_rampup" if cfg.train.batch_rampup else "") + ")")
+        + ("; smaller in train.batch_rampup's steps whose batches it does not divide" if cfg.train.batch_rampup
+           else "") + ")")
 
 
 def _datasets(cfg: Config) -> list:

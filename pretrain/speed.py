@@ -457,10 +457,10 @@ def report(cfg: Config, hw: Hardware, world: int, eff: Efficiency = Efficiency()
     return "\n".join(lines)
 
 
-def measured(run_dir: str, since: int = 0) -> dict:
+def measured(run_dir: str, since: int = 0, whole: int | None = None) -> dict:
     """What a ptm run measured since its last start (at step `since`: launch.json's layout): the median step time
     over its logged steps (the first two, compilation and warm-up, left out when there are more), samples/s and MFU
-    at that step time."""
+    at that step time; `whole`: only the steps of that global batch (a batch ramp's smaller steps left out)."""
     import statistics
 
     from pretrain.report import ReportError, log_rows
@@ -475,6 +475,11 @@ def measured(run_dir: str, since: int = 0) -> dict:
     if not rows:
         raise ConfigError(f"{path} holds no step after step {since}, where the run last started: --check needs a "
                           "ptm run's out_dir with at least one step logged by its last start")
+    if whole is not None:
+        rows = [r for r in rows if round(r["samples_per_s"] * r["step_time_s"]) == whole]
+        if not rows:
+            raise ConfigError(f"{path} holds no step of the whole global batch ({whole}) yet: train.batch_rampup's "
+                              "smaller steps are not what --check predicts; check the run past its ramp")
     rows = rows[2:] if len(rows) > 2 else rows
     step = statistics.median(r["step_time_s"] for r in rows)
     mfus = [r["mfu"] for r in rows if "mfu" in r]
@@ -512,7 +517,9 @@ def check(run_dir: str, gpu_name: str | None, interconnect: str | None, eff: Eff
         hw = replace(hw, gpus_per_node=launch["gpus_per_node"],
                      network=network(interconnect) if interconnect is not None else hw.network)
     hw = replace(hw, launch_us=launch_us) if launch_us else hw
-    world, got, eff = launch["world_size"], measured(run_dir, launch.get("first_step", 0)), eff.on(hw)
+    world, eff = launch["world_size"], eff.on(hw)
+    whole = cfg.train.global_batch_size if cfg.train.batch_rampup else None
+    got = measured(run_dir, launch.get("first_step", 0), whole)
     counted = count(cfg)[0] if count else None
     p = predict(cfg, hw, world, eff, launches=counted)
     rows = [("step time", ms(p.step), ms(got["step_time_s"]), got["step_time_s"] / p.step),

@@ -153,8 +153,12 @@ class Trainer:
         late = [pair for pair in self.cfg.train.skip_steps if pair[0] <= self.step and pair not in was_skipped]
         if late:
             log(f"warning: train.skip_steps {late} start{'s' * (len(late) == 1)} at or before step {self.step}, the "
-                f"checkpoint resumed: the steps up to it were trained; to leave them out, stop and roll the run back to "
-                f"a checkpoint before them (python -m checkpoints_tools rollback {self.cfg.out_dir} --step M)")
+                "checkpoint resumed: the steps up to it were trained; to leave them out, stop and roll the run back "
+                f"to a checkpoint before them (python -m checkpoints_tools rollback {self.cfg.out_dir} --step M)")
+        was_ramp = _config_value(self.run.resume, "train", "batch_rampup") or []
+        if was_ramp != self.cfg.train.batch_rampup:
+            log(f"train.batch_rampup {was_ramp} -> {self.cfg.train.batch_rampup}: the batch follows the samples "
+                f"read ({self.consumed:,}); the learning rate is this config's schedule's at step {self.step + 1}")
         was_batch = _config_value(self.run.resume, "train", "global_batch_size")
         if was_batch not in (None, self.cfg.train.global_batch_size) and self._sources(self.step)[1] is not None:
             log(f"train.global_batch_size {was_batch} -> {self.cfg.train.global_batch_size}: an evaluation reads the "
@@ -314,11 +318,12 @@ class Trainer:
                                   f"train on more data")
         return self._built[index]
 
-    def _loader(self, source, start: int, workers: int, phase=None, end: int | None = None):
-        """Micro-batches of `source` from sample `start` (to `end`; None: endless), with the element indices of the
-        loss terms of `phase` (None: the current step's), found on the host (`Objective.locate`)."""
+    def _loader(self, source, start: int, workers: int, phase=None, end: int | None = None, micro: int | None = None):
+        """Micro-batches of `source` from sample `start` (to `end`; None: endless) of `micro` samples (None:
+        train.micro_batch_size), with the element indices of the loss terms of `phase` (None: the current step's),
+        found on the host (`Objective.locate`)."""
         phase = self.objective.phase(self.step) if phase is None else phase
-        return iter(make_loader(source, self.cfg.train.micro_batch_size, rank=self.dp_rank, world_size=self.dp,
+        return iter(make_loader(source, micro or self.cfg.train.micro_batch_size, rank=self.dp_rank, world_size=self.dp,
                                 consumed_samples=start, total_samples=end, num_workers=workers,
                                 unpadded=self.cfg.data.unpadded,
                                 locate=functools.partial(self.objective.locate, phase=phase)))
@@ -455,6 +460,9 @@ class Trainer:
                 micro = self.batches = None
                 self._leave_out(out)
             else:
+                if micro is not None and self._resize():  # (a batch ramp's: a loader of the new micro batch)
+                    end_workers(micro)
+                    micro = None
                 if micro is None:
                     micro = self.batches = self._next_loader()
                 start = time.time()
@@ -515,18 +523,28 @@ class Trainer:
         out.summary(summary)
         return summary
 
+    def _resize(self) -> bool:
+        """Whether the next step's micro batch differs from the last one's: train.micro_batch_size, or under a batch
+        ramp the largest divisor of the step's per-rank batch up to it (the ramp's first batches may be smaller)."""
+        share = self.cfg.train.batch_at(self.consumed) // self.dp
+        micro = max(b for b in range(1, min(share, self.cfg.train.micro_batch_size) + 1) if share % b == 0)
+        changed, self.micro = micro != self.micro, micro
+        return changed
+
     def _accumulate(self) -> int:
-        """The global batch of the next step (train.batch_rampup: growing with the samples read), and DeepSpeed's
-        accumulation set to it: its boundary test counts micro-batches, so its count is made a whole number of steps
-        of the new accumulation (as a resume under another layout does)."""
+        """The global batch of the next step (train.batch_rampup: growing with the samples read), DeepSpeed's micro
+        batch and accumulation set to it: its boundary test counts micro-batches, so its count is made a whole number
+        of steps of the new accumulation (as a resume under another layout does)."""
         batch = self.cfg.train.batch_at(self.consumed)
-        self.accumulation = batch // (self.micro * self.dp)
-        if self.accumulation != self.engine.gradient_accumulation_steps():
-            self.engine.set_train_batch_size(batch)
-            for holder in (self.engine.optimizer, getattr(self.engine.optimizer, "optimizer", None)):
-                if hasattr(holder, "gradient_accumulation_steps"):  # (ZeRO's: it accumulates off-device by it)
+        self.accumulation, engine = batch // (self.micro * self.dp), self.engine
+        if (self.accumulation, self.micro) != (engine.gradient_accumulation_steps(),
+                                               engine.train_micro_batch_size_per_gpu()):
+            engine.set_train_micro_batch_size(self.micro)
+            engine.set_train_batch_size(batch)
+            for holder in (engine.optimizer, getattr(engine.optimizer, "optimizer", None)):
+                if hasattr(holder, "gradient_accumulation_steps"):  # (ZeRO's copy, kept in step)
                     holder.gradient_accumulation_steps = self.accumulation
-            self.engine.micro_steps = self.engine.global_steps * self.accumulation
+            engine.micro_steps = engine.global_steps * self.accumulation
         return batch
 
     def _next_loader(self):
@@ -534,7 +552,8 @@ class Trainer:
         train.skip_steps leaves out (the first step trained after it starts one)."""
         if self.cfg.train.skipped(self.step + 1):
             return None
-        return self._loader(self._sources(self.step)[0], self.consumed, self.cfg.data.num_workers)
+        self._resize()
+        return self._loader(self._sources(self.step)[0], self.consumed, self.cfg.data.num_workers, micro=self.micro)
 
     def _leave_out(self, out: RunLog) -> None:
         """Step `self.step + 1` is one train.skip_steps names: its global batch is not trained on (no forward, no

@@ -227,11 +227,14 @@ def problems(overrides, dp=1, preset="bert-tiny"):
                                        "train.global_batch_size=32, whole INCREMENTs between them and SAMPLES > 0"),
     (["train.batch_rampup=[8, 10, 1000]"], 1, "train.batch_rampup=[8, 10, 1000] is not [START, INCREMENT, SAMPLES]"),
     (["train.batch_rampup=[32, 8, 1000]"], 1, "train.batch_rampup=[32, 8, 1000] is not [START, INCREMENT, SAMPLES]"),
-    (["train.batch_rampup=[8, 8, 1000]"], 2, "train.batch_rampup=[8, 8, 1000]: every global batch of the ramp must be "
-     "a whole number of train.micro_batch_size x data-parallel size = 32; make START and INCREMENT multiples of 32"),
     (["train.micro_batch_size=auto", "train.batch_rampup=[6, 2, 1000]"], 4, "train.batch_rampup=[6, 2, 1000]: every "
-     "global batch of the ramp must be a whole number of data-parallel size 4; make START and INCREMENT multiples "
-     "of 4"),
+     "global batch of the ramp must be a whole number of samples per data-parallel rank (data-parallel size 4); make "
+     "START and INCREMENT multiples of 4"),
+    (["train.batch_rampup=[8, 8, 1000]", "train.steps=100", "optimizer.warmup_steps=80"], 1,
+     "optimizer.warmup_steps=80 is longer than the run: train.steps=100 under train.batch_rampup read 54.50 whole "
+     "batches of train.global_batch_size; shorten the warmup"),
+    (["train.batch_rampup=[8, 8, 1000]", "train.steps=100", "optimizer.warmup_steps=40", "optimizer.decay_steps=0.5"],
+     1, "optimizer.decay_steps=0.5 ends the decay at 27 whole batches, not after the warmup's 40 whole batches"),
     (["model.arch=xlnet", "model.type_vocab_size=0", "model.mem_len=16", "data.objective=plm",
       "data.pack_documents=true", "train.batch_rampup=[16, 16, 1000]"], 1,
      "train.batch_rampup changes the global batch, which is the number of streams that data.streams and "

@@ -361,9 +361,10 @@ def test_a_batch_ramp_is_timed_by_the_samples_its_steps_read():
     assert (f"time to train 572,205 steps ({samples:,} samples: the batch ramps): "
             f"{speed._duration(samples / p.samples_per_s)}") in speed.report(cfg, hw, 8)
     with pytest.raises(ConfigError, match=r"^train.batch_rampup=\[16, 16, 1953125\]: its batches are not whole "
-                                          r"numbers of the data-parallel size 32; make START and INCREMENT multiples "
-                                          r"of 32$"):
+                                          r"numbers of samples per data-parallel rank \(data-parallel size 32\); make "
+                                          r"START and INCREMENT multiples of 32$"):
         data_parallel_size(cfg, 32)
+    assert data_parallel_size(load("gpt3-small", ["train.micro_batch_size=2"]), 24) == 24  # (no ramp: its own checks)
 
 
 def test_scaling_takes_the_micro_batch_auto_picks_at_each_size():

@@ -176,23 +176,25 @@ def test_a_loss_spike_is_rolled_back_and_its_steps_left_out(dataset, tmp_path, c
 
 
 def test_a_batch_ramp_trains_as_runs_of_each_of_its_batches(dataset, tmp_path):
-    """train.batch_rampup=[4, 4, 12] under a global batch of 8: steps 1-3 read 4 samples, then 8 (Megatron's
-    ramp; DeepSpeed's accumulation goes from 1 to 2 after an odd count of micro-batches). Its weights and moments
-    equal, bit for bit, those of a run of 4-sample steps at step 3 and of that run resumed with a batch of 8 at step 6
-    (a constant learning rate: the ramp's schedule counts samples)."""
+    """train.batch_rampup=[4, 12, 12] under a global batch of 16 and micro batch 8: steps 1-3 read 4 samples (one
+    micro-batch of 4: the largest that divides the step's batch), then 16 (two of 8: DeepSpeed's micro batch and
+    accumulation change after an odd count of micro-batches). Its weights and moments equal, bit for bit, those of a
+    run of 4-sample steps at step 3 and of that run resumed with the whole batch at step 6 (a constant learning rate:
+    the ramp's schedule counts samples)."""
     from pretrain import checkpoint as C
     from pretrain.train import train
 
     def cfg(out, *more):
         return _cfg(dataset, f"out_dir={tmp_path / out}", "optimizer.warmup_steps=0", "optimizer.schedule=constant",
-                    "checkpoint.interval=3", "checkpoint.keep=0", *more)
+                    "checkpoint.interval=3", "checkpoint.keep=0", "train.global_batch_size=16",
+                    "train.micro_batch_size=8", *more)
 
-    ramp = train(cfg("ramp", "train.steps=6", "train.batch_rampup=[4,4,12]"))
-    assert ramp["samples"] == 3 * 4 + 3 * 8
+    ramp = train(cfg("ramp", "train.steps=6", "train.batch_rampup=[4,12,12]"))
+    assert ramp["samples"] == 3 * 4 + 3 * 16
     rows = read_jsonl(tmp_path / "ramp" / "metrics.jsonl")
-    assert [round(r["samples_per_s"] * r["step_time_s"]) for r in rows] == [4, 4, 4, 8, 8, 8]
-    train(cfg("steps", "train.steps=3", "train.global_batch_size=4"))
-    train(cfg("steps", "train.steps=6"))  # (resumed: the checkpoint's samples read, 8 a step from there)
+    assert [round(r["samples_per_s"] * r["step_time_s"]) for r in rows] == [4, 4, 4, 16, 16, 16]
+    train(cfg("steps", "train.steps=3", "train.global_batch_size=4", "train.micro_batch_size=4"))
+    train(cfg("steps", "train.steps=6"))  # (resumed: the checkpoint's samples read, 16 a step from there)
     for step in (3, 6):
         mine, theirs = (C.Pieces(str(tmp_path / run / "checkpoints" / f"step_{step:08d}")) for run in ("ramp", "steps"))
         assert all(torch.equal(mine.full(kind, n), theirs.full(kind, n)) for kind in C.KINDS for n in mine.params)
