@@ -155,7 +155,6 @@ def _mlm(source: M.Source):
     return model, transformers.AutoTokenizer.from_pretrained(hf_dir)
 
 
-@torch.no_grad()
 def _fitted(tok, pattern: str, fields: dict, mask: str, max_len: int) -> str:
     """`pattern` filled in, its longest text cut (the part nearest the masks kept) until the prompt fits `max_len`
     tokens: the masks are never cut, wherever the pattern puts them."""
@@ -174,6 +173,7 @@ def _fitted(tok, pattern: str, fields: dict, mask: str, max_len: int) -> str:
     return pattern.format(**fields, mask=mask)
 
 
+@torch.no_grad()
 def cloze(source: M.Source, task, max_len: int = 128) -> dict:
     """Zero-shot accuracy (and the task's other metrics) of the cloze pattern on the task's dev set."""
     from downstream.finetune import score
