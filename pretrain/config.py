@@ -473,7 +473,7 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     errors.need(not ramp or len(ramp) != 3 or all(b % dp == 0 for b in ramp[:2]),
                 f"train.batch_rampup={ramp}: every global batch of the ramp must be a whole number of samples per "
                 f"data-parallel rank (data-parallel size {dp}); make START and INCREMENT multiples of {dp}")
-    errors.need(not ramp or not (d.streams or m.mem_len),
+    errors.need(not ramp or not objectives.Objective.streamed(cfg),
                 "train.batch_rampup changes the global batch, which is the number of streams that data.streams and "
                 "model.mem_len read along; remove train.batch_rampup")
     needed = positions_needed(m, d.seq_len)

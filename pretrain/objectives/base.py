@@ -140,10 +140,16 @@ class Objective:
         """Activation bytes per GPU that the loss keeps beyond the model's own (TinyBERT's traced layers)."""
         return 0
 
+    @staticmethod
+    def streamed(cfg) -> bool:
+        """Whether `cfg`'s samples are read as streams of the global batch: the model carries a memory from step to
+        step (model.mem_len > 0) or data.streams asks for that order."""
+        return bool(cfg.model.mem_len or cfg.data.streams)
+
     def streams(self) -> int:
-        """The streams the samples are read as (pretrain/data/gpt.py): the global batch where the model carries a
-        memory from step to step (model.mem_len > 0) or data.streams asks for that order, else 0 (shuffled)."""
-        return self.cfg.train.global_batch_size if self.cfg.model.mem_len or self.cfg.data.streams else 0
+        """The streams the samples are read as (pretrain/data/gpt.py): the global batch where `streamed`, else 0
+        (shuffled)."""
+        return self.cfg.train.global_batch_size if self.streamed(self.cfg) else 0
 
     # ---- a recurrent model's memory (pretrain/models/recurrence.py) ------------------------------------------
 
