@@ -526,8 +526,9 @@ class Trainer:
     def _resize(self) -> bool:
         """Whether the next step's micro batch differs from the last one's: train.micro_batch_size, or under a batch
         ramp the largest divisor of the step's per-rank batch up to it (the ramp's first batches may be smaller)."""
-        share = self.cfg.train.batch_at(self.consumed) // self.dp
-        micro = max(b for b in range(1, min(share, self.cfg.train.micro_batch_size) + 1) if share % b == 0)
+        share, micro = self.cfg.train.batch_at(self.consumed) // self.dp, self.cfg.train.micro_batch_size
+        if share % micro:  # (only in a ramp's steps: every step of the whole batch takes the configured one at once)
+            micro = max(b for b in range(1, min(share, micro) + 1) if share % b == 0)
         changed, self.micro = micro != self.micro, micro
         return changed
 
