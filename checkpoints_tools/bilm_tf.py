@@ -15,14 +15,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 
 import numpy as np
 import torch
 
 from pretrain import checkpoint as C
 from pretrain.models.config import ModelConfig
-from ptm.files import whole_dir, write_bytes, write_json
+from ptm.files import copy_file, whole_dir, write_bytes, write_json
 
 LSTM = "RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/"
 DIRECTIONS = ("forward_lstms", "backward_lstms")
@@ -150,7 +149,7 @@ def to_elmo(ckpt_or_run: str, out: str) -> str:
         for name in TOKENIZER_FILES:
             path = os.path.join(ckpt, "tokenizer", name)
             if os.path.isfile(path):
-                shutil.copy(path, os.path.join(tmp, name))
+                copy_file(path, os.path.join(tmp, name))
     return out
 
 
@@ -204,7 +203,7 @@ def from_elmo(elmo_dir: str, out: str) -> tuple[str, list[str]]:
         for name in TOKENIZER_FILES:
             path = os.path.join(elmo_dir, name)
             if os.path.isfile(path):
-                shutil.copy(path, os.path.join(tmp, "tokenizer", name))
+                copy_file(path, os.path.join(tmp, "tokenizer", name))
         meta = os.path.join(tmp, "tokenizer", "ptm_tokenizer.json")
         if not os.path.isfile(meta):
             from data_prep.tokenizer import load_tokenizer

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 
 import torch
 
@@ -15,7 +14,7 @@ from pretrain import checkpoint as C
 from pretrain import families
 from pretrain.families.base import hf_special_tokens, sentencepiece_to_fast, with_template
 from pretrain.models.config import ModelConfig, positions_needed
-from ptm.files import save_pretrained, whole_dir, write_json
+from ptm.files import copy_file, save_pretrained, whole_dir, write_json
 
 
 def adapter(arch: str) -> families.Adapter:
@@ -89,11 +88,15 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     if before:  # data_prep normalised the text with NFKC, an imported tokenizer rewrites it: the export does too
         backend = hf.backend_tokenizer
         backend.normalizer = normalizers.Sequence(before + ([backend.normalizer] if backend.normalizer else []))
+        if type(hf) is not transformers.PreTrainedTokenizerFast:  # (BERT's, RoBERTa's, GPT-2's class: loading its
+            hf = transformers.PreTrainedTokenizerFast(  # files it builds its pipeline from the vocabulary, without
+                tokenizer_object=backend, model_input_names=hf.model_input_names,  # these: the generic class keeps
+                padding_side=hf.padding_side, **hf.special_tokens_map)  # them, `named` the family's where it can)
     hf.model_max_length = max_length
     hf.save_pretrained(out)
     for path in files:
-        shutil.copyfile(path, os.path.join(out, os.path.basename(path)))  # (a new file: the umask's mode)
-    shutil.copyfile(os.path.join(tok_dir, "ptm_tokenizer.json"), os.path.join(out, "ptm_tokenizer.json"))
+        copy_file(path, os.path.join(out, os.path.basename(path)))  # (a new file: the umask's mode)
+    copy_file(os.path.join(tok_dir, "ptm_tokenizer.json"), os.path.join(out, "ptm_tokenizer.json"))
     if tokenizer_class and type(hf) is transformers.PreTrainedTokenizerFast:
         named(hf, out, tokenizer_class)
 
@@ -216,7 +219,7 @@ def _write_hf(family: families.Adapter, cfg: ModelConfig, config, state: dict, c
                                 f"other shapes {sorted(result['mismatched_keys'])[:5]}")
     save_pretrained(model, out, max_shard_size=max_shard_size)
     for path in family.files():  # e.g. a modeling file that config.json's auto_map names
-        shutil.copyfile(path, os.path.join(out, os.path.basename(path)))
+        copy_file(path, os.path.join(out, os.path.basename(path)))
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import shutil
 from pretrain import checkpoint as C
 from pretrain import families
 from pretrain.models.recurrence import DIRECTORY as MEMORY
+from ptm.files import copy_file, copy_tree
 
 
 def reshard(src: str, out: str, tp: int = 1, weights_only: bool = False) -> str:
@@ -35,9 +36,9 @@ def reshard(src: str, out: str, tp: int = 1, weights_only: bool = False) -> str:
         for item in ("trainer.pt", "config.yaml", "tokenizer", MEMORY):  # a memory file holds whole streams: any layout
             path = os.path.join(ckpt, item)
             if os.path.isdir(path) and (item != MEMORY or not weights_only):
-                shutil.copytree(path, os.path.join(tmp, item))
+                copy_tree(path, os.path.join(tmp, item))
             elif os.path.isfile(path) and (item != "trainer.pt" or not weights_only):
-                shutil.copy2(path, tmp)
+                copy_file(path, os.path.join(tmp, item))
         meta = dict(pieces.meta, tp=tp, dp=1, zero_stage=0, resharded_from=os.path.abspath(ckpt))
         C.write_meta(tmp, model=C.model_config(meta), params=meta.pop("params"), tp=tp, dp=1, step=meta.pop("step"),
                      extra={k: v for k, v in meta.items() if k not in ("format", "version", "ptm_version", "tp", "dp",

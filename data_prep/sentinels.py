@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 
 from data_prep import PrepError
 from data_prep.tokenizer import load_tokenizer
-from ptm.files import write_json
+from ptm.files import copy_file, write_json
 
 MANIFEST = "manifest.json"
 
@@ -42,7 +41,7 @@ def add_sentinels(src: str, out: str, count: int = 100) -> dict:
         try:
             os.link(os.path.join(src, name), os.path.join(tmp, name))
         except OSError:
-            shutil.copy2(os.path.join(src, name), os.path.join(tmp, name))
+            copy_file(os.path.join(src, name), os.path.join(tmp, name))
     tok = tok.save(os.path.join(tmp, "tokenizer"))
     manifest["tokenizer"] = {**manifest["tokenizer"], **tok.meta()}
     manifest["vocab_size"] = tok.vocab_size

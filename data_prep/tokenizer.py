@@ -13,7 +13,6 @@ import io
 import json
 import os
 import re
-import shutil
 import unicodedata
 from itertools import chain
 
@@ -21,7 +20,7 @@ import numpy as np
 
 from data_prep import PrepError
 from data_prep.text import _structure  # the compiled loops; text.py's import names the fix where they are not built
-from ptm.files import write_bytes, write_json
+from ptm.files import copy_file, write_bytes, write_json
 
 META = "ptm_tokenizer.json"
 PIPELINE = "hf_tokenizer.json"  # a tokenizer.json's name in ptm's tokenizer directory (an export writes its own)
@@ -329,7 +328,7 @@ class Tokenizer:
         for f, name in zip(self.files, names):
             src, dst = os.path.join(self.directory, f), os.path.join(directory, name)
             if os.path.abspath(src) != os.path.abspath(dst):
-                shutil.copyfile(src, dst)
+                copy_file(src, dst)
         saved = Tokenizer(self.kind, directory, names, self.lowercase, self.threads, self.sentinels, self.rewrites)
         write_json(os.path.join(directory, META), saved.meta())
         return saved

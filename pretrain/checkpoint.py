@@ -30,14 +30,13 @@ import errno
 import functools
 import json
 import os
-import shutil
 
 import torch
 from safetensors import safe_open
 
 from pretrain.families import VOCAB_ROWS
 from pretrain.models.config import ModelConfig
-from ptm.files import fsync_dir, save_safetensors, sha256_file, write_json, write_text
+from ptm.files import copy_tree, fsync_dir, save_safetensors, sha256_file, write_json, write_text
 
 FORMAT = "ptm-checkpoint"
 VERSION = 2
@@ -188,7 +187,7 @@ def verify(ckpt: str, rank: int = 0, world: int = 1, hashes: bool = True) -> str
 def copy_tokenizer(src_dir: str, ckpt: str) -> None:
     dst = os.path.join(ckpt, "tokenizer")
     if os.path.abspath(src_dir) != os.path.abspath(dst):
-        shutil.copytree(src_dir, dst, dirs_exist_ok=True)
+        copy_tree(src_dir, dst)
 
 
 def check_complete(ckpt: str) -> str:

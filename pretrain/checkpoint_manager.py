@@ -24,7 +24,7 @@ from pretrain import signals
 from pretrain.checkpoint import (KINDS, LATEST, CheckpointError, Pieces, copy_tokenizer, file_records, mark_latest,
                                  model_config, read_meta, verify, write_meta, write_pieces)
 from pretrain.models.config import FEATURES, unread
-from ptm.files import fsync_dir, save_safetensors, write_bytes, write_text
+from ptm.files import FULL, fix, fsync_dir, save_safetensors, write_bytes, write_text
 
 MODEL_SHAPE = ("arch", "vocab_size", "hidden_size", "num_layers", "decoder_layers", "num_heads", "head_dim",
                "ffn_hidden_size", "max_position_embeddings", "position_offset", "relative_buckets",
@@ -265,13 +265,18 @@ class Checkpoints:
             return
         if dist.get_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        name, (rank, problem) = os.path.basename(final), failed[0]
+        name, (rank, (problem, code)) = os.path.basename(final), failed[0]
         last = [n for n in self._listed() if n != name][:1]
+        if os.path.isdir(final):  # (written whole: `latest` or the pruning after it was refused)
+            kept = f"{name} is whole and a re-run resumes from it"
+        else:
+            kept = "what it wrote is removed; " + (f"{last[0]}, the last checkpoint, is untouched" if last else
+                                                   "the run has no earlier checkpoint")
+        remedy = (f"free space there (or raise the quota, or lower checkpoint.keep={self.keep}: a save needs room for "
+                  "one checkpoint more than it keeps)") if code in FULL and self.keep else fix(code)
         raise CheckpointError(
             f"cannot write checkpoint {name} in {self.root}" + (f" (rank {rank})" if len(outcomes) > 1 else "")
-            + f": {problem}; " + ("" if os.path.isdir(final) else "what it wrote is removed; ")
-            + (f"{last[0]}, the last checkpoint, is untouched" if last else "the run has no earlier checkpoint")
-            + "; free space there (or raise the quota) and re-run the same command to resume")
+            + f": {problem}; {kept}; {remedy} and re-run the same command to resume")
 
     def prune(self) -> None:
         """Keep the newest `keep` checkpoints (all when 0), and always the one `latest` names."""
@@ -342,12 +347,12 @@ def _set_rng_states(rng: dict) -> None:
 
 
 def _attempt(write) -> tuple:
-    """(`write()`'s result, None), or (None, what stopped it) when the system refused a write: a full disk, a quota,
-    permissions."""
+    """(`write()`'s result, None), or (None, (what stopped it, its error number)) when the system refused a write: a
+    full disk, a quota, permissions."""
     try:
         return write(), None
     except OSError as e:
-        return None, f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else "")
+        return None, (f"{e.strerror or e}" + (f" ({e.filename})" if e.filename else ""), e.errno)
 
 
 def _torch_bytes(obj) -> bytes:

@@ -110,7 +110,7 @@ def main(argv=None) -> None:
     from pretrain.config import ConfigError, load
     from pretrain.data.loader import worker_death
     from pretrain.device import DeviceError, out_of_memory
-    from pretrain import heartbeat
+    from pretrain import heartbeat, runlog
     from pretrain.runlog import failed
     from pretrain.train import Stopped, train
     from ptm.files import refused_write
@@ -159,7 +159,7 @@ def main(argv=None) -> None:
                 failed(line, code, e)
             sys.exit(code)
         own = (worker_death(e) or out_of_memory(e, signals.trained_steps)  # this rank's problem: it says it
-               or refused_write(e, "out_dir", "re-run to resume from the last checkpoint"))  # (config.yaml, logs)
+               or refused_write(e, runlog.started or "out_dir", "re-run to resume from the last checkpoint"))
         if own is not None:
             said = f"pretrain: error: rank {_rank()} on {socket.gethostname()}: {own}"
             print(said, file=sys.stderr)

@@ -429,6 +429,11 @@ def _path_errors(cfg: Config) -> list[str]:
                 f"out_dir={cfg.out_dir} is a file; set out_dir to a directory (a new one, or a run's to resume it)")
     if not os.path.lexists(cfg.out_dir):
         errors.need(*_creatable(cfg.out_dir))
+    elif os.path.isdir(cfg.out_dir):
+        read_only = os.statvfs(cfg.out_dir).f_flag & os.ST_RDONLY
+        errors.need(os.access(cfg.out_dir, os.W_OK | os.X_OK), f"out_dir={cfg.out_dir} is not writable "
+                    f"{'(a read-only file system)' if read_only else 'by this user'}; make it writable, or set "
+                    "out_dir elsewhere")
     latest = os.path.join(cfg.out_dir, "checkpoints", "latest")
     errors.need(not os.path.lexists(latest) or os.path.isfile(latest),
                 f"{latest} is not a file (the name of the checkpoint to resume, which ptm writes there); remove it")

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 
 from pretrain.signals import PREEMPTED
@@ -37,7 +38,7 @@ class RunLog:
     def __init__(self, out_dir: str, rank0: bool, log):
         self.out_dir, self.rank0, self.log = out_dir, rank0, log
         self.bar = self.writer = None
-        self.refused, self.total, self.first, self.t0 = False, 0, 0, 0.0
+        self.refused, self.total, self.first, self.t0 = set(), 0, 0, 0.0
 
     def start(self, config_yaml: str, launch: dict, total: int, done: int) -> None:
         """The resolved config, the launch (what `ptm plan --check` predicts for), the progress bar and TensorBoard.
@@ -72,6 +73,7 @@ class RunLog:
         from tqdm import tqdm
 
         self.writer = SummaryWriter(os.path.join(self.out_dir, "tensorboard"), purge_step=done + 1)
+        _quiet_tensorboard_thread()
         self.total, self.first, self.t0 = total, done, time.monotonic()
         self.bar = tqdm(total=total, initial=done, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True,
                         disable=None)
@@ -110,26 +112,55 @@ class RunLog:
         self.log(f"step {step}: " + fmt(metrics, tuple(metrics)))
 
     def _kept(self, name: str, group: str, step: int, scalars: dict, row: dict | None = None) -> None:
-        """TensorBoard's `group/KEY` scalars and a row of `name`. A write the system refuses (a full disk, a quota)
-        is a warning, once: the run goes on (its next checkpoint, which every rank agrees on, ends it if it cannot be
-        written) rather than rank 0 alone ending in a traceback."""
+        """A row of `name` and TensorBoard's `group/KEY` scalars. A write the system refuses (a full disk, a quota) is
+        a warning, once each: the run goes on (its next checkpoint, which every rank agrees on, ends it if it cannot
+        be written) rather than rank 0 alone ending in a traceback; the rows go on where there is space again (a row
+        cut short goes), TensorBoard's curves end there (its writer keeps the error it failed with)."""
+        path = os.path.join(self.out_dir, name)
+        try:
+            _append_jsonl(path, {"step": step, **(row or scalars)})
+        except OSError as e:
+            self._refused(e, path, "its logs missing steps until there is space")
+        if self.writer is None:
+            return
         try:
             for k, v in scalars.items():
                 self.writer.add_scalar(f"{group}/{k}", v, step)
-            _append_jsonl(os.path.join(self.out_dir, name), {"step": step, **(row or scalars)})
         except OSError as e:
-            line = refused_write(e, os.path.join(self.out_dir, name))
-            if line is None:
-                raise
-            if not self.refused:
-                self.log(f"warning: {line}; the run goes on, its logs missing steps until there is space")
-            self.refused = True
+            self._drop_writer()
+            self._refused(e, os.path.join(self.out_dir, "tensorboard"),
+                          f"TensorBoard's curves ending at step {step} ({name} goes on)")
+
+    def _refused(self, e: OSError, path: str, then: str) -> None:
+        line = refused_write(e, path)
+        if line is None:
+            raise e
+        if line not in self.refused:
+            self.refused.add(line)
+            self.log(f"warning: {line}; the run goes on, {then}")
+
+    def _drop_writer(self) -> None:
+        """Close TensorBoard's writer; a write it could not make (its thread's error, raised again by each later call)
+        ends nothing else."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            with contextlib.suppress(OSError):
+                writer.close()
 
     def close(self) -> None:
-        for done in (self.bar, self.writer):
-            if done is not None:
-                done.close()
-        self.bar = self.writer = None
+        """The bar and TensorBoard's files closed; never raises a refused write (close runs while another error may be
+        on its way out: that one is the run's)."""
+        if self.bar is not None:
+            self.bar.close()
+        try:
+            writer, self.writer = self.writer, None
+            if writer is not None:
+                writer.close()
+        except OSError as e:
+            if refused_write(e, "") is None:
+                raise
+            self._refused(e, os.path.join(self.out_dir, "tensorboard"), "TensorBoard's last rows missing")
+        self.bar = None
 
     def summary(self, summary: dict) -> None:
         global started
@@ -149,6 +180,21 @@ def failed(line: str | None, code: int, error: BaseException | None = None) -> N
     with contextlib.suppress(OSError):
         if not os.path.exists(path):
             write_json(path, {"error": line, "exception": type(error).__name__ if error else None, "exit": code})
+
+
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard's writer thread ends on a write the system refused with a traceback on stderr (threading's hook);
+    the next scalar raises that error again, which `RunLog._kept` says in a warning line: that traceback goes."""
+    hook = threading.excepthook
+    if getattr(hook, "ptm", False):
+        return
+
+    def quiet(args):
+        if not (type(args.thread).__module__.startswith("tensorboard.") and refused_write(args.exc_value, "")):
+            hook(args)
+
+    quiet.ptm = True
+    threading.excepthook = quiet
 
 
 def _clock(seconds: float) -> str:
@@ -213,8 +259,21 @@ def _step_of(line: bytes) -> float:
 
 
 def _append_jsonl(path: str, row: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+    """A row at the end of the log at `path`, whole or not at all (a write refused part way is cut off again, so the
+    next row does not join a row cut short)."""
+    data = memoryview((json.dumps(row) + "\n").encode())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, end)
+            raise
+    finally:
+        os.close(fd)
 
 
 def fmt(metrics: dict, keys: tuple) -> str:

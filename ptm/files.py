@@ -11,16 +11,23 @@ import os
 import re
 import shutil
 
-REFUSED = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write the system refused: full disk, quota, file size
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
+REFUSED = (*FULL, errno.EROFS)  # a write the system refused: those, and a read-only file system
 
 
 def refused_write(e: BaseException, where: str, then: str | None = None) -> str | None:
     """`cannot write FILE: ERROR` for a write the system refused (`REFUSED`; FILE: the error's, else `where`), with
-    `; free space there (or raise the quota) and THEN`; None for any other failure."""
+    `; free space there (or raise the quota) and THEN` (or `make it writable (or write elsewhere) and THEN`); None for
+    any other failure."""
     if not isinstance(e, OSError) or e.errno not in REFUSED:
         return None
     line = f"cannot write {e.filename or where}: {os.strerror(e.errno)}"
-    return f"{line}; free space there (or raise the quota) and {then}" if then else line
+    return f"{line}; {fix(e.errno)} and {then}" if then else line
+
+
+def fix(code: int) -> str:
+    """What frees a write the system refused with error number `code`."""
+    return "free space there (or raise the quota)" if code in FULL else "make it writable (or write elsewhere)"
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -45,6 +52,37 @@ def write_text(path: str, text: str) -> None:
 
 def write_json(path: str, obj) -> None:
     write_text(path, json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def copy_file(src: str, dst: str) -> None:
+    """shutil.copyfile (`dst` gets the mode a new file gets), where a write the system refused names `dst` (Linux's
+    fast copy names the source)."""
+    try:
+        shutil.copyfile(src, dst)
+    except OSError as e:
+        if e.errno in REFUSED and e.filename != dst:
+            raise OSError(e.errno, os.strerror(e.errno), dst) from e
+        raise
+
+
+class _Stopped(Exception):
+    """A file copy_tree could not copy: its OSError (shutil.copytree goes on and gathers each file's into one)."""
+
+
+def _copy_or_stop(src: str, dst: str) -> None:
+    try:
+        copy_file(src, dst)
+    except OSError as e:
+        raise _Stopped(e) from None
+
+
+def copy_tree(src: str, dst: str) -> None:
+    """The files under `src` copied into `dst` (made, or added to), by `copy_file`; the first that fails stops it with
+    its OSError (shutil.copytree would try every other file, then raise their errors as one list)."""
+    try:
+        shutil.copytree(src, dst, copy_function=_copy_or_stop, dirs_exist_ok=True)
+    except _Stopped as stopped:
+        raise stopped.args[0] from None
 
 
 def install_dir(tmp: str, out: str) -> None:

@@ -253,6 +253,26 @@ def test_hf_to_ptm_to_hf_is_bit_exact(arch, wordpiece_vocab, gpt2_vocab, roberta
             assert b.get(k) == v, (k, v, b.get(k))
 
 
+@pytest.mark.parametrize("arch", ["bert", "roberta"])
+def test_a_dataset_normalised_with_nfkc_exports_a_tokenizer_that_normalises_as_it_did(arch, wordpiece_vocab,
+                                                                                    roberta_vocab, tmp_path):
+    """A WordPiece or byte-level BPE dataset normalised with NFKC (data_prep's default) exports a tokenizer that
+    encodes raw text as data_prep did: fullwidth punctuation and letters, a ligature, a circled digit take the ids of
+    their NFKC forms. BERT's and RoBERTa's classes build their pipeline from the vocabulary alone, without NFKC
+    (named in tokenizer_config.json, AutoTokenizer loaded them: `，` and `ＡＢＣ` as [UNK] or bytes): the generic class
+    stays."""
+    import unicodedata
+
+    tok_dir = tmp_path / "tok"
+    load_tokenizer(wordpiece_vocab if arch == "bert" else roberta_vocab).save(str(tok_dir))
+    _checkpoint(tmp_path, arch, str(tok_dir), nfkc=True)
+    call_cli("checkpoints_tools", "to-hf", tmp_path / "run", "--out", tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "我们今天去北京，天气很好！你觉得呢？ ＡＢＣ１２３ ﬁne ①"
+    ids, _, _, _ = load_tokenizer(str(tok_dir)).encode([unicodedata.normalize("NFKC", text)])
+    assert tok(text, add_special_tokens=False)["input_ids"] == ids.tolist()
+
+
 def test_roberta_to_hf_fills_masks_and_from_hf_takes_a_base_model(roberta_vocab, tmp_path):
     """RoBERTa exports as RobertaForMaskedLM with RoBERTa's tokenizer (<s> A </s>, same ids as data_prep) and the
     same logits; a base RobertaModel imports with its lm_head reported as initialised and the same hidden states."""
