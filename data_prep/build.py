@@ -153,6 +153,7 @@ def _init_worker(tok_dir: str, threads: int, text_opts: T.TextOptions, entities:
     if mp.parent_process() is not None:  # a pool worker: nothing it makes holds a cycle (see build_partition)
         gc.disable()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the main process stops the pool and says so once
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (scancel: the same; the pool ends its workers with SIGTERM)
     _ENCODER, _FIELDS = DocEncoder(load_tokenizer(tok_dir, threads), text_opts, entities), fields
 
 

@@ -263,6 +263,6 @@ def main(argv=None) -> None:
             raise
         print(f"data_prep: error: {line}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM (`stop_on_sigterm`)
         print("data_prep: interrupted; re-run the same command to resume", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(getattr(e, "status", 130))

@@ -164,20 +164,22 @@ def test_killed_build_is_invalid_then_resumes_to_the_same_dataset(corpus, sp_mod
     out = tmp_path / "ds"
     cmd = [sys.executable, "-m", "data_prep", "build", *inputs, "--out", str(out), "--tokenizer", sp_model,
            "--shard-size", "48KB", "--no-progress"]
-    # Ctrl-C in a terminal reaches the whole process group: workers and main; the main alone says it, in one line
+    # Ctrl-C in a terminal reaches the whole process group: workers and main; the main alone says it, in one line;
+    # scancel's SIGTERM (to every process of the job) alike, with its own status
     busy = write_jsonl(tmp_path / "busy.jsonl", [{"text": f"{t} {k}"} for k in range(10) for t in corpus["en"]])
-    ctrl_c = subprocess.Popen([*cmd[:4], busy, "--out", str(tmp_path / "int"), *cmd[cmd.index("--out") + 2:],
-                               "--workers", "2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    while len(_shards(tmp_path / "int")) < 2 and ctrl_c.poll() is None:
-        time.sleep(0.02)
-    os.killpg(ctrl_c.pid, signal.SIGINT)
-    assert (ctrl_c.wait(60), ctrl_c.stderr.read()) == (130, "data_prep: interrupted; re-run the same command to "
-                                                             "resume\n")
+    for signum, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        ctrl_c = subprocess.Popen([*cmd[:4], busy, "--out", str(tmp_path / signum.name), *cmd[cmd.index("--out") + 2:],
+                                   "--workers", "2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True, start_new_session=True,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        while len(_shards(tmp_path / signum.name)) < 2 and ctrl_c.poll() is None:
+            time.sleep(0.02)
+        os.killpg(ctrl_c.pid, signum)
+        assert (ctrl_c.wait(60), ctrl_c.stderr.read()) == (status, "data_prep: interrupted; re-run the same command "
+                                                                   "to resume\n")
     # a worker killed (the out-of-memory killer): one line, not a wait forever for the chunk it held (Pool starts
     # another worker and says nothing)
-    args = [str(tmp_path / "oom") if a == str(tmp_path / "int") else a for a in ctrl_c.args]
+    args = [str(tmp_path / "oom") if a == str(tmp_path / "SIGTERM") else a for a in ctrl_c.args]
     killed = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     while not _shards(tmp_path / "oom") and killed.poll() is None:
         time.sleep(0.02)
