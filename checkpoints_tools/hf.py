@@ -47,7 +47,7 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
     saved (`named`). The original files are copied too (a tokenizer.json as data_prep.tokenizer.PIPELINE), so
     `from-hf` brings the same tokenizer back."""
     import transformers
-    from tokenizers import normalizers
+    from tokenizers import AddedToken, normalizers
 
     from data_prep.tokenizer import hf_normalizers, load_tokenizer
 
@@ -64,11 +64,12 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
         return sentencepiece_to_fast(files[0]) if meta["kind"] == "sentencepiece" else load_tokenizer(tok_dir).backend()
     if meta["kind"] == "wordpiece":
         hf = transformers.BertTokenizerFast.from_pretrained(tok_dir, do_lower_case=meta["lowercase"])
-    elif meta["kind"] == "bpe" and template == "roberta":  # <s> A </s></s> B </s> around the byte-level BPE
-        hf = transformers.RobertaTokenizerFast.from_pretrained(tok_dir)
+    elif meta["kind"] == "bpe" and template == "roberta":  # <s> A </s></s> B </s> around the byte-level BPE; the
+        mask = {} if ids.get("mask") is None else {"mask_token": AddedToken(  # mask takes the space before it (as
+            _pieces(tok_dir)[ids["mask"]], lstrip=True, normalized=False, special=True)}  # RoBERTa's: what it stands
+        hf = transformers.RobertaTokenizerFast.from_pretrained(tok_dir, **mask)  # for is a word with its space)
     elif meta["kind"] == "bpe":  # GPT's ends with the vocabulary's own end of document, not <|endoftext|> added
-        with open(os.path.join(tok_dir, "vocab.json"), encoding="utf-8") as f:  # past it (data_prep's has </s>)
-            piece = {i: token for token, i in json.load(f).items()}
+        piece = _pieces(tok_dir)  # past it (data_prep's has </s>)
         hf = transformers.GPT2TokenizerFast.from_pretrained(
             tok_dir, **hf_special_tokens(meta["special_ids"], piece.__getitem__, "unk", "pad", bos="eod", eos="eod"))
     elif own is not None and (hf := own(pipeline(), meta)) is not None:
@@ -103,6 +104,12 @@ def export_tokenizer(tok_dir: str, out: str, template: str, nfkc: bool, max_leng
 
 PROBES = ["Hello world", " It was the Café, naïve résumé: 这是一个测试。 12345 and 3.14",  # (accents, CJK, digits,
           "tabs\t\tand   spaces  \n"]  # whitespace runs: what `named` encodes with both classes)
+
+
+def _pieces(tok_dir: str) -> dict[int, str]:
+    """A byte-level BPE's pieces by id (its vocab.json)."""
+    with open(os.path.join(tok_dir, "vocab.json"), encoding="utf-8") as f:
+        return {i: token for token, i in json.load(f).items()}
 
 
 def named(hf, out: str, name: str) -> None:

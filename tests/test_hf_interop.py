@@ -295,6 +295,9 @@ def test_roberta_to_hf_fills_masks_and_from_hf_takes_a_base_model(roberta_vocab,
                                    hf(**enc).logits, rtol=0, atol=1e-5)
     answers = transformers.pipeline("fill-mask", model=str(out), tokenizer=str(out))("The function returns the <mask>.")
     assert len(answers) == 5
+    piece = load_tokenizer(roberta_vocab).encode  # the mask takes the space before it, as the word it stands for did
+    assert tok("returns the <mask>.")["input_ids"] == [0, *piece(["returns the"])[0].tolist(), tok.mask_token_id,
+                                                       *piece(["."])[0].tolist(), 2]
 
     base = transformers.RobertaModel(hf.config, add_pooling_layer=False).eval()
     base.save_pretrained(tmp_path / "base")
