@@ -249,7 +249,11 @@ def _table(plans: dict[str, Plan]) -> str:
 def _verdict(cfg: Config, plan: Plan, world_size: int) -> str:
     if plan.fits is None:
         return "\ngive --gpu-memory GIB to check the fit and find the largest micro batch"
-    capacity, largest = f"{plan.gpu_memory / GIB:g} GiB", f"largest micro batch that fits: {plan.max_micro_batch}"
+    capacity, largest = f"{plan.gpu_memory / GIB:g} GiB", f"largest micro batch that fits: {plan.max_micro_batch:,}"
+    share = cfg.train.global_batch_size // plan.dp
+    if plan.max_micro_batch > share:  # (a micro batch is at most a rank's share of the global batch)
+        largest += (f" (more than the {share:,} samples a rank takes of train.global_batch_size="
+                    f"{cfg.train.global_batch_size:,}: its whole share fits in one micro-batch)")
     if plan.fits:
         return (f"\nfits in {capacity}: {_gib(plan.total)} GiB per GPU, headroom "
                 f"{_gib(plan.gpu_memory - plan.total)} GiB; {largest}")

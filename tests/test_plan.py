@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -219,6 +220,9 @@ def test_checkpoint_size_and_the_warning_lead_time():
 def test_cli_fits_and_suggests():
     ok = run_cli("pretrain", "plan", "--config", "configs/bert-large.yaml", "--gpus", "8", "--gpu-memory", "80")
     assert "336.3M parameters" in ok.stdout and "fits in 80 GiB" in ok.stdout
+    small = run_cli("pretrain", "plan", "--config", "bert-tiny", "--gpus", "1", "--gpu-memory", "80")
+    assert re.search(r"; largest micro batch that fits: [\d,]+ \(more than the 32 samples a rank takes of "
+                     r"train.global_batch_size=32: its whole share fits in one micro-batch\)\n", small.stdout)
     big = run_cli("pretrain", "plan", "--config", "configs/bert-large.yaml", "--gpus", "8", "--gpu-memory", "16",
                   "--set", "train.micro_batch_size=512", check=False)
     assert big.returncode == 1 and "does not fit in 16 GiB" in big.stdout
