@@ -247,7 +247,8 @@ def problems(overrides, dp=1, preset="bert-tiny"):
     (["data.path=[a, b]", "data.weights=[1]"], 1, "data.weights=[1.0] must be one positive weight per data.path (2)"),
     (["data.path=[a, b]", "data.weights=[1, 0]"], 1, "must be one positive weight per data.path"),
     (["data.max_predictions_per_seq=65"], 1, "data.max_predictions_per_seq=65 exceeds data.seq_len=64"),
-    (["optimizer.warmup_steps=1201"], 1, "optimizer.warmup_steps=1201 is longer than train.steps=1200"),
+    (["optimizer.warmup_steps=1201"], 1, "optimizer.warmup_steps=1201 is longer than train.steps=1200; shorten the "
+     "warmup (a fraction below 1 is one of the run, such as optimizer.warmup_steps=0.1)"),
     (["optimizer.warmup_steps=2.5"], 1, "optimizer.warmup_steps=2.5 is neither whole steps nor a fraction below 1"),
     (["optimizer.min_lr=0.1"], 1, "optimizer.min_lr=0.1 exceeds optimizer.lr=0.002"),
     (["optimizer.warmup_steps=10", "optimizer.decay_steps=10"], 1, "optimizer.decay_steps=10 ends the decay at step 10, "
