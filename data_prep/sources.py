@@ -94,16 +94,47 @@ def detect_format(path: str, forced: str | None) -> str | None:
     return _EXT.get(os.path.splitext(stem)[1].lower())
 
 
+def _json_object(path: str) -> dict:
+    """The JSON object in `path`; {} where it holds none."""
+    try:
+        with open(path, "rb") as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _saved_dataset(root: str, names: list[str]) -> list[str] | None:
+    """The data files of a Hugging Face `datasets` save_to_disk folder (those its state.json lists, else its .arrow
+    files beside dataset_info.json; none where dataset_dict.json leaves them to its splits' folders), or None."""
+    saved = {n: _json_object(os.path.join(root, n)) for n in ("state.json", "dataset_dict.json") if n in names}
+    if "_data_files" in saved.get("state.json", {}):
+        return [d["filename"] for d in saved["state.json"]["_data_files"]]
+    if "splits" in saved.get("dataset_dict.json", {}):
+        return []
+    arrows = [n for n in names if n.endswith(".arrow")]
+    return arrows if arrows and "dataset_info.json" in names else None
+
+
 def expand_inputs(inputs: list[str], forced_format: str | None, out: str | None = None) -> list[str]:
-    """Files named by paths, directories (recursively, known extensions only; not the output directory `out`
-    within them) and globs, in a stable order."""
+    """Files named by paths, directories (recursively through links, each real directory once; known extensions
+    only, neither hidden files nor the output directory `out` within them, of a Hugging Face `datasets` folder
+    only its data files) and globs, in a stable order."""
     files: list[str] = []
     skip = os.path.realpath(out) if out else None
 
     def walk(top: str):
-        for root, dirs, names in os.walk(top):
-            dirs[:] = [d for d in dirs if os.path.realpath(os.path.join(root, d)) != skip]
-            yield from (os.path.join(root, f) for f in names)
+        seen = {os.path.realpath(top)}
+        for root, dirs, names in os.walk(top, followlinks=True):
+            kept = []
+            for d in sorted(dirs, key=lambda d: (os.path.islink(os.path.join(root, d)), d)):  # real ones first
+                real = os.path.realpath(os.path.join(root, d))
+                if not d.startswith(".") and real != skip and real not in seen:
+                    seen.add(real)
+                    kept.append(d)
+            dirs[:] = kept
+            data = _saved_dataset(root, names)
+            yield from (os.path.join(root, f) for f in (names if data is None else data) if not f.startswith("."))
 
     for item in inputs:
         if os.path.isdir(item):
