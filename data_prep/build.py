@@ -36,7 +36,8 @@ from data_prep import PrepError
 from data_prep import text as T
 from data_prep.encode import DocEncoder, EncodedChunk
 from data_prep.shards import SHARD_SUFFIX, ShardWriter, shard_entry, to_numpy, write_table_atomic
-from data_prep.sources import Chunk, Fields, detect_format, expand_inputs, parse_jsonl, read_chunks, read_records
+from data_prep.sources import (Chunk, Fields, Problem, detect_format, expand_inputs, parse_jsonl, read_chunks,
+                               read_records)
 from data_prep.tokenizer import Tokenizer, load_tokenizer, train_byte_bpe, train_sentencepiece
 from ptm.files import sha256_file, write_json, write_text
 
@@ -169,14 +170,14 @@ class Processed:
     kinds: np.ndarray
     rows: np.ndarray
     labels: np.ndarray
-    errors: dict[int, str]
+    errors: dict[int, Problem]
     encoded: EncodedChunk | None
     file_index: np.ndarray
     line: np.ndarray
     nbytes: np.ndarray
 
 
-def _texts(chunk: Chunk, fields: Fields) -> tuple[list[str | None], np.ndarray, dict[int, str], np.ndarray]:
+def _texts(chunk: Chunk, fields: Fields) -> tuple[list[str | None], np.ndarray, dict[int, Problem], np.ndarray]:
     """The chunk's texts (None for a record that failed), labels, error messages by record and, per record, where
     a labelled pair's blank line joins its fields (-1: no pair)."""
     n = len(chunk)
@@ -471,9 +472,8 @@ def _write_chunk(r: Processed, writer: ShardWriter, seen: set[int], stats: dict,
         st["documents"] += n
         st["tokens"] += int(np.sum(tokens[:n]))
         st["chars"] += int(np.sum(chars[:n]))
-        for _, msg in errors[:np.searchsorted([i for i, _ in errors], at)]:
-            reason = msg.split(": ", 1)[1].split(" (")[0].split(";")[0]
-            st["skipped"][reason] = st["skipped"].get(reason, 0) + 1
+        for _, problem in errors[:np.searchsorted([i for i, _ in errors], at)]:
+            st["skipped"][problem.kind] = st["skipped"].get(problem.kind, 0) + 1
         return st
 
     def rejected(lo: int, hi: int) -> list[str]:

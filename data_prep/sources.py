@@ -30,12 +30,25 @@ _EXT = {
 _COMPRESSED = (".gz", ".zst")
 
 
+class Problem(str):
+    """Why a record is unreadable, "WHERE: WHAT", with `kind`: the reason without its location or details (what
+    the skip counts count)."""
+
+    def __new__(cls, where: str, what: str, kind: str | None = None):
+        self = super().__new__(cls, f"{where}: {what}")
+        self.at, self.kind = len(where), kind or what.split(" (")[0].split(";")[0]
+        return self
+
+    def __getnewargs__(self):
+        return self[:self.at], self[self.at + 2:], self.kind
+
+
 @dataclass
 class Record:
     text: str | None
     file_index: int
     line: int  # 1-based line (text, JSONL) or row (Parquet, Arrow) where the record starts
-    error: str | None = None
+    error: Problem | None = None
     label: int = -1  # class id of a labelled example (--label-field), -1 without
     pair_at: int = -1  # a labelled pair (--pair-field): where `text`'s blank line joining its two fields starts
 
@@ -57,16 +70,19 @@ class Fields:
         return [f for f in (self.text, self.pair, self.label) if f]
 
     def record(self, values: dict, index: int, line: int, where: str) -> Record:
+        """The record of a row's `values` by field name (a field the row lacks left out; None: null)."""
         for name in (self.text, self.pair):
-            if name and not isinstance(values.get(name), str):
-                v = values.get(name)
-                what = "no field" if v is None else f"non-string field ({type(v).__name__})"
+            if name and not isinstance(v := values.get(name), str):
                 flag = "--text-field" if name == self.text else "--pair-field"
-                return Record(None, index, line, f"{where}: {what} {name!r}; set {flag}")
+                error = Problem(where, f"no field {name!r}; set {flag}") if name not in values else \
+                    Problem(where, f"field {name!r} is null", "null field") if v is None else \
+                    Problem(where, f"non-string field ({type(v).__name__}) {name!r}; set {flag}")
+                return Record(None, index, line, error)
         label = values.get(self.label) if self.label else -1
         if not isinstance(label, int) or isinstance(label, bool) or label < (0 if self.label else -1):
-            return Record(None, index, line, f"{where}: label {self.label!r} is {label!r}, not a class id (0, 1, ...); "
-                                             "fix the record or set --label-field")
+            return Record(None, index, line, Problem(where, f"label {self.label!r} is {label!r}, not a class id "
+                                                            "(0, 1, ...); fix the record or set --label-field",
+                                                     "label not a class id"))
         text = values[self.text] + ("\n\n" + values[self.pair] if self.pair else "")
         return Record(text, index, line, label=label, pair_at=len(values[self.text]) if self.pair else -1)
 
@@ -78,16 +94,47 @@ def detect_format(path: str, forced: str | None) -> str | None:
     return _EXT.get(os.path.splitext(stem)[1].lower())
 
 
+def _json_object(path: str) -> dict:
+    """The JSON object in `path`; {} where it holds none."""
+    try:
+        with open(path, "rb") as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _saved_dataset(root: str, names: list[str]) -> list[str] | None:
+    """The data files of a Hugging Face `datasets` save_to_disk folder (those its state.json lists, else its .arrow
+    files beside dataset_info.json; none where dataset_dict.json leaves them to its splits' folders), or None."""
+    saved = {n: _json_object(os.path.join(root, n)) for n in ("state.json", "dataset_dict.json") if n in names}
+    if "_data_files" in saved.get("state.json", {}):
+        return [d["filename"] for d in saved["state.json"]["_data_files"]]
+    if "splits" in saved.get("dataset_dict.json", {}):
+        return []
+    arrows = [n for n in names if n.endswith(".arrow")]
+    return arrows if arrows and "dataset_info.json" in names else None
+
+
 def expand_inputs(inputs: list[str], forced_format: str | None, out: str | None = None) -> list[str]:
-    """Files named by paths, directories (recursively, known extensions only; not the output directory `out`
-    within them) and globs, in a stable order."""
+    """Files named by paths, directories (recursively through links, each real directory once; known extensions
+    only, neither hidden files nor the output directory `out` within them, of a Hugging Face `datasets` folder
+    only its data files) and globs, in a stable order."""
     files: list[str] = []
     skip = os.path.realpath(out) if out else None
 
     def walk(top: str):
-        for root, dirs, names in os.walk(top):
-            dirs[:] = [d for d in dirs if os.path.realpath(os.path.join(root, d)) != skip]
-            yield from (os.path.join(root, f) for f in names)
+        seen = {os.path.realpath(top)}
+        for root, dirs, names in os.walk(top, followlinks=True):
+            kept = []
+            for d in sorted(dirs, key=lambda d: (os.path.islink(os.path.join(root, d)), d)):  # real ones first
+                real = os.path.realpath(os.path.join(root, d))
+                if not d.startswith(".") and real != skip and real not in seen:
+                    seen.add(real)
+                    kept.append(d)
+            dirs[:] = kept
+            data = _saved_dataset(root, names)
+            yield from (os.path.join(root, f) for f in (names if data is None else data) if not f.startswith("."))
 
     for item in inputs:
         if os.path.isdir(item):
@@ -167,11 +214,11 @@ class _Zstd(io.RawIOBase):
         super().close()
 
 
-def _decode(raw: bytes, where: str) -> tuple[str | None, str | None]:
+def _decode(raw: bytes, where: str) -> tuple[str | None, Problem | None]:
     try:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError as e:
-        return None, f"{where}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"
+        return None, Problem(where, f"invalid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})")
 
 
 def _read_text(path: str, index: int, doc_boundary: str) -> Iterator[Record]:
@@ -203,10 +250,13 @@ def _read_text(path: str, index: int, doc_boundary: str) -> Iterator[Record]:
             yield Record(text, index, start, err)
 
 
+_MISSING = object()
+
+
 def _field(obj, dotted: str):
     for key in dotted.split("."):
         if not isinstance(obj, dict) or key not in obj:
-            return None
+            return _MISSING
         obj = obj[key]
     return obj
 
@@ -235,8 +285,9 @@ def parse_jsonl(raw: bytes, path: str, index: int, lineno: int, fields: Fields) 
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        return Record(None, index, lineno, f"{where}: malformed JSON ({e.msg}: column {e.colno})")
-    return fields.record({name: _field(obj, name) for name in fields.names()}, index, lineno, where)
+        return Record(None, index, lineno, Problem(where, f"malformed JSON ({e.msg}: column {e.colno})"))
+    values = {name: v for name in fields.names() if (v := _field(obj, name)) is not _MISSING}
+    return fields.record(values, index, lineno, where)
 
 
 def _arrow_batches(path: str, columns: list[str], kind: str):

@@ -11,6 +11,8 @@ import sys
 import time
 
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import ROOT, run_cli, write_jsonl
@@ -412,21 +414,33 @@ def test_bad_records_skipped_are_counted_and_listed(sp_model, tmp_path):
         f.write(b'not json at all\n')
         f.write(b'{"text": "Second good document."}\n')
         f.write(b'{"text": 42}\n')
+        f.write(b'{"text": null}\n')
     txt = tmp_path / "latin1.txt"
     txt.write_bytes("ok paragraph\n\ncaf\xe9 in latin-1\n\nanother ok paragraph\n".encode("latin-1"))
     assert f"{txt}:3: invalid UTF-8" in _error("build", txt, "--out", tmp_path / "o", "--tokenizer", sp_model)
-    m = quick_build([src, txt], tmp_path / "ds", tokenizer=sp_model, on_error="skip")
-    assert m["num_documents"] == 4
-    assert m["stats"]["skipped"] == {"invalid UTF-8": 2, "malformed JSON": 1, "non-string field": 1}
+    table, ints = tmp_path / "nulls.parquet", tmp_path / "ints.arrow"  # bad rows counted by reason, not by row
+    pq.write_table(pa.table({"text": ["Third good document.", None, None]}), table)
+    with pa.ipc.new_file(str(ints), pa.schema([("text", pa.int64())])) as w:
+        w.write_table(pa.table({"text": [5, 6]}))
+    m = quick_build([src, txt, table, ints], tmp_path / "ds", tokenizer=sp_model, on_error="skip")
+    assert m["num_documents"] == 5
+    assert m["stats"]["skipped"] == {"invalid UTF-8": 2, "malformed JSON": 1, "non-string field": 3, "null field": 3}
     rejects = (tmp_path / "ds" / "rejects.txt").read_text().splitlines()
-    assert [r.split(": ")[0] for r in rejects] == [f"{src}:2", f"{src}:3", f"{src}:5", f"{txt}:3"]
+    where = [f"{src}:2", f"{src}:3", f"{src}:5", f"{src}:6", f"{txt}:3", f"{table}: row 2", f"{table}: row 3",
+             f"{ints}: row 1", f"{ints}: row 2"]
+    assert [r[:len(w) + 2] for r, w in zip(rejects, where)] == [w + ": " for w in where] and len(rejects) == 9
+    assert rejects[3] == f"{src}:6: field 'text' is null"
+    nested = write_jsonl(tmp_path / "nested.jsonl", [{"content": {"body": None}}])
+    assert _error("build", nested, "--out", tmp_path / "o", "--tokenizer", sp_model, "--text-field", "content.body") \
+        == f"data_prep: error: {nested}:1: field 'content.body' is null; fix the input or pass --on-error skip to " \
+           "skip such records"
     import data_prep.build as B  # a list held to its cap says how many it leaves out
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(B, "MAX_REJECTS_PER_SHARD", 2)
         quick_build([src, txt], tmp_path / "capped", tokenizer=sp_model, on_error="skip")
     assert (tmp_path / "capped" / "rejects.txt").read_text().splitlines()[2:] == [
-        "... and 2 more, not listed (at most 2 a shard)"]
+        "... and 3 more, not listed (at most 2 a shard)"]
 
 
 def test_bad_record_fails_before_training_a_tokenizer(small, tmp_path):

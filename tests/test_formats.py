@@ -1,5 +1,6 @@
 """Every input format gives the same documents; shards are plain Arrow IPC files read zero-copy."""
 import gzip
+import json
 import os
 
 import numpy as np
@@ -56,9 +57,12 @@ def _write(kind, docs, d):
             for b in table.to_batches(max_chunksize=13):
                 w.write_batch(b)
         return [d / "docs.arrow"], {"text_field": "content"}
-    if kind == "arrow-stream":  # what Hugging Face `datasets` save_to_disk writes
+    if kind == "arrow-stream":  # what Hugging Face `datasets` save_to_disk writes, its metadata beside: no inputs
         with pa.ipc.new_stream(str(d / "data-00000-of-00001.arrow"), table.schema) as w:
             w.write_table(table)
+        (d / "dataset_info.json").write_text(json.dumps({"features": {"content": {"dtype": "string"}}}, indent=2))
+        (d / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]},
+                                                 indent=2))
         return [d], {"text_field": "content"}
     if kind == "text-files":
         for i, t in enumerate(docs):
@@ -129,3 +133,31 @@ def test_jsonl_blocks_split_into_the_lines_as_read(tmp_path):
             assert [(n, r.rstrip(b"\n")) for n, r, _, _ in got] == [(k, w.rstrip(b"\n")) for k, w in want[skip:]]
             assert [b for _, _, b, _ in got] == [len(w) for _, w in want[skip:]]
             assert {i for *_, i in got} <= {5} and all(len(c) == len(c.records) for c in chunks)
+
+
+def test_directories_scanned_through_links_without_hidden_files_or_dataset_metadata(tmp_path):
+    """A directory's scan follows links to folders (each real folder once: a link to an ancestor ends there),
+    leaves hidden files and folders out, and of a Hugging Face `datasets` save_to_disk folder takes only the data
+    files its state.json lists (of a DatasetDict, its splits'); a file named explicitly is read whatever it is."""
+    from data_prep.sources import expand_inputs
+
+    d, elsewhere = tmp_path / "in", tmp_path / "elsewhere"
+    for folder in (d / "sub", d / ".hidden", d / "hf" / "train", elsewhere):
+        folder.mkdir(parents=True)
+    for path in (d / "sub" / "a.txt", elsewhere / "b.txt", d / ".hidden" / "c.txt", d / ".notes.txt"):
+        path.write_text("text")
+    os.symlink(elsewhere, d / "linked")
+    os.symlink(d / "sub", d / "again")  # the same folder twice
+    (d / "hf" / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
+    saved = {"state.json": json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}),
+             "dataset_info.json": "{}", "data-00000-of-00001.arrow": "", "cache-0123.arrow": ""}
+    for name, content in saved.items():
+        (d / "hf" / "train" / name).write_text(content)
+    assert [os.path.relpath(f, d) for f in expand_inputs([str(d)], None)] == [
+        "hf/train/data-00000-of-00001.arrow", "linked/b.txt", "sub/a.txt"]
+    named = [str(d / "hf" / "train" / "state.json"), str(d / ".notes.txt")]
+    assert expand_inputs(named, None) == named
+    (tmp_path / "loop" / "deeper").mkdir(parents=True)
+    (tmp_path / "loop" / "a.txt").write_text("text")
+    os.symlink(tmp_path / "loop", tmp_path / "loop" / "deeper" / "up")  # a cycle
+    assert expand_inputs([str(tmp_path / "loop")], None) == [str(tmp_path / "loop" / "a.txt")]
