@@ -33,7 +33,8 @@ def _input_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--format", choices=["text", "jsonl", "parquet", "arrow"],
                    help="input format for every file (default: from each file's extension)")
     g.add_argument("--text-field", default="text",
-                   help="JSONL field (dotted path for nested objects) or Parquet/Arrow column with the text")
+                   help="JSONL field or Parquet/Arrow column with the text (a dotted path reaches a nested object's or "
+                        "a struct column's field)")
     g.add_argument("--pair-field", help="labelled pairs: the second text (e.g. a title for a query), joined to the "
                                         "first by a blank line; its first token is stored as pair_start")
     g.add_argument("--label-field", help="labelled examples: the field or column with the integer class id")

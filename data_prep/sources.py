@@ -17,6 +17,7 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_prep import PrepError
@@ -291,33 +292,62 @@ def parse_jsonl(raw: bytes, path: str, index: int, lineno: int, fields: Fields) 
 
 
 def _arrow_batches(path: str, columns: list[str], kind: str):
+    """Batches of the `columns` of a Parquet or Arrow file, in that order; a dotted name (content.body) reaches a field
+    of a struct column, as it does a nested JSON object's."""
     if kind == "parquet":
         pf = pq.ParquetFile(path)
-        names = pf.schema_arrow.names
-        batches = pf.iter_batches(columns=[c for c in columns if c in names], batch_size=1024)
+        schema = pf.schema_arrow
+        batches = pf.iter_batches(columns=sorted({_top(c, schema.names) for c in columns} & set(schema.names)),
+                                  batch_size=1024)
     else:
         source = pa.memory_map(path)
         try:
             reader = pa.ipc.open_file(source)
             batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-            names = reader.schema.names
+            schema = reader.schema
         except pa.ArrowInvalid:  # Hugging Face `datasets` writes the IPC stream format
             source.seek(0)
             reader = pa.ipc.open_stream(source)
-            batches, names = reader, reader.schema.names
-    missing = [c for c in columns if c not in names]
+            batches, schema = reader, reader.schema
+    missing = [c for c in columns if _type(schema, c) is None]
     if missing:
-        raise PrepError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names)}); set --text-field, "
+        raise PrepError(f"{path}: no column {missing[0]!r} (columns: {', '.join(schema.names)}); set --text-field, "
                         "--pair-field or --label-field")
     for batch in batches:
-        yield batch.select(columns)
+        yield [_column(batch, c) for c in columns]
+
+
+def _top(name: str, names: list[str]) -> str:
+    """The column that holds `name`: itself, or for a dotted name not a column, its first part."""
+    return name if name in names else name.split(".")[0]
+
+
+def _type(schema: pa.Schema, name: str) -> pa.DataType | None:
+    """The type of column or struct field `name` (dotted) in `schema`; None where there is none."""
+    top = _top(name, schema.names)
+    if top not in schema.names:
+        return None
+    kind = schema.field(top).type
+    for key in ([] if top == name else name.split(".")[1:]):
+        if not pa.types.is_struct(kind) or kind.get_field_index(key) < 0:
+            return None
+        kind = kind.field(key).type
+    return kind
+
+
+def _column(batch: pa.RecordBatch, name: str) -> pa.Array:
+    top = _top(name, batch.schema.names)
+    column = batch.column(top)
+    for key in ([] if top == name else name.split(".")[1:]):
+        column = pc.struct_field(column, key)
+    return column
 
 
 def _read_table(path: str, index: int, fields: Fields, kind: str) -> Iterator[Record]:
     row = 0
     names = fields.names()
     for batch in _arrow_batches(path, names, kind):
-        for values in zip(*(batch.column(i).to_pylist() for i in range(len(names)))):
+        for values in zip(*(column.to_pylist() for column in batch)):
             row += 1
             yield fields.record(dict(zip(names, values)), index, row, f"{path}: row {row}")
 
