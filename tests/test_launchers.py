@@ -31,6 +31,31 @@ def test_torch_variables_win_and_open_mpi_and_mpich_map_to_them():
     assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
 
 
+SRUN_TASK_5 = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "8",
+               "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1",
+               "MASTER_ADDR": "n1", "MASTER_PORT": "21234"}
+
+
+@pytest.mark.parametrize("env, launcher", [
+    ({**SRUN_TASK_5, "PMI_RANK": "5", "PMI_SIZE": "8", "PMI_FD": "7"}, "srun"),  # srun --mpi=pmi2: no local rank
+    ({"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "4", "MASTER_ADDR": "n1",
+      "MASTER_PORT": "21234"}, "mpiexec (Cray PALS)"),
+    ({"MV2_COMM_WORLD_RANK": "5", "MV2_COMM_WORLD_SIZE": "8", "MV2_COMM_WORLD_LOCAL_RANK": "1",
+      "MV2_COMM_WORLD_LOCAL_SIZE": "4", "PMI_ID": "5", "MASTER_ADDR": "n1", "MASTER_PORT": "21234"},
+     "mpirun_rsh (MVAPICH)"),
+    # Intel MPI's hydra under Slurm starts one proxy per node with srun: the ranks see that step's SLURM_* too
+    ({**SRUN_TASK_5, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_STEP_NUM_TASKS": "2",
+      "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1",
+      "MPI_LOCALNRANKS": "4"},
+     "mpiexec (MPICH/Intel MPI)"),
+])
+def test_rank_5_of_8_on_the_second_of_two_nodes_under_each_launcher(env, launcher):
+    assert export(env) == launcher
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"],
+            env["MASTER_ADDR"], env["MASTER_PORT"]) == ("5", "1", "8", "4", "1", "n1", "21234")
+    assert detect(env).nodes == 2
+
+
 @pytest.mark.parametrize("env, expected", [
     ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "MASTER_ADDR"),
     ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "3"},
@@ -44,7 +69,11 @@ def test_torch_variables_win_and_open_mpi_and_mpich_map_to_them():
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0 must be 1 or more"),
     ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "0"},
      "OMPI_COMM_WORLD_LOCAL_SIZE=0 must be 1 or more"),
-    ({"PMI_RANK": "-1", "PMI_SIZE": "2"}, "PMI_RANK=-1 is outside 0..1 (PMI_SIZE=2)"),
+    ({"PMI_RANK": "-1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0"}, "PMI_RANK=-1 is outside 0..1 (PMI_SIZE=2)"),
+    ({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+     "MASTER_ADDR is not set; run mpiexec -genv MASTER_ADDR <first host> -genv MASTER_PORT <port> ..."),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "PMI_FD": "7"},
+     "PMI_SIZE=2 says an MPI launcher started 2 processes, but none"),
     ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "4", "SLURM_STEP_NUM_TASKS": "4", "MASTER_ADDR": "n1"},
      "SLURM_PROCID=4 is outside 0..3 (SLURM_STEP_NUM_TASKS=4)"),
 ])
