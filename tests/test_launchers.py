@@ -558,16 +558,18 @@ def test_slurm_scripts_run_wrongly_say_how_to_run_them(tmp_path, script, args, s
     assert proc.returncode == 2 and proc.stderr.startswith(says) and proc.stderr.count("\n") == 1, proc.stderr
 
 
-def test_under_srun_the_master_is_the_first_node_not_an_inherited_master_addr(fake_slurm):
+@pytest.mark.parametrize("launcher", ["srun", "deepspeed"])
+def test_under_srun_the_master_is_the_first_node_not_an_inherited_master_addr(fake_slurm, launcher):
     """sbatch exports the submitting shell's MASTER_ADDR and MASTER_PORT (say, from a torchrun run on a workstation)
-    to the job: under srun the tasks are told the allocation's first node and the job's port (20000 + job id), as
-    under the deepspeed launcher and mpirun (two jobs on a node would share a port inherited)."""
+    to the job: under srun, and the deepspeed launcher's slurm backend (whose srun --export=ALL passes no master), the
+    tasks are told the allocation's first node and the job's port (20000 + job id), as under mpirun (two jobs on a
+    node would share a port inherited)."""
     env, d = fake_slurm
     (d / "hostnames").write_text("localhost\n127.0.0.1\n")
     proc = subprocess.run(["bash", os.path.join(ROOT, "slurm", "pretrain.sbatch"), "bert-tiny"], capture_output=True,
                           text=True, env={**env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
                                           "SLURM_TASKS_PER_NODE": "2(x2)", "MASTER_ADDR": "10.9.9.9",
-                                          "MASTER_PORT": "29500"}, timeout=120)
+                                          "MASTER_PORT": "29500", "PTM_LAUNCHER": launcher}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert [c for c in (d / "calls.log").read_text().splitlines() if c.startswith("srun")][-1].endswith(
         "(MASTER_ADDR=localhost MASTER_PORT=20007)")
