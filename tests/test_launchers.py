@@ -395,6 +395,28 @@ esac""",
     return {**os.environ, "PATH": f"{d}:{os.environ['PATH']}", "PTM_PYTHON": sys.executable}, d
 
 
+def test_a_ptm_python_command_line_is_split_by_every_script_and_the_chain(fake_slurm, tmp_path):
+    """PTM_PYTHON="apptainer exec --nv ptm.sif python" (what slurm/pretrain.sbatch suggests) is a command line to
+    prep.sbatch and convert.sbatch, and in the --wrap jobs `ptm launch slurm` submits, not one quoted word."""
+    env, d = fake_slurm
+    (d / "apptainer").write_text(f'#!/usr/bin/env bash\necho "$*" >> {d}/apptainer.log\n')
+    (d / "apptainer").chmod(0o755)
+    env = {**env, "PTM_PYTHON": "apptainer exec --nv ptm.sif python"}
+    for script, args in (("prep.sbatch", ["OUT", "in.jsonl", "--tokenizer", "T"]), ("convert.sbatch", ["RUN"])):
+        proc = subprocess.run(["bash", os.path.join(ROOT, "slurm", script), *args], capture_output=True, text=True,
+                              env={**env, "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "1"}, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    assert [line.split(" -m ")[0] for line in (d / "apptainer.log").read_text().splitlines()] == \
+        ["exec --nv ptm.sif python"] * 3
+    proc = chain(env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    wraps = [c.split("--wrap ")[1] for c in (d / "calls.log").read_text().splitlines() if "--wrap" in c]
+    assert [w.split(" -m ")[0] for w in wraps] == ["apptainer exec --nv ptm.sif python"] * 2, wraps
+    proc = chain({**env, "PTM_PYTHON": "'python"}, tmp_path)
+    assert proc.returncode == 2 and proc.stderr == \
+        "launchers: error: PTM_PYTHON=\"'python\": No closing quotation; fix its quotes\n", proc.stderr
+
+
 @pytest.mark.parametrize("failed, says", [
     ("42", "array job 41 failed (finalize job 42 cancelled); see {out}/slurm-prep-41_*.out"),
     (None, None)])
