@@ -90,7 +90,7 @@ def check_unshared(store: dist.Store, rank: int, world: int) -> None:
     if world == 1 or not torch.cuda.is_available():
         return
     host, index, visible = socket.gethostname(), torch.cuda.current_device(), os.environ.get("CUDA_VISIBLE_DEVICES")
-    prefix = "ptm/gpus"  # a fresh store every start (torchrun's restarts included)
+    prefix = "ptm/gpus"  # (`store`: this start's own, torchrun's restarts included: mcore.attempt_store)
     mine = [rank, str(torch.cuda.get_device_properties(index).uuid), index, visible or "unset"]
     store.set(f"{prefix}/{host}/{store.add(f'{prefix}/{host}/n', 1)}", json.dumps(mine))
     _arrive(store, f"{prefix}/posted", world)

@@ -222,6 +222,34 @@ def test_ptm_launch_torchrun_reads_the_note_of_the_attempt_that_ended(tmp_path):
     assert proc.returncode == 143 and "launchers: stopped by SIGTERM before the ranks could checkpoint" in err, \
         err[-3000:]
 
+def test_each_torchrun_attempt_has_a_store_of_its_own(monkeypatch):
+    """torchrun's agent keeps its rendezvous store across --max-restarts attempts (torch 2.13): what a rank of attempt
+    0 posted there (a heartbeat's verdict) is not what attempt 1's ranks read, through `init_processes` as a run
+    starts; without the agent's store (rank 0 keeps a new one every start) the store is as it was."""
+    import torch.distributed as dist
+
+    from pretrain.parallel import mcore
+
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", NODE_RANK="0",
+                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent.port),
+                            TORCHELASTIC_USE_AGENT_STORE="True").items():
+        monkeypatch.setenv(name, value)
+    mcore.shutdown()  # (a one-process group another test left in this process)
+    try:
+        for attempt in "01":
+            monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", attempt)
+            mcore.init_processes(timeout_s=30)
+            store = dist.distributed_c10d._get_default_store()
+            assert not store.check(["ptm/heartbeat/1/verdict"]), f"attempt {attempt} reads an earlier one's verdict"
+            store.set("ptm/heartbeat/1/verdict", "rank 1 lost contact")
+            mcore.shutdown()
+    finally:
+        mcore.shutdown()
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE")
+    assert mcore.attempt_store(agent) is agent
+
+
 BUSY_THEN_TRAIN = """import os, sys, time
 from pretrain.config import load
 from pretrain.train import Trainer

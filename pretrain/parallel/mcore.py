@@ -90,6 +90,15 @@ def _rendezvous(timeout: timedelta):
             "free port (mpirun -x MASTER_PORT=..., torchrun --master_port ...)") from None
 
 
+def attempt_store(store: dist.Store) -> dist.Store:
+    """The rendezvous store as this start sees it: torchrun's agent keeps its store across --max-restarts attempts
+    (torch 2.13), so each attempt's keys (heartbeat verdicts, the GPU census, the process group's) go under a prefix
+    of their own, or restarted ranks would read the previous attempt's."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return store  # (rank 0's own, new every start)
+    return dist.PrefixStore(f"ptm/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def init_processes(timeout_s: int = 600, collective_timeout_s: float | None = None) -> int:
     """The process group, from the launcher's environment (torchrun, deepspeed, mpirun, srun) or a
     one-process group without a launcher; returns the world size. Reaching the master gives up after
@@ -109,6 +118,7 @@ def init_processes(timeout_s: int = 600, collective_timeout_s: float | None = No
             warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS")
         if kind:
             store, rank, world = _rendezvous(options["timeout"])
+            store = attempt_store(store)
             dev.check_unshared(store, rank, world)
             dist.init_process_group(dev.backend(), store=dist.PrefixStore("default_pg", store), rank=rank,
                                     world_size=world, **options)
