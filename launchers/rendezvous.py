@@ -166,11 +166,12 @@ def tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
-def uniform_tasks_per_node(counts: list[int], who: str, variable: str, spec: str | None) -> None:
+def uniform_tasks_per_node(counts: list[int], who: str, variable: str, spec: str | None,
+                           fix: str = "submit with --ntasks-per-node") -> None:
     """Every node runs the same number of tasks, or one line saying how they differ and the fix."""
     if len(set(counts)) > 1:
         raise RendezvousError(f"{who} {counts} tasks on its {len(counts)} nodes ({variable}={spec}); every node needs "
-                              "the same number: submit with --ntasks-per-node")
+                              f"the same number: {fix}")
 
 
 def _srun(environ) -> Rendezvous:

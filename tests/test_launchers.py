@@ -250,6 +250,42 @@ def test_each_torchrun_attempt_has_a_store_of_its_own(monkeypatch):
     assert mcore.attempt_store(agent) is agent
 
 
+def test_nodes_with_different_numbers_of_ranks_stop_where_the_ranks_meet(monkeypatch):
+    """torchrun --nproc-per-node 2 on one node and 1 on another (or mpirun 4 + 2 + 2): each rank sees only its node's
+    LOCAL_WORLD_SIZE, so `init_processes` compares them in the rendezvous store; every rank stops with one line."""
+    import threading
+
+    import torch.distributed as dist
+
+    from pretrain.parallel import mcore
+
+    def rank(local_size: int, said: list) -> None:  # a rank of the same job, on its own connection
+        store = dist.PrefixStore("ptm/attempt0", dist.TCPStore("127.0.0.1", agent.port, is_master=False))
+        try:
+            mcore.check_even_nodes(store, 3, local_size, "torchrun/deepspeed")
+        except RendezvousError as e:
+            said.append(str(e))
+
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="3", LOCAL_WORLD_SIZE="2", NODE_RANK="0",
+                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent.port), TORCHELASTIC_USE_AGENT_STORE="True",
+                            TORCHELASTIC_RESTART_COUNT="0").items():
+        monkeypatch.setenv(name, value)
+    mcore.shutdown()
+    said = []
+    others = [threading.Thread(target=rank, args=(size, said), daemon=True) for size in (2, 1)]  # ranks 1 and 2
+    for thread in others:
+        thread.start()
+    with pytest.raises(RendezvousError) as e:
+        mcore.init_processes(timeout_s=30)
+    for thread in others:
+        thread.join(timeout=30)
+    assert said == [str(e.value)] * 2 and str(e.value) == "torchrun/deepspeed started [2, 1] tasks on its 2 nodes " \
+        "(LOCAL_WORLD_SIZE=2 and 1); every node needs the same number: start as many on each (torchrun " \
+        "--nproc-per-node, mpirun --map-by ppr:N:node, srun --ntasks-per-node)"
+    assert not dist.is_initialized()
+
+
 BUSY_THEN_TRAIN = """import os, sys, time
 from pretrain.config import load
 from pretrain.train import Trainer
