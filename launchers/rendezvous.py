@@ -13,9 +13,9 @@ rendezvous and DeepSpeed see the same thing:
 
 PMI_RANK and PMI_SIZE without a local rank are srun's (--mpi=pmi2), not a launcher's; more than one process that no
 launcher here started is refused. Under MPI on one node MASTER_ADDR defaults to 127.0.0.1; across nodes it must be
-given (mpirun -x, mpiexec -genv). Under srun
-the master is the first host of the step's node list (`scontrol show hostnames`), at its Slurm NodeAddr when
-the name does not resolve, and the port is derived from the job id, so every task computes the same one.
+given (mpirun -x, mpiexec -genv). Under srun the master is the first host of the step's node list (`scontrol show
+hostnames`), at its Slurm NodeAddr when the name does not resolve, and the port is derived from the job id, so every
+task computes the same one.
 """
 from __future__ import annotations
 
