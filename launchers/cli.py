@@ -125,8 +125,11 @@ def submit_chain(a) -> int:
         common, train_args = shlex.split(a.sbatch_args), shlex.split(a.train_args)
     except ValueError as e:
         raise RendezvousError(f"--sbatch-args {a.sbatch_args!r} / --train-args {a.train_args!r}: {e}") from None
+    try:  # (a command line, as the scripts split it: "apptainer exec --nv ptm.sif python")
+        py = shlex.split(os.environ["PTM_PYTHON"]) if os.environ.get("PTM_PYTHON") else [sys.executable]
+    except ValueError as e:
+        raise RendezvousError(f"PTM_PYTHON={os.environ['PTM_PYTHON']!r}: {e}; fix its quotes") from None
     slurm = shipped("slurm", "slurm")
-    py = os.environ.get("PTM_PYTHON", sys.executable)
 
     jobs, tokenizer = {}, a.tokenizer
 
@@ -152,13 +155,13 @@ def submit_chain(a) -> int:
         tokenizer = data.rstrip("/") + "-tokenizer"
         logs["tokenizer"] = tokenizer + "-{}.out"
         jobs["tokenizer"] = sbatch("-J", "ptm-tokenizer", "-o", f"{tokenizer}-%j.out", "--wrap",
-                                   shlex.join([py, "-m", "data_prep", "train-tokenizer", *a.inputs, "--out", tokenizer,
+                                   shlex.join([*py, "-m", "data_prep", "train-tokenizer", *a.inputs, "--out", tokenizer,
                                                "--vocab-size", str(a.vocab_size)]))
     jobs["prep"] = sbatch(f"--array=0-{a.partitions - 1}", "-o", os.path.join(data, "slurm-prep-%A_%a.out"),
                           os.path.join(slurm, "prep.sbatch"), data, *a.inputs, "--tokenizer", tokenizer,
                           after=jobs.get("tokenizer"))
     jobs["finalize"] = sbatch("-J", "ptm-prep-finalize", "-o", os.path.join(data, "slurm-finalize-%j.out"), "--wrap",
-                              shlex.join([py, "-m", "data_prep", "finalize", data]), after=jobs["prep"])
+                              shlex.join([*py, "-m", "data_prep", "finalize", data]), after=jobs["prep"])
     gpus = [f"--gpus-per-node={a.gpus_per_node}"] if a.gpus_per_node else []
     jobs["train"] = sbatch(f"--nodes={a.nodes}", f"--ntasks-per-node={a.ntasks_per_node}", *gpus,
                            "-o", os.path.join(out_dir, "slurm-train-%j.out"), *train_args,

@@ -5,13 +5,17 @@ rendezvous and DeepSpeed see the same thing:
 
     torchrun, the deepspeed launcher (pdsh, --no_ssh)   set torch's variables themselves: they win
     mpirun / mpiexec, Open MPI                           OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}
+    mpirun_rsh, MVAPICH                                  MV2_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}
     mpiexec, MPICH / Intel MPI (hydra)                   PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+    mpiexec, Cray PALS                                   PMI_RANK, PMI_SIZE, PMI_LOCAL_RANK, PMI_LOCAL_SIZE
     srun (also the deepspeed launcher's slurm backend)   SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS,
                                                          SLURM_STEP_NUM_NODES, SLURM_NODEID, SLURM_STEP_NODELIST
 
-Under MPI on one node MASTER_ADDR defaults to 127.0.0.1; across nodes it must be given (mpirun -x). Under srun
-the master is the first host of the step's node list (`scontrol show hostnames`), at its Slurm NodeAddr when
-the name does not resolve, and the port is derived from the job id, so every task computes the same one.
+PMI_RANK and PMI_SIZE without a local rank are srun's (--mpi=pmi2), not a launcher's; more than one process that no
+launcher here started is refused. Under MPI on one node MASTER_ADDR defaults to 127.0.0.1; across nodes it must be
+given (mpirun -x, mpiexec -genv). Under srun the master is the first host of the step's node list (`scontrol show
+hostnames`), at its Slurm NodeAddr when the name does not resolve, and the port is derived from the job id, so every
+task computes the same one.
 """
 from __future__ import annotations
 
@@ -52,14 +56,16 @@ def detect(environ=os.environ) -> Rendezvous | None:
         if have in environ:
             raise RendezvousError(f"{have}={environ[have]} is set but {lack} is not: set both (torchrun and the "
                                   "deepspeed launcher do) or neither")
-    if environ.get("OMPI_COMM_WORLD_SIZE"):
-        return _mpi(environ, "mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
-    if environ.get("PMI_SIZE") and environ.get("PMI_RANK"):
-        return _mpi(environ, "mpiexec (MPICH/Intel MPI)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
-                    "MPI_LOCALNRANKS")
+    for name, sign, rank_, size, local_rank, local_size, give in MPI:
+        if environ.get(sign) and environ.get(size):
+            return _mpi(environ, name, rank_, size, local_rank, local_size, give)
     if environ.get("SLURM_STEP_ID") and environ.get("SLURM_PROCID") and environ.get("SLURM_STEP_NUM_TASKS"):
-        return _srun(environ)
+        return _srun(environ)  # (srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE too, but no local rank)
+    for size in dict.fromkeys(m[3] for m in MPI):
+        if environ.get(size) and _count(environ, size) > 1:
+            raise RendezvousError(f"{size}={environ[size]} says an MPI launcher started {environ[size]} processes, but "
+                                  "none ptm knows (no local rank: MPI_LOCALRANKID, PMI_LOCAL_RANK; no srun step): "
+                                  "start them with mpirun, mpiexec, srun or torchrun")
     return None
 
 
@@ -120,7 +126,22 @@ def _torch(environ) -> Rendezvous:
                       environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT", DEFAULT_PORT))
 
 
-def _mpi(environ, name: str, rank: str, size: str, local_rank: str, local_size: str) -> Rendezvous:
+MPI = (  # (launcher, the variable that says it started this process, rank, size, local rank, local size, how to
+    # give every rank MASTER_ADDR and MASTER_PORT): PMI_RANK/PMI_SIZE alone are no launcher (srun --mpi=pmi2 sets them)
+    ("mpirun (Open MPI)", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+     "mpirun -x MASTER_ADDR=<first host> -x MASTER_PORT=<port>"),
+    ("mpirun_rsh (MVAPICH)", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+     "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE",
+     "mpirun_rsh ... MASTER_ADDR=<first host> MASTER_PORT=<port>"),
+    ("mpiexec (MPICH/Intel MPI)", "MPI_LOCALRANKID", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+     "mpiexec -genv MASTER_ADDR <first host> -genv MASTER_PORT <port>"),
+    ("mpiexec (Cray PALS)", "PMI_LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "PMI_LOCAL_RANK", "PMI_LOCAL_SIZE",
+     "mpiexec --env MASTER_ADDR=<first host> --env MASTER_PORT=<port>"),
+)
+
+
+def _mpi(environ, name: str, rank: str, size: str, local_rank: str, local_size: str, give: str) -> Rendezvous:
     world, local = _count(environ, size), _count(environ, local_size, environ[size])
     if world % local:
         raise RendezvousError(f"{name}: {local_size}={local} does not divide {size}={world}: the nodes run different "
@@ -128,7 +149,7 @@ def _mpi(environ, name: str, rank: str, size: str, local_rank: str, local_size: 
     nodes = world // local
     if nodes > 1 and "MASTER_ADDR" not in environ:
         raise RendezvousError(f"started by {name} with {world} processes on {nodes} nodes, but MASTER_ADDR is not "
-                              "set; run mpirun -x MASTER_ADDR=<first host> -x MASTER_PORT=<port> ...")
+                              f"set; run {give} ...")
     r = _rank(environ, rank, size, world)
     return Rendezvous(name, r, _int(environ, local_rank, "0"), world, local, nodes, r // local,
                       environ.get("MASTER_ADDR", "127.0.0.1"), environ.get("MASTER_PORT", DEFAULT_PORT))
@@ -145,11 +166,12 @@ def tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
-def uniform_tasks_per_node(counts: list[int], who: str, variable: str, spec: str | None) -> None:
+def uniform_tasks_per_node(counts: list[int], who: str, variable: str, spec: str | None,
+                           fix: str = "submit with --ntasks-per-node") -> None:
     """Every node runs the same number of tasks, or one line saying how they differ and the fix."""
     if len(set(counts)) > 1:
         raise RendezvousError(f"{who} {counts} tasks on its {len(counts)} nodes ({variable}={spec}); every node needs "
-                              "the same number: submit with --ntasks-per-node")
+                              f"the same number: {fix}")
 
 
 def _srun(environ) -> Rendezvous:

@@ -90,15 +90,15 @@ def check_unshared(store: dist.Store, rank: int, world: int) -> None:
     if world == 1 or not torch.cuda.is_available():
         return
     host, index, visible = socket.gethostname(), torch.cuda.current_device(), os.environ.get("CUDA_VISIBLE_DEVICES")
-    prefix = "ptm/gpus"  # a fresh store every start (torchrun's restarts included)
+    prefix = "ptm/gpus"  # (`store`: this start's own, torchrun's restarts included: mcore.attempt_store)
     mine = [rank, str(torch.cuda.get_device_properties(index).uuid), index, visible or "unset"]
     store.set(f"{prefix}/{host}/{store.add(f'{prefix}/{host}/n', 1)}", json.dumps(mine))
-    _arrive(store, f"{prefix}/posted", world)
+    arrive(store, f"{prefix}/posted", world)
     node = store.multi_get([f"{prefix}/{host}/{i}" for i in range(1, store.add(f"{prefix}/{host}/n", 0) + 1)])
     problem = _shared(host, sorted(json.loads(v) for v in node))
     if problem:
         store.set(f"{prefix}/problem", problem)
-    _arrive(store, f"{prefix}/checked", world)
+    arrive(store, f"{prefix}/checked", world)
     if store.check([f"{prefix}/problem"]):
         raise DeviceError(store.get(f"{prefix}/problem").decode())
 
@@ -118,7 +118,7 @@ def _shared(host: str, node: list) -> str | None:
     return None
 
 
-def _arrive(store: dist.Store, key: str, world: int) -> None:
+def arrive(store: dist.Store, key: str, world: int) -> None:
     """Wait in `store` until all `world` ranks have arrived at `key`."""
     if store.add(key, 1) == world:
         store.set(f"{key}/all", "1")

@@ -82,7 +82,7 @@ def test_each_rank_takes_its_gpu_under_every_launcher_and_slurm_binding(monkeypa
     index in LOCAL_RANK (and Open MPI's), where DeepSpeed's engine and ZeRO-3 take the device from."""
     env, count, index = MATRIX[case]
     for name in list(os.environ):
-        if name.startswith(("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL")) or name in LAUNCHER_VARIABLES:
+        if name.startswith(("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "MV2_")) or name in LAUNCHER_VARIABLES:
             monkeypatch.delenv(name)
     env = dict(env)
     rendezvous.export(env)

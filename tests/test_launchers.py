@@ -31,6 +31,31 @@ def test_torch_variables_win_and_open_mpi_and_mpich_map_to_them():
     assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
 
 
+SRUN_TASK_5 = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "8",
+               "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1",
+               "MASTER_ADDR": "n1", "MASTER_PORT": "21234"}
+
+
+@pytest.mark.parametrize("env, launcher", [
+    ({**SRUN_TASK_5, "PMI_RANK": "5", "PMI_SIZE": "8", "PMI_FD": "7"}, "srun"),  # srun --mpi=pmi2: no local rank
+    ({"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "4", "MASTER_ADDR": "n1",
+      "MASTER_PORT": "21234"}, "mpiexec (Cray PALS)"),
+    ({"MV2_COMM_WORLD_RANK": "5", "MV2_COMM_WORLD_SIZE": "8", "MV2_COMM_WORLD_LOCAL_RANK": "1",
+      "MV2_COMM_WORLD_LOCAL_SIZE": "4", "PMI_ID": "5", "MASTER_ADDR": "n1", "MASTER_PORT": "21234"},
+     "mpirun_rsh (MVAPICH)"),
+    # Intel MPI's hydra under Slurm starts one proxy per node with srun: the ranks see that step's SLURM_* too
+    ({**SRUN_TASK_5, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_STEP_NUM_TASKS": "2",
+      "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1",
+      "MPI_LOCALNRANKS": "4"},
+     "mpiexec (MPICH/Intel MPI)"),
+])
+def test_rank_5_of_8_on_the_second_of_two_nodes_under_each_launcher(env, launcher):
+    assert export(env) == launcher
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"],
+            env["MASTER_ADDR"], env["MASTER_PORT"]) == ("5", "1", "8", "4", "1", "n1", "21234")
+    assert detect(env).nodes == 2
+
+
 @pytest.mark.parametrize("env, expected", [
     ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, "MASTER_ADDR"),
     ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "3"},
@@ -44,7 +69,11 @@ def test_torch_variables_win_and_open_mpi_and_mpich_map_to_them():
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE=0 must be 1 or more"),
     ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "0"},
      "OMPI_COMM_WORLD_LOCAL_SIZE=0 must be 1 or more"),
-    ({"PMI_RANK": "-1", "PMI_SIZE": "2"}, "PMI_RANK=-1 is outside 0..1 (PMI_SIZE=2)"),
+    ({"PMI_RANK": "-1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0"}, "PMI_RANK=-1 is outside 0..1 (PMI_SIZE=2)"),
+    ({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+     "MASTER_ADDR is not set; run mpiexec -genv MASTER_ADDR <first host> -genv MASTER_PORT <port> ..."),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "PMI_FD": "7"},
+     "PMI_SIZE=2 says an MPI launcher started 2 processes, but none"),
     ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "4", "SLURM_STEP_NUM_TASKS": "4", "MASTER_ADDR": "n1"},
      "SLURM_PROCID=4 is outside 0..3 (SLURM_STEP_NUM_TASKS=4)"),
 ])
@@ -192,6 +221,70 @@ def test_ptm_launch_torchrun_reads_the_note_of_the_attempt_that_ended(tmp_path):
         proc.kill()
     assert proc.returncode == 143 and "launchers: stopped by SIGTERM before the ranks could checkpoint" in err, \
         err[-3000:]
+
+def test_each_torchrun_attempt_has_a_store_of_its_own(monkeypatch):
+    """torchrun's agent keeps its rendezvous store across --max-restarts attempts (torch 2.13): what a rank of attempt
+    0 posted there (a heartbeat's verdict) is not what attempt 1's ranks read, through `init_processes` as a run
+    starts; without the agent's store (rank 0 keeps a new one every start) the store is as it was."""
+    import torch.distributed as dist
+
+    from pretrain.parallel import mcore
+
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", NODE_RANK="0",
+                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent.port),
+                            TORCHELASTIC_USE_AGENT_STORE="True").items():
+        monkeypatch.setenv(name, value)
+    mcore.shutdown()  # (a one-process group another test left in this process)
+    try:
+        for attempt in "01":
+            monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", attempt)
+            mcore.init_processes(timeout_s=30)
+            store = dist.distributed_c10d._get_default_store()
+            assert not store.check(["ptm/heartbeat/1/verdict"]), f"attempt {attempt} reads an earlier one's verdict"
+            store.set("ptm/heartbeat/1/verdict", "rank 1 lost contact")
+            mcore.shutdown()
+    finally:
+        mcore.shutdown()
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE")
+    assert mcore.attempt_store(agent) is agent
+
+
+def test_nodes_with_different_numbers_of_ranks_stop_where_the_ranks_meet(monkeypatch):
+    """torchrun --nproc-per-node 2 on one node and 1 on another (or mpirun 4 + 2 + 2): each rank sees only its node's
+    LOCAL_WORLD_SIZE, so `init_processes` compares them in the rendezvous store; every rank stops with one line."""
+    import threading
+
+    import torch.distributed as dist
+
+    from pretrain.parallel import mcore
+
+    def rank(local_size: int, said: list) -> None:  # a rank of the same job, on its own connection
+        store = dist.PrefixStore("ptm/attempt0", dist.TCPStore("127.0.0.1", agent.port, is_master=False))
+        try:
+            mcore.check_even_nodes(store, 3, local_size, "torchrun/deepspeed")
+        except RendezvousError as e:
+            said.append(str(e))
+
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="3", LOCAL_WORLD_SIZE="2", NODE_RANK="0",
+                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent.port), TORCHELASTIC_USE_AGENT_STORE="True",
+                            TORCHELASTIC_RESTART_COUNT="0").items():
+        monkeypatch.setenv(name, value)
+    mcore.shutdown()
+    said = []
+    others = [threading.Thread(target=rank, args=(size, said), daemon=True) for size in (2, 1)]  # ranks 1 and 2
+    for thread in others:
+        thread.start()
+    with pytest.raises(RendezvousError) as e:
+        mcore.init_processes(timeout_s=30)
+    for thread in others:
+        thread.join(timeout=30)
+    assert said == [str(e.value)] * 2 and str(e.value) == "torchrun/deepspeed started [2, 1] tasks on its 2 nodes " \
+        "(LOCAL_WORLD_SIZE=2 and 1); every node needs the same number: start as many on each (torchrun " \
+        "--nproc-per-node, mpirun --map-by ppr:N:node, srun --ntasks-per-node)"
+    assert not dist.is_initialized()
+
 
 BUSY_THEN_TRAIN = """import os, sys, time
 from pretrain.config import load
@@ -366,6 +459,28 @@ esac""",
     return {**os.environ, "PATH": f"{d}:{os.environ['PATH']}", "PTM_PYTHON": sys.executable}, d
 
 
+def test_a_ptm_python_command_line_is_split_by_every_script_and_the_chain(fake_slurm, tmp_path):
+    """PTM_PYTHON="apptainer exec --nv ptm.sif python" (what slurm/pretrain.sbatch suggests) is a command line to
+    prep.sbatch and convert.sbatch, and in the --wrap jobs `ptm launch slurm` submits, not one quoted word."""
+    env, d = fake_slurm
+    (d / "apptainer").write_text(f'#!/usr/bin/env bash\necho "$*" >> {d}/apptainer.log\n')
+    (d / "apptainer").chmod(0o755)
+    env = {**env, "PTM_PYTHON": "apptainer exec --nv ptm.sif python"}
+    for script, args in (("prep.sbatch", ["OUT", "in.jsonl", "--tokenizer", "T"]), ("convert.sbatch", ["RUN"])):
+        proc = subprocess.run(["bash", os.path.join(ROOT, "slurm", script), *args], capture_output=True, text=True,
+                              env={**env, "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "1"}, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    assert [line.split(" -m ")[0] for line in (d / "apptainer.log").read_text().splitlines()] == \
+        ["exec --nv ptm.sif python"] * 3
+    proc = chain(env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    wraps = [c.split("--wrap ")[1] for c in (d / "calls.log").read_text().splitlines() if "--wrap" in c]
+    assert [w.split(" -m ")[0] for w in wraps] == ["apptainer exec --nv ptm.sif python"] * 2, wraps
+    proc = chain({**env, "PTM_PYTHON": "'python"}, tmp_path)
+    assert proc.returncode == 2 and proc.stderr == \
+        "launchers: error: PTM_PYTHON=\"'python\": No closing quotation; fix its quotes\n", proc.stderr
+
+
 @pytest.mark.parametrize("failed, says", [
     ("42", "array job 41 failed (finalize job 42 cancelled); see {out}/slurm-prep-41_*.out"),
     (None, None)])
@@ -529,16 +644,18 @@ def test_slurm_scripts_run_wrongly_say_how_to_run_them(tmp_path, script, args, s
     assert proc.returncode == 2 and proc.stderr.startswith(says) and proc.stderr.count("\n") == 1, proc.stderr
 
 
-def test_under_srun_the_master_is_the_first_node_not_an_inherited_master_addr(fake_slurm):
+@pytest.mark.parametrize("launcher", ["srun", "deepspeed"])
+def test_under_srun_the_master_is_the_first_node_not_an_inherited_master_addr(fake_slurm, launcher):
     """sbatch exports the submitting shell's MASTER_ADDR and MASTER_PORT (say, from a torchrun run on a workstation)
-    to the job: under srun the tasks are told the allocation's first node and the job's port (20000 + job id), as
-    under the deepspeed launcher and mpirun (two jobs on a node would share a port inherited)."""
+    to the job: under srun, and the deepspeed launcher's slurm backend (whose srun --export=ALL passes no master), the
+    tasks are told the allocation's first node and the job's port (20000 + job id), as under mpirun (two jobs on a
+    node would share a port inherited)."""
     env, d = fake_slurm
     (d / "hostnames").write_text("localhost\n127.0.0.1\n")
     proc = subprocess.run(["bash", os.path.join(ROOT, "slurm", "pretrain.sbatch"), "bert-tiny"], capture_output=True,
                           text=True, env={**env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
                                           "SLURM_TASKS_PER_NODE": "2(x2)", "MASTER_ADDR": "10.9.9.9",
-                                          "MASTER_PORT": "29500"}, timeout=120)
+                                          "MASTER_PORT": "29500", "PTM_LAUNCHER": launcher}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert [c for c in (d / "calls.log").read_text().splitlines() if c.startswith("srun")][-1].endswith(
         "(MASTER_ADDR=localhost MASTER_PORT=20007)")

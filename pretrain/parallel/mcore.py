@@ -90,6 +90,30 @@ def _rendezvous(timeout: timedelta):
             "free port (mpirun -x MASTER_PORT=..., torchrun --master_port ...)") from None
 
 
+def attempt_store(store: dist.Store) -> dist.Store:
+    """The rendezvous store as this start sees it: torchrun's agent keeps its store across --max-restarts attempts
+    (torch 2.13), so each attempt's keys (heartbeat verdicts, the GPU census, the process group's) go under a prefix
+    of their own, or restarted ranks would read the previous attempt's."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return store  # (rank 0's own, new every start)
+    return dist.PrefixStore(f"ptm/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def check_even_nodes(store: dist.Store, world: int, local_size: int, launcher: str) -> None:
+    """Every node runs as many ranks, or every rank stops with one line: a rank of mpirun or torchrun sees only its
+    own node's count (LOCAL_WORLD_SIZE), so each counts itself under it in the rendezvous `store`."""
+    prefix = "ptm/nodes"
+    if store.add(f"{prefix}/{local_size}", 1) == 1:  # the first rank with this count lists it
+        store.set(f"{prefix}/size{store.add(f'{prefix}/sizes', 1)}", str(local_size))
+    dev.arrive(store, f"{prefix}/posted", world)
+    listed = range(1, store.add(f"{prefix}/sizes", 0) + 1)
+    sizes = sorted((int(v) for v in store.multi_get([f"{prefix}/size{i}" for i in listed])), reverse=True)
+    counts = [s for s in sizes for _ in range(-(-store.add(f"{prefix}/{s}", 0) // s))]
+    rendezvous.uniform_tasks_per_node(counts, f"{launcher} started", "LOCAL_WORLD_SIZE", " and ".join(map(str, sizes)),
+                                      "start as many on each (torchrun --nproc-per-node, mpirun --map-by ppr:N:node, "
+                                      "srun --ntasks-per-node)")
+
+
 def init_processes(timeout_s: int = 600, collective_timeout_s: float | None = None) -> int:
     """The process group, from the launcher's environment (torchrun, deepspeed, mpirun, srun) or a
     one-process group without a launcher; returns the world size. Reaching the master gives up after
@@ -109,6 +133,8 @@ def init_processes(timeout_s: int = 600, collective_timeout_s: float | None = No
             warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS")
         if kind:
             store, rank, world = _rendezvous(options["timeout"])
+            store = attempt_store(store)
+            check_even_nodes(store, world, int(os.environ["LOCAL_WORLD_SIZE"]), kind)
             dev.check_unshared(store, rank, world)
             dist.init_process_group(dev.backend(), store=dist.PrefixStore("default_pg", store), rank=rank,
                                     world_size=world, **options)
