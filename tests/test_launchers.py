@@ -451,7 +451,8 @@ case $2 in
   *) exit 1 ;;
 esac""",
         "scancel": f'echo "scancel $*" >> {d}/calls.log',
-        "srun": f'echo "srun $* (MASTER_ADDR=${{MASTER_ADDR:-}} MASTER_PORT=${{MASTER_PORT:-}})" >> {d}/calls.log',
+        "srun": f'echo "srun $* (MASTER_ADDR=${{MASTER_ADDR:-}} MASTER_PORT=${{MASTER_PORT:-}} '
+                f'SRUN_CPUS_PER_TASK=${{SRUN_CPUS_PER_TASK:-}})" >> {d}/calls.log',
         "mpirun": f'echo "mpirun $*" >> {d}/calls.log'}
     for name, body in scripts.items():
         (d / name).write_text("#!/usr/bin/env bash\n" + body + "\n")
@@ -649,13 +650,15 @@ def test_under_srun_the_master_is_the_first_node_not_an_inherited_master_addr(fa
     """sbatch exports the submitting shell's MASTER_ADDR and MASTER_PORT (say, from a torchrun run on a workstation)
     to the job: under srun, and the deepspeed launcher's slurm backend (whose srun --export=ALL passes no master), the
     tasks are told the allocation's first node and the job's port (20000 + job id), as under mpirun (two jobs on a
-    node would share a port inherited)."""
+    node would share a port inherited). The tasks get the job's CPUs per task (srun takes none from sbatch since
+    Slurm 22.05: SRUN_CPUS_PER_TASK)."""
     env, d = fake_slurm
     (d / "hostnames").write_text("localhost\n127.0.0.1\n")
     proc = subprocess.run(["bash", os.path.join(ROOT, "slurm", "pretrain.sbatch"), "bert-tiny"], capture_output=True,
                           text=True, env={**env, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]",
                                           "SLURM_TASKS_PER_NODE": "2(x2)", "MASTER_ADDR": "10.9.9.9",
-                                          "MASTER_PORT": "29500", "PTM_LAUNCHER": launcher}, timeout=120)
+                                          "MASTER_PORT": "29500", "PTM_LAUNCHER": launcher,
+                                          "SLURM_CPUS_PER_TASK": "6"}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert [c for c in (d / "calls.log").read_text().splitlines() if c.startswith("srun")][-1].endswith(
-        "(MASTER_ADDR=localhost MASTER_PORT=20007)")
+        "(MASTER_ADDR=localhost MASTER_PORT=20007 SRUN_CPUS_PER_TASK=6)")
