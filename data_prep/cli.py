@@ -27,9 +27,9 @@ def size_arg(value: str) -> int:
 def _input_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input")
     g.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help="files, directories or globs; .txt, .jsonl[.gz|.zst], .parquet, .arrow. Directories are searched "
-                        "recursively, through links, skipping hidden files; of a Hugging Face save_to_disk folder "
-                        "only the data files")
+                   help="files, directories or globs; .txt, .jsonl[.gz|.zst], .parquet, .arrow. Directories are "
+                        "searched recursively, through links, skipping hidden files; of a Hugging Face save_to_disk "
+                        "folder only the data files")
     g.add_argument("--format", choices=["text", "jsonl", "parquet", "arrow"],
                    help="input format for every file (default: from each file's extension)")
     g.add_argument("--text-field", default="text",

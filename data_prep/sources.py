@@ -109,8 +109,9 @@ def _saved_dataset(root: str, names: list[str]) -> list[str] | None:
     """The data files of a Hugging Face `datasets` save_to_disk folder (those its state.json lists, else its .arrow
     files beside dataset_info.json; none where dataset_dict.json leaves them to its splits' folders), or None."""
     saved = {n: _json_object(os.path.join(root, n)) for n in ("state.json", "dataset_dict.json") if n in names}
-    if "_data_files" in saved.get("state.json", {}):
-        return [d["filename"] for d in saved["state.json"]["_data_files"]]
+    files = saved.get("state.json", {}).get("_data_files")
+    if isinstance(files, list) and all(isinstance(d, dict) and isinstance(d.get("filename"), str) for d in files):
+        return [d["filename"] for d in files]
     if "splits" in saved.get("dataset_dict.json", {}):
         return []
     arrows = [n for n in names if n.endswith(".arrow")]

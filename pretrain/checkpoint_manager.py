@@ -268,12 +268,14 @@ class Checkpoints:
         name, (rank, (problem, code)) = os.path.basename(final), failed[0]
         last = [n for n in self._listed() if n != name][:1]
         if os.path.isdir(final):  # (written whole: `latest` or the pruning after it was refused)
-            kept = f"{name} is whole and a re-run resumes from it"
+            listed = self._listed()[:1]
+            kept = f"{name} is whole" + ("; a re-run resumes from it" if listed == [name] else
+                                         f" but `latest` still names {listed[0]}, which a re-run resumes from")
         else:
             kept = "what it wrote is removed; " + (f"{last[0]}, the last checkpoint, is untouched" if last else
                                                    "the run has no earlier checkpoint")
-        remedy = (f"free space there (or raise the quota, or lower checkpoint.keep={self.keep}: a save needs room for "
-                  "one checkpoint more than it keeps)") if code in FULL and self.keep else fix(code)
+        remedy = (f"free space there (a save needs room for one checkpoint more than the checkpoint.keep={self.keep} "
+                  "kept: an older step_N can go) or raise the quota") if code in FULL and self.keep else fix(code)
         raise CheckpointError(
             f"cannot write checkpoint {name} in {self.root}" + (f" (rank {rank})" if len(outcomes) > 1 else "")
             + f": {problem}; {kept}; {remedy} and re-run the same command to resume")

@@ -519,8 +519,8 @@ def _relation_errors(cfg: Config, dp: int) -> list[str]:
     run = t.samples_before(t.steps) / t.global_batch_size if ramped else t.steps
     errors.need(o.warmup(run) <= run, f"optimizer.warmup_steps={o.warmup_steps} is longer than " + (
         f"the run: train.steps={t.steps} under train.batch_rampup read {run:,.2f} whole batches of "
-        f"train.global_batch_size" if ramped else f"train.steps={t.steps}") + "; shorten the warmup (a fraction below 1 "
-        "is one of the run, such as optimizer.warmup_steps=0.1)")
+        f"train.global_batch_size" if ramped else f"train.steps={t.steps}")
+        + "; shorten the warmup (a fraction below 1 is one of the run, such as optimizer.warmup_steps=0.1)")
     errors.need(o.decay_steps < 1 or float(o.decay_steps).is_integer(),
                 f"optimizer.decay_steps={o.decay_steps} is neither whole steps nor a fraction below 1; round it")
     errors.need(not o.decay_steps or o.decay_end(run) > o.warmup(run),

@@ -25,9 +25,13 @@ def refused_write(e: BaseException, where: str, then: str | None = None) -> str 
     return f"{line}; {fix(e.errno)} and {then}" if then else line
 
 
-def fix(code: int) -> str:
+def fix(code: int | None) -> str:
     """What frees a write the system refused with error number `code`."""
-    return "free space there (or raise the quota)" if code in FULL else "make it writable (or write elsewhere)"
+    if code in FULL:
+        return "free space there (or raise the quota)"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return "make it writable (or write elsewhere)"
+    return "check that file system"
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -65,24 +69,15 @@ def copy_file(src: str, dst: str) -> None:
         raise
 
 
-class _Stopped(Exception):
-    """A file copy_tree could not copy: its OSError (shutil.copytree goes on and gathers each file's into one)."""
-
-
-def _copy_or_stop(src: str, dst: str) -> None:
-    try:
-        copy_file(src, dst)
-    except OSError as e:
-        raise _Stopped(e) from None
-
-
 def copy_tree(src: str, dst: str) -> None:
-    """The files under `src` copied into `dst` (made, or added to), by `copy_file`; the first that fails stops it with
-    its OSError (shutil.copytree would try every other file, then raise their errors as one list)."""
-    try:
-        shutil.copytree(src, dst, copy_function=_copy_or_stop, dirs_exist_ok=True)
-    except _Stopped as stopped:
-        raise stopped.args[0] from None
+    """The files under `src` copied into `dst` (made, or added to; directories as made here, files by `copy_file`);
+    the first that fails stops it with its OSError (shutil.copytree would go on, then raise every error as one list
+    without an error number)."""
+    for root, _, files in os.walk(src, followlinks=True):
+        into = os.path.normpath(os.path.join(dst, os.path.relpath(root, src)))
+        os.makedirs(into, exist_ok=True)
+        for name in files:
+            copy_file(os.path.join(root, name), os.path.join(into, name))
 
 
 def install_dir(tmp: str, out: str) -> None:

@@ -533,8 +533,9 @@ def test_a_checkpoint_the_disk_refuses_ends_every_rank_in_one_line_and_keeps_the
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert lines[0].startswith("pretrain: error: cannot write checkpoint step_00000003 in ") and all(
         s in lines[0] for s in ("File too large", "step_00000002, the last checkpoint, is untouched",
-                                "; free space there (or raise the quota, or lower checkpoint.keep=2: a save needs "
-                                "room for one checkpoint more than it keeps) and re-run the same command")), lines[0]
+                                "; free space there (a save needs room for one checkpoint more than the "
+                                "checkpoint.keep=2 kept: an older step_N can go) or raise the quota and re-run the same "
+                                "command")), lines[0]
     assert json.load(open(run / "failed.json")) == {"error": lines[0], "exception": "CheckpointError", "exit": 2}
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000002"]
     assert C.resolve(str(run)).endswith("step_00000002") and C.verify(C.resolve(str(run))) is None
