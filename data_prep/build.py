@@ -147,14 +147,17 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20)) & bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
 
 
-def _init_worker(tok_dir: str, threads: int, text_opts: T.TextOptions, entities: list[str], fields: Fields) -> None:
+def _init_worker(tok_dir: str, threads: int, text_opts: T.TextOptions, entities: list[str], fields: Fields,
+                 ending=None) -> None:
     global _ENCODER, _FIELDS
     keep_freed_memory()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if mp.parent_process() is not None:  # a pool worker: nothing it makes holds a cycle (see build_partition)
         gc.disable()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the main process stops the pool and says so once
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (scancel: the same; the pool ends its workers with SIGTERM)
+        # scancel's SIGTERM alike, until the main process ends the pool (`ending`) with it: a worker that died of it
+        # waiting for a chunk would hold the pool's queue lock, and Pool.terminate() wait for it forever
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(128 + signal.SIGTERM) if ending.is_set() else None)
     _ENCODER, _FIELDS = DocEncoder(load_tokenizer(tok_dir, threads), text_opts, entities), fields
 
 
@@ -397,7 +400,8 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
     pool = None
     if opts.workers > 1:
         ctx = mp.get_context("spawn" if "mpi4py" in sys.modules else "fork")
-        pool = ctx.Pool(opts.workers, initializer=_init_worker, initargs=init)
+        ending = ctx.Event()
+        pool = ctx.Pool(opts.workers, initializer=_init_worker, initargs=(*init, ending))
         # Pool.imap reads its input as fast as it can; the semaphore keeps at most 4 chunks per worker in
         # flight, so memory stays bounded when reading outpaces tokenizing.
         in_flight, stop = threading.Semaphore(4 * opts.workers), threading.Event()
@@ -430,6 +434,7 @@ def build_partition(files: list[str], first_index: int, p: int, tok: Tokenizer, 
             gc.enable()
         if pool is not None:
             stop.set()
+            ending.set()
             pool.terminate()
         if bar is not None:
             bar.close()

@@ -43,8 +43,7 @@ def _input_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cleaning")
     g.add_argument("--no-nfkc", dest="nfkc", action="store_false", help="skip Unicode NFKC normalisation")
     g.add_argument("--whitespace", choices=["collapse", "keep"], default="collapse",
-                   help="collapse runs of spaces and blank lines (default; a line wrapped between Chinese or "
-                        "Japanese characters joins without a space) or keep the text's whitespace as is")
+                   help="collapse runs of spaces and blank lines (default) or keep the text's whitespace as is")
     g.add_argument("--min-chars", type=whole("a length in characters (0, 1, ...)", 0), default=1,
                    help="drop documents shorter than this after cleaning")
     g.add_argument("--max-chars", type=whole("a length in characters (0: no limit)", 0), default=0,

@@ -28,15 +28,6 @@ FIRST_CJK = 0x3040  # no character below it is in _CJK
 _END_CJK = re.compile(rf"(?:[。！？…]+|[!?]+(?=[”’」』）)》\"']*[{_CJK}]))[”’」』）)》\"']*")
 _END_LATIN = re.compile(r"([.!?]+)[\"'”’)\]]*(?=\s+(\S))")  # groups: the marks, the next character
 _PARA = re.compile(r"\n[^\S\n]*\n\s*")
-# A line break inside a paragraph between Chinese or Japanese characters (or one of them and a punctuation mark, as
-# NFKC leaves their full-width marks) is a wrap, not a space: those scripts write none between words (Korean does: its
-# Hangul is not here); a Latin full stop keeps its space (it ends a sentence only before one: _END_LATIN)
-_UNSPACED = ("\u3000-\u303f\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uff9f"
-             "\U00020000-\U0003134f")
-_MARKS = r"""!"'(),:;?\[\]“”‘’"""
-_WRAP = re.compile(rf"(?<=[{_UNSPACED}])[^\S\n]*\n\s*(?=[{_UNSPACED}{_MARKS}.])"
-                   rf"|(?:(?<=[{_UNSPACED}][{_MARKS}])|(?<=[{_UNSPACED}][{_MARKS}][{_MARKS}]))[^\S\n]*\n\s*"
-                   rf"(?=[{_UNSPACED}])")
 _ABBREV = frozenset(
     "mr mrs ms dr prof sr jr st vs etc e.g i.e cf al fig figs no nos vol vols p pp ed eds approx dept "
     "est inc ltd co corp jan feb mar apr jun jul aug sep sept oct nov dec u.s u.k a.m p.m".split()
@@ -78,13 +69,11 @@ class TextOptions:
 
 def normalize(text: str, opts: TextOptions) -> str:
     """NFKC (optional); `collapse` turns every whitespace run into one space, except that paragraphs
-    (separated by blank lines) stay separated by one blank line, and a line break between Chinese or Japanese
-    characters goes (`_WRAP`)."""
+    (separated by blank lines) stay separated by one blank line."""
     if opts.nfkc:
         text = unicodedata.normalize("NFKC", text)
     if opts.whitespace == "collapse":
-        paragraphs = (" ".join((_WRAP.sub("", p) if "\n" in p and not p.isascii() else p).split())
-                      for p in _PARA.split(text))
+        paragraphs = (" ".join(p.split()) for p in _PARA.split(text))
         text = "\n\n".join(p for p in paragraphs if p)
     return text.strip()
 

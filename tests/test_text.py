@@ -26,12 +26,6 @@ def test_normalize_nfkc_and_whitespace():
     assert T.normalize("ｆｕｌｌ\u3000width\tand   spaces\nwrapped\n\n\n\nnext", opts) == "full width and spaces wrapped\n\nnext"
     raw = "keep\t this\n"
     assert T.normalize(raw, T.TextOptions(nfkc=False, whitespace="keep")) == raw.strip()
-    # a line wrapped between Chinese or Japanese characters (or one and a mark) joins without a space: those scripts
-    # write none between words (Hangul and Latin do; a Latin full stop keeps the space that ends its sentence)
-    wrapped = ("难以合作\n的人，\n天气很好？\n 你呢\n\n日本語の \n テキスト。Python\n语言 한국어\n문장 ok.\n中文 Hi!\n你好 "
-               "他说：“\n𠀀\n中")
-    assert T.normalize(wrapped, opts) == ("难以合作的人,天气很好?你呢\n\n日本語のテキスト。Python 语言 한국어 문장 ok. 中文 Hi! 你好 "
-                                          "他说:“𠀀中")
 
 
 def test_words():
