@@ -266,12 +266,12 @@ class Checkpoints:
         if dist.get_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         name, (rank, (problem, code)) = os.path.basename(final), failed[0]
-        last = [n for n in self._listed() if n != name][:1]
         if os.path.isdir(final):  # (written whole: `latest` or the pruning after it was refused)
             listed = self._listed()[:1]
             kept = f"{name} is whole" + ("; a re-run resumes from it" if listed == [name] else
                                          f" but `latest` still names {listed[0]}, which a re-run resumes from")
         else:
+            last = [n for n in self._listed() if n != name][:1]
             kept = "what it wrote is removed; " + (f"{last[0]}, the last checkpoint, is untouched" if last else
                                                    "the run has no earlier checkpoint")
         remedy = (f"free space there (a save needs room for one checkpoint more than the checkpoint.keep={self.keep} "

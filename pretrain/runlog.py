@@ -127,9 +127,9 @@ class RunLog:
             for k, v in scalars.items():
                 self.writer.add_scalar(f"{group}/{k}", v, step)
         except OSError as e:
-            self._drop_writer()
-            self._refused(e, os.path.join(self.out_dir, "tensorboard"),
-                          f"TensorBoard's curves ending at step {step} ({name} goes on)")
+            ending = f"TensorBoard's curves ending at step {step} ({name} goes on)"
+            self._refused(e, os.path.join(self.out_dir, "tensorboard"), ending)
+            self._drop_writer(ending)
 
     def _refused(self, e: OSError, path: str, then: str) -> None:
         line = refused_write(e, path)
@@ -139,28 +139,23 @@ class RunLog:
             self.refused.add(line)
             self.log(f"warning: {line}; the run goes on, {then}")
 
-    def _drop_writer(self) -> None:
+    def _drop_writer(self, then: str) -> None:
         """Close TensorBoard's writer; a write it could not make (its thread's error, raised again by each later call)
-        ends nothing else."""
+        is a warning (`then`, said once), never raised."""
         writer, self.writer = self.writer, None
-        if writer is not None:
-            with contextlib.suppress(OSError):
+        try:
+            if writer is not None:
                 writer.close()
+        except OSError as e:
+            self._refused(e, os.path.join(self.out_dir, "tensorboard"), then)
 
     def close(self) -> None:
         """The bar and TensorBoard's files closed; never raises a refused write (close runs while another error may be
         on its way out: that one is the run's)."""
         if self.bar is not None:
             self.bar.close()
-        try:
-            writer, self.writer = self.writer, None
-            if writer is not None:
-                writer.close()
-        except OSError as e:
-            if refused_write(e, "") is None:
-                raise
-            self._refused(e, os.path.join(self.out_dir, "tensorboard"), "TensorBoard's last rows missing")
         self.bar = None
+        self._drop_writer("TensorBoard's last rows missing")
 
     def summary(self, summary: dict) -> None:
         global started
